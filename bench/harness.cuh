@@ -1,0 +1,148 @@
+// Shared benchmark harness: the streaming-read floor measured in the same run, graph-replay timing
+// with rotated input sets (so L2 holds none of what is timed), and the JSON result file.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tileweave/kernels/stream_read.cuh"
+#include "tileweave/util/cuda_check.hpp"
+
+namespace tw::bench {
+
+struct Gpu {
+  cudaDeviceProp prop{};
+  std::string slug;  // "h200", "h100", ... : the folder under bench/results/
+};
+
+inline Gpu current_gpu() {
+  Gpu g;
+  int dev = 0;
+  TW_CUDA_CHECK(cudaGetDevice(&dev));
+  TW_CUDA_CHECK(cudaGetDeviceProperties(&g.prop, dev));
+  std::string name = g.prop.name;
+  for (const char* s : {"H200", "H100", "A100", "L40S", "A40", "B200"})
+    if (name.find(s) != std::string::npos) {
+      g.slug = s;
+      break;
+    }
+  if (g.slug.empty()) g.slug = "other";
+  std::transform(g.slug.begin(), g.slug.end(), g.slug.begin(), ::tolower);
+  return g;
+}
+
+// Median of device times (µs) of `reps` replays, after `warmup` replays. `make(i, stream)` enqueues
+// the work for input set i (0 <= i < sets); each set is captured once into a CUDA graph, and the
+// replays cycle through the sets so that consecutive replays read different buffers.
+inline double time_us(const std::function<void(int, cudaStream_t)>& make, int sets, int warmup = 10, int reps = 100) {
+  cudaStream_t st;
+  TW_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  std::vector<cudaGraphExec_t> execs(sets);
+  for (int s = 0; s < sets; ++s) {
+    cudaGraph_t g;
+    TW_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    make(s, st);
+    TW_CUDA_CHECK(cudaStreamEndCapture(st, &g));
+    TW_CUDA_CHECK(cudaGraphInstantiate(&execs[s], g, 0));
+    TW_CUDA_CHECK(cudaGraphDestroy(g));
+  }
+  for (int i = 0; i < warmup; ++i) TW_CUDA_CHECK(cudaGraphLaunch(execs[i % sets], st));
+  std::vector<cudaEvent_t> ev(reps + 1);
+  for (auto& e : ev) TW_CUDA_CHECK(cudaEventCreate(&e));
+  // Each replay is timed alone (an event pair around it, the queue kept full): the median is
+  // robust to the odd slow replay, and no replay overlaps the next within a stream.
+  for (int i = 0; i < reps; ++i) {
+    TW_CUDA_CHECK(cudaEventRecord(ev[i], st));
+    TW_CUDA_CHECK(cudaGraphLaunch(execs[(warmup + i) % sets], st));
+  }
+  TW_CUDA_CHECK(cudaEventRecord(ev[reps], st));
+  TW_CUDA_CHECK(cudaStreamSynchronize(st));
+  std::vector<double> t(reps);
+  for (int i = 0; i < reps; ++i) {
+    float ms;
+    TW_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]));
+    t[i] = ms * 1e3;
+  }
+  for (auto& e : ev) TW_CUDA_CHECK(cudaEventDestroy(e));
+  for (auto& x : execs) TW_CUDA_CHECK(cudaGraphExecDestroy(x));
+  TW_CUDA_CHECK(cudaStreamDestroy(st));
+  std::nth_element(t.begin(), t.begin() + reps / 2, t.end());
+  return t[reps / 2];
+}
+
+struct Floor {
+  double bulk_tbps = 0, vec_tbps = 0;
+  double tbps() const { return std::max(bulk_tbps, vec_tbps); }
+};
+
+// Streams a 4 GiB buffer with both floor kernels (bulk copies and 16-byte loads); the better is the floor.
+inline Floor measure_floor(const Gpu& gpu, size_t bytes = size_t(4) << 30) {
+  bytes = bytes / kernels::kStreamChunk * kernels::kStreamChunk;
+  char* buf;
+  int* sink;
+  TW_CUDA_CHECK(cudaMalloc(&buf, bytes));
+  TW_CUDA_CHECK(cudaMalloc(&sink, sizeof(int)));
+  TW_CUDA_CHECK(cudaMemset(buf, 0x5a, bytes));
+  const int smem = kernels::kStreamStages * kernels::kStreamChunk;
+  TW_CUDA_CHECK(cudaFuncSetAttribute(kernels::stream_read_bulk, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  Floor f;
+  const int sms = gpu.prop.multiProcessorCount;
+  if (gpu.prop.major >= 9) {
+    double us = time_us([&](int, cudaStream_t st) {
+      kernels::stream_read_bulk<<<sms, 32, smem, st>>>(buf, bytes / kernels::kStreamChunk);
+    }, 1, 3, 20);
+    f.bulk_tbps = bytes / us * 1e-6;
+  }
+  double us = time_us([&](int, cudaStream_t st) {
+    kernels::stream_read_vec<<<sms * 2, 512, 0, st>>>(reinterpret_cast<const int4*>(buf), bytes / 16, sink);
+  }, 1, 3, 20);
+  f.vec_tbps = bytes / us * 1e-6;
+  TW_CUDA_CHECK(cudaFree(buf));
+  TW_CUDA_CHECK(cudaFree(sink));
+  return f;
+}
+
+inline std::string utc_now() {
+  std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+// One result file per benchmark family: bench/results/<gpu>/<name>.json (or under $TW_RESULTS_DIR).
+struct ResultFile {
+  nlohmann::json doc;
+  std::string name;
+  ResultFile(std::string n, const Gpu& gpu, const Floor& floor) : name(std::move(n)) {
+    doc["benchmark"] = name;
+    doc["gpu"] = gpu.prop.name;
+    doc["sm_count"] = gpu.prop.multiProcessorCount;
+    doc["l2_bytes"] = gpu.prop.l2CacheSize;
+    doc["date_utc"] = utc_now();
+    doc["floor_read_tbps"] = floor.tbps();
+    doc["floor_bulk_tbps"] = floor.bulk_tbps;
+    doc["floor_vec_tbps"] = floor.vec_tbps;
+    doc["cases"] = nlohmann::json::array();
+  }
+  void add(nlohmann::json c) { doc["cases"].push_back(std::move(c)); }
+  std::string write(const Gpu& gpu) const {
+    const char* dir = std::getenv("TW_RESULTS_DIR");
+    std::filesystem::path p = std::filesystem::path(dir ? dir : "bench/results") / gpu.slug;
+    std::filesystem::create_directories(p);
+    p /= name + ".json";
+    std::ofstream(p) << doc.dump(2) << "\n";
+    return p.string();
+  }
+};
+
+}  // namespace tw::bench

@@ -1,0 +1,126 @@
+// The tile graph: ops cut into tiles, each tile with the tensor regions it reads and writes
+// and the tiles it depends on. It is the one truth consumed by the traffic model (host) and
+// by the GPU executor (which uploads the same tiles, dependencies and schedule).
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace tw {
+
+// A bad argument from a user: the message names the value. The CLI maps it to exit code 2.
+struct InvalidArgument : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+enum class TensorRole { Input, Weight, Intermediate, Output, Workspace };
+const char* to_string(TensorRole r);
+
+// A 2-D row-major tensor in device memory (rows x cols elements).
+struct Tensor {
+  std::string name;
+  int64_t rows = 0, cols = 0;
+  int elem_bytes = 2;
+  TensorRole role = TensorRole::Input;
+  int64_t bytes() const { return rows * cols * elem_bytes; }
+};
+
+// A half-open rectangle [r0, r1) x [c0, c1) of one tensor.
+struct Region {
+  int tensor = -1;
+  int64_t r0 = 0, r1 = 0, c0 = 0, c1 = 0;
+  int64_t rows() const { return r1 - r0; }
+  int64_t cols() const { return c1 - c0; }
+  bool overlaps(const Region& o) const {
+    return tensor == o.tensor && r0 < o.r1 && o.r0 < r1 && c0 < o.c1 && o.c0 < c1;
+  }
+};
+
+enum class OpKind {
+  Gemm,         // C[M,N] = A[M,K] . B[N,K]^T  (B is a PyTorch Linear weight, [out, in])
+  GemmSiluMul,  // C[M,N] = silu(A . Bg^T) * (A . Bu^T), B = [gate; up] stacked as [2N, K]
+  SiluMul,      // C[M,N] = silu(A[:, :N]) * A[:, N:2N]   (the unfused elementwise op)
+};
+const char* to_string(OpKind k);
+
+struct Tiling {
+  int64_t bm = 64, bn = 128, bk = 64;
+  int64_t split_k = 1;  // K is cut into split_k slices; the slices' partial sums are reduced in-launch
+};
+
+struct Op {
+  std::string name;
+  OpKind kind = OpKind::Gemm;
+  int64_t m = 0, n = 0, k = 0;
+  Tiling tiling;
+  int a = -1, b = -1, c = -1;  // tensor ids
+  int workspace = -1;          // fp32 partial sums [split_k * M, N] when split_k > 1
+  int64_t grid_m = 0, grid_n = 0;
+  int first_tile = 0, num_tiles = 0;  // tiles [first_tile, first_tile + num_tiles) belong to this op
+};
+
+// One unit of work. A GEMM tile computes output block (tm, tn) over K slice ks.
+// Reads of a GEMM tile are K-panels: the model walks them in column steps of `step_cols`
+// (the tiling's bk), so a tile's operand blocks stream through the cache as on the GPU.
+struct Tile {
+  int op = -1;
+  int64_t tm = 0, tn = 0, ks = 0;
+  int64_t k0 = 0, k1 = 0;           // K range of this tile
+  int64_t step_cols = 0;            // 0: one step
+  std::vector<Region> reads, writes;
+  std::vector<int> deps;            // producer tiles, derived from write->read overlap
+  double flops = 0;
+};
+
+class TileGraph {
+ public:
+  int add_tensor(std::string name, int64_t rows, int64_t cols, int elem_bytes, TensorRole role);
+  // Adds an op and cuts it into tiles. Ops must be added producers first.
+  int add_gemm(std::string name, int a, int b, int c, Tiling t);
+  int add_gemm_silu_mul(std::string name, int a, int b_gate_up, int c, Tiling t);
+  int add_silu_mul(std::string name, int a, int c, int64_t bm, int64_t bn);
+
+  const std::vector<Tensor>& tensors() const { return tensors_; }
+  const std::vector<Op>& ops() const { return ops_; }
+  const std::vector<Tile>& tiles() const { return tiles_; }
+  const Tensor& tensor(int id) const { return tensors_.at(id); }
+  const Op& op(int id) const { return ops_.at(id); }
+  const Tile& tile(int id) const { return tiles_.at(id); }
+  int num_tiles() const { return static_cast<int>(tiles_.size()); }
+  int find_tensor(const std::string& name) const;  // -1 if absent
+
+  // Bytes of a region (elements x element size of its tensor).
+  int64_t bytes(const Region& r) const { return r.rows() * r.cols() * tensors_.at(r.tensor).elem_bytes; }
+
+  // Tiles of `op` in row-major (tm, tn, ks) order: id = first_tile + (tm*grid_n + tn)*split_k + ks.
+  int tile_id(int op, int64_t tm, int64_t tn, int64_t ks = 0) const;
+
+ private:
+  void check_tensor(int id, const char* what) const;
+  void derive_deps(int first_new_tile);
+  std::vector<Tensor> tensors_;
+  std::vector<Op> ops_;
+  std::vector<Tile> tiles_;
+  // For every tensor, the tiles that write it (dependency derivation indexes these).
+  std::vector<std::vector<int>> writers_;
+};
+
+// The Llama-style FFN: H = silu(X Wg^T) * (X Wu^T); Y = H Wd^T.
+struct FfnShape {
+  int64_t m = 16, d = 4096, f = 14336;
+  bool gated = true;  // false: the research notes' plain two-GEMM chain Y = (X W0^T) W1^T
+};
+struct FfnTiling {
+  Tiling gate_up{64, 128, 64, 1};
+  Tiling down{64, 128, 64, 1};
+};
+struct FfnGraph {
+  TileGraph graph;
+  int x = -1, w_gate_up = -1, h = -1, w_down = -1, y = -1;
+  int op_gate_up = -1, op_down = -1;
+};
+FfnGraph build_ffn_graph(const FfnShape& s, const FfnTiling& t);
+
+}  // namespace tw

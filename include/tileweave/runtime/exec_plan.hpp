@@ -1,0 +1,53 @@
+// The executor's plan: the tile graph and schedule flattened into the tables the GPU reads.
+// Host-only (no CUDA), so the mapping from graph to counters is tested on the CPU.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "tileweave/graph/tile_graph.hpp"
+#include "tileweave/order/schedule.hpp"
+
+namespace tw {
+
+// How consumers of an op's output wait for it (CuSync's policies, per producer op):
+//  Tile:    one counter per output block (tm, tn); a consumer waits for exactly the blocks it reads.
+//  Row:     one counter per row of output blocks; a consumer waits for whole rows.
+//  Strided: one counter per (tm, tn mod stride); a consumer waits for every block congruent to one
+//           it reads (for producers whose consumers read column blocks at a fixed stride).
+enum class SyncPolicy { Tile, Row, Strided };
+struct SyncSpec {
+  SyncPolicy policy = SyncPolicy::Tile;
+  int stride = 1;
+};
+const char* to_string(SyncPolicy p);
+SyncPolicy parse_sync_policy(const std::string& s);  // "tile", "row", "strided"
+
+// 32 bytes; read once per ticket.
+struct DeviceTile {
+  int32_t op, tm, tn, ks;
+  int32_t wait_begin, wait_end;  // range in ExecPlan::waits
+  int32_t signal;                // counter this tile increments when its output is complete
+  int32_t arrive;                // split-K arrival counter (-1 without split-K)
+};
+// Wait until counter `counter` has been incremented `count` times in this launch.
+struct WaitEntry {
+  int32_t counter;
+  uint32_t count;
+};
+
+struct ExecPlan {
+  std::vector<int32_t> order;      // ticket -> tile id
+  std::vector<DeviceTile> tiles;   // by tile id
+  std::vector<WaitEntry> waits;
+  int num_signal_counters = 0;
+  int num_arrive_counters = 0;
+  int max_waits_per_tile = 0;
+};
+
+// Validates the schedule, then maps every dependency edge to a wait on the producer's counter
+// under the producer op's policy (default Tile).
+ExecPlan make_exec_plan(const TileGraph& g, const Schedule& s, const std::map<int, SyncSpec>& policy = {});
+
+}  // namespace tw

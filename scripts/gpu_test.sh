@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# GPU tests and benchmarks on a machine with an NVIDIA GPU and no registries (the lent H200):
+#   scripts/gpu_test.sh [bench args...]    (needs .devdeps/ from scripts/device_deps.sh)
+# Builds for sm_90a only, runs the GPU test suite, then the benchmarks given by TW_BENCH.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-build-gpu/out}; mkdir -p "$OUT"
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DTW_BUILD_TOOLS=OFF \
+  -DTW_DEPS_DIR="$PWD/.devdeps" -DCMAKE_CUDA_ARCHITECTURES=90a ${TW_CMAKE_ARGS:-} >"$OUT/cmake.log" 2>&1 || { cat "$OUT/cmake.log"; exit 1; }
+cmake --build build-gpu -j 16 ${TW_TARGETS:-} 2>&1 | tee "$OUT/build.log" | grep -E "error|warning|FAILED" || true
+test "${PIPESTATUS[0]}" -eq 0
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+if [ -z "${TW_SKIP_TESTS:-}" ]; then
+  build-gpu/tests/tileweave_gpu_tests ${TW_GTEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log"
+fi

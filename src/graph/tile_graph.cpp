@@ -1,0 +1,255 @@
+#include "tileweave/graph/tile_graph.hpp"
+
+#include <algorithm>
+
+namespace tw {
+
+const char* to_string(TensorRole r) {
+  switch (r) {
+    case TensorRole::Input: return "input";
+    case TensorRole::Weight: return "weight";
+    case TensorRole::Intermediate: return "intermediate";
+    case TensorRole::Output: return "output";
+    case TensorRole::Workspace: return "workspace";
+  }
+  return "?";
+}
+
+const char* to_string(OpKind k) {
+  switch (k) {
+    case OpKind::Gemm: return "gemm";
+    case OpKind::GemmSiluMul: return "gemm_silu_mul";
+    case OpKind::SiluMul: return "silu_mul";
+  }
+  return "?";
+}
+
+namespace {
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+void check_positive(int64_t v, const std::string& what) {
+  if (v <= 0) throw InvalidArgument(what + " must be positive, got " + std::to_string(v));
+}
+}  // namespace
+
+int TileGraph::add_tensor(std::string name, int64_t rows, int64_t cols, int elem_bytes, TensorRole role) {
+  check_positive(rows, "rows of tensor '" + name + "'");
+  check_positive(cols, "cols of tensor '" + name + "'");
+  if (elem_bytes != 1 && elem_bytes != 2 && elem_bytes != 4)
+    throw InvalidArgument("element size of tensor '" + name + "' must be 1, 2 or 4 bytes, got " +
+                          std::to_string(elem_bytes));
+  if (find_tensor(name) >= 0) throw InvalidArgument("tensor name '" + name + "' is used twice");
+  tensors_.push_back({std::move(name), rows, cols, elem_bytes, role});
+  writers_.emplace_back();
+  return static_cast<int>(tensors_.size()) - 1;
+}
+
+int TileGraph::find_tensor(const std::string& name) const {
+  for (size_t i = 0; i < tensors_.size(); ++i)
+    if (tensors_[i].name == name) return static_cast<int>(i);
+  return -1;
+}
+
+void TileGraph::check_tensor(int id, const char* what) const {
+  if (id < 0 || id >= static_cast<int>(tensors_.size()))
+    throw InvalidArgument(std::string(what) + " tensor id " + std::to_string(id) + " does not exist");
+}
+
+int TileGraph::tile_id(int op_id, int64_t tm, int64_t tn, int64_t ks) const {
+  const Op& o = ops_.at(op_id);
+  return o.first_tile + static_cast<int>((tm * o.grid_n + tn) * o.tiling.split_k + ks);
+}
+
+static void check_tiling(const Tiling& t, const std::string& op) {
+  check_positive(t.bm, "BM of op '" + op + "'");
+  check_positive(t.bn, "BN of op '" + op + "'");
+  check_positive(t.bk, "BK of op '" + op + "'");
+  check_positive(t.split_k, "split_k of op '" + op + "'");
+}
+
+int TileGraph::add_gemm(std::string name, int a, int b, int c, Tiling t) {
+  check_tensor(a, "A");
+  check_tensor(b, "B");
+  check_tensor(c, "C");
+  check_tiling(t, name);
+  const Tensor &A = tensors_[a], &B = tensors_[b], &C = tensors_[c];
+  if (A.cols != B.cols)
+    throw InvalidArgument("op '" + name + "': K of A (" + std::to_string(A.cols) + ") != K of B (" +
+                          std::to_string(B.cols) + ")");
+  if (C.rows != A.rows || C.cols != B.rows)
+    throw InvalidArgument("op '" + name + "': C is " + std::to_string(C.rows) + "x" + std::to_string(C.cols) +
+                          ", expected " + std::to_string(A.rows) + "x" + std::to_string(B.rows));
+  Op o;
+  o.name = std::move(name);
+  o.kind = OpKind::Gemm;
+  o.m = A.rows, o.n = B.rows, o.k = A.cols;
+  o.a = a, o.b = b, o.c = c;
+  o.tiling = t;
+  const int64_t slice = ceil_div(ceil_div(o.k, t.split_k), t.bk) * t.bk;
+  if (ceil_div(o.k, slice) != t.split_k)
+    throw InvalidArgument("op '" + o.name + "': split_k " + std::to_string(t.split_k) + " leaves empty K slices (K=" +
+                          std::to_string(o.k) + ", BK=" + std::to_string(t.bk) + ")");
+  if (t.split_k > 1)
+    o.workspace = add_tensor(o.name + ".partials", t.split_k * o.m, o.n, 4, TensorRole::Workspace);
+  o.grid_m = ceil_div(o.m, t.bm);
+  o.grid_n = ceil_div(o.n, t.bn);
+  o.first_tile = num_tiles();
+  for (int64_t tm = 0; tm < o.grid_m; ++tm)
+    for (int64_t tn = 0; tn < o.grid_n; ++tn)
+      for (int64_t ks = 0; ks < t.split_k; ++ks) {
+        Tile tile;
+        tile.op = static_cast<int>(ops_.size());
+        tile.tm = tm, tile.tn = tn, tile.ks = ks;
+        tile.k0 = ks * slice;
+        tile.k1 = std::min(o.k, tile.k0 + slice);
+        tile.step_cols = t.bk;
+        const int64_t r0 = tm * t.bm, r1 = std::min(o.m, r0 + t.bm);
+        const int64_t c0 = tn * t.bn, c1 = std::min(o.n, c0 + t.bn);
+        tile.reads.push_back({a, r0, r1, tile.k0, tile.k1});
+        tile.reads.push_back({b, c0, c1, tile.k0, tile.k1});
+        if (t.split_k > 1) tile.writes.push_back({o.workspace, ks * o.m + r0, ks * o.m + r1, c0, c1});
+        tile.writes.push_back({c, r0, r1, c0, c1});
+        tile.flops = 2.0 * (r1 - r0) * (c1 - c0) * (tile.k1 - tile.k0);
+        tiles_.push_back(std::move(tile));
+      }
+  o.num_tiles = num_tiles() - o.first_tile;
+  ops_.push_back(o);
+  derive_deps(o.first_tile);
+  return static_cast<int>(ops_.size()) - 1;
+}
+
+int TileGraph::add_gemm_silu_mul(std::string name, int a, int b, int c, Tiling t) {
+  check_tensor(a, "A");
+  check_tensor(b, "B");
+  check_tensor(c, "C");
+  check_tiling(t, name);
+  if (t.split_k != 1) throw InvalidArgument("op '" + name + "': the SiLU-mul epilogue needs split_k = 1");
+  const Tensor &A = tensors_[a], &B = tensors_[b], &C = tensors_[c];
+  if (A.cols != B.cols || B.rows % 2 != 0 || C.rows != A.rows || C.cols != B.rows / 2)
+    throw InvalidArgument("op '" + name + "': shapes A " + std::to_string(A.rows) + "x" + std::to_string(A.cols) +
+                          ", B " + std::to_string(B.rows) + "x" + std::to_string(B.cols) + ", C " +
+                          std::to_string(C.rows) + "x" + std::to_string(C.cols) +
+                          " do not fit C = silu(A Bg^T) * (A Bu^T) with B = [gate; up]");
+  Op o;
+  o.name = std::move(name);
+  o.kind = OpKind::GemmSiluMul;
+  o.m = A.rows, o.n = C.cols, o.k = A.cols;
+  o.a = a, o.b = b, o.c = c;
+  o.tiling = t;
+  o.grid_m = ceil_div(o.m, t.bm);
+  o.grid_n = ceil_div(o.n, t.bn);
+  o.first_tile = num_tiles();
+  for (int64_t tm = 0; tm < o.grid_m; ++tm)
+    for (int64_t tn = 0; tn < o.grid_n; ++tn) {
+      Tile tile;
+      tile.op = static_cast<int>(ops_.size());
+      tile.tm = tm, tile.tn = tn;
+      tile.k0 = 0, tile.k1 = o.k;
+      tile.step_cols = t.bk;
+      const int64_t r0 = tm * t.bm, r1 = std::min(o.m, r0 + t.bm);
+      const int64_t c0 = tn * t.bn, c1 = std::min(o.n, c0 + t.bn);
+      tile.reads.push_back({a, r0, r1, 0, o.k});
+      tile.reads.push_back({b, c0, c1, 0, o.k});                // gate rows
+      tile.reads.push_back({b, o.n + c0, o.n + c1, 0, o.k});    // up rows
+      tile.writes.push_back({c, r0, r1, c0, c1});
+      tile.flops = 2.0 * 2.0 * (r1 - r0) * (c1 - c0) * o.k;
+      tiles_.push_back(std::move(tile));
+    }
+  o.num_tiles = num_tiles() - o.first_tile;
+  ops_.push_back(o);
+  derive_deps(o.first_tile);
+  return static_cast<int>(ops_.size()) - 1;
+}
+
+int TileGraph::add_silu_mul(std::string name, int a, int c, int64_t bm, int64_t bn) {
+  check_tensor(a, "A");
+  check_tensor(c, "C");
+  Tiling t{bm, bn, bn, 1};
+  check_tiling(t, name);
+  const Tensor &A = tensors_[a], &C = tensors_[c];
+  if (A.rows != C.rows || A.cols != 2 * C.cols)
+    throw InvalidArgument("op '" + name + "': A must be [M, 2N] for C [M, N]");
+  Op o;
+  o.name = std::move(name);
+  o.kind = OpKind::SiluMul;
+  o.m = C.rows, o.n = C.cols, o.k = 0;
+  o.a = a, o.c = c;
+  o.tiling = t;
+  o.grid_m = ceil_div(o.m, bm);
+  o.grid_n = ceil_div(o.n, bn);
+  o.first_tile = num_tiles();
+  for (int64_t tm = 0; tm < o.grid_m; ++tm)
+    for (int64_t tn = 0; tn < o.grid_n; ++tn) {
+      Tile tile;
+      tile.op = static_cast<int>(ops_.size());
+      tile.tm = tm, tile.tn = tn;
+      const int64_t r0 = tm * bm, r1 = std::min(o.m, r0 + bm);
+      const int64_t c0 = tn * bn, c1 = std::min(o.n, c0 + bn);
+      tile.reads.push_back({a, r0, r1, c0, c1});
+      tile.reads.push_back({a, r0, r1, o.n + c0, o.n + c1});
+      tile.writes.push_back({c, r0, r1, c0, c1});
+      tile.flops = 4.0 * (r1 - r0) * (c1 - c0);
+      tiles_.push_back(std::move(tile));
+    }
+  o.num_tiles = num_tiles() - o.first_tile;
+  ops_.push_back(o);
+  derive_deps(o.first_tile);
+  return static_cast<int>(ops_.size()) - 1;
+}
+
+// A tile depends on every earlier tile whose write overlaps one of its reads (read-after-write).
+// All writers of a tensor belong to one op with a regular output grid, so the candidate
+// producers of a region are found by index arithmetic and then confirmed by exact overlap:
+// linear in the number of edges, not quadratic in tiles.
+void TileGraph::derive_deps(int first_new_tile) {
+  const int op_id = tiles_[first_new_tile].op;
+  for (int id = first_new_tile; id < num_tiles(); ++id) {
+    Tile& t = tiles_[id];
+    for (const Region& r : t.reads) {
+      const auto& ws = writers_[r.tensor];
+      if (ws.empty()) continue;
+      const Op& po = ops_[tiles_[ws.front()].op];
+      if (r.tensor != po.c)
+        throw InvalidArgument("op '" + ops_[t.op].name + "' reads the internal tensor '" + tensors_[r.tensor].name + "'");
+      const int64_t bm = po.tiling.bm, bn = po.tiling.bn;
+      for (int64_t tm = r.r0 / bm; tm <= (r.r1 - 1) / bm && tm < po.grid_m; ++tm)
+        for (int64_t tn = r.c0 / bn; tn <= (r.c1 - 1) / bn && tn < po.grid_n; ++tn)
+          for (int64_t ks = 0; ks < po.tiling.split_k; ++ks) {
+            const int w = tile_id(tiles_[ws.front()].op, tm, tn, ks);
+            for (const Region& wr : tiles_[w].writes)
+              if (wr.overlaps(r)) {
+                t.deps.push_back(w);
+                break;
+              }
+          }
+    }
+    std::sort(t.deps.begin(), t.deps.end());
+    t.deps.erase(std::unique(t.deps.begin(), t.deps.end()), t.deps.end());
+  }
+  for (int id = first_new_tile; id < num_tiles(); ++id)
+    for (const Region& w : tiles_[id].writes) {
+      auto& ws = writers_[w.tensor];
+      if (!ws.empty() && tiles_[ws.front()].op != op_id)
+        throw InvalidArgument("tensor '" + tensors_[w.tensor].name + "' is written by two ops");
+      if (ws.empty() || ws.back() != id) ws.push_back(id);
+    }
+}
+
+FfnGraph build_ffn_graph(const FfnShape& s, const FfnTiling& t) {
+  check_positive(s.m, "M");
+  check_positive(s.d, "d (hidden size)");
+  check_positive(s.f, "ffn (intermediate size)");
+  FfnGraph g;
+  auto& G = g.graph;
+  g.x = G.add_tensor("x", s.m, s.d, 2, TensorRole::Input);
+  g.w_gate_up = G.add_tensor(s.gated ? "w_gate_up" : "w0", s.gated ? 2 * s.f : s.f, s.d, 2, TensorRole::Weight);
+  g.h = G.add_tensor("h", s.m, s.f, 2, TensorRole::Intermediate);
+  g.w_down = G.add_tensor(s.gated ? "w_down" : "w1", s.d, s.f, 2, TensorRole::Weight);
+  g.y = G.add_tensor("y", s.m, s.d, 2, TensorRole::Output);
+  g.op_gate_up = s.gated ? G.add_gemm_silu_mul("gate_up", g.x, g.w_gate_up, g.h, t.gate_up)
+                         : G.add_gemm("gemm0", g.x, g.w_gate_up, g.h, t.gate_up);
+  g.op_down = G.add_gemm(s.gated ? "down" : "gemm1", g.h, g.w_down, g.y, t.down);
+  return g;
+}
+
+}  // namespace tw

@@ -1,0 +1,100 @@
+#include "tileweave/runtime/exec_plan.hpp"
+
+#include <algorithm>
+
+namespace tw {
+
+const char* to_string(SyncPolicy p) {
+  switch (p) {
+    case SyncPolicy::Tile: return "tile";
+    case SyncPolicy::Row: return "row";
+    case SyncPolicy::Strided: return "strided";
+  }
+  return "?";
+}
+
+SyncPolicy parse_sync_policy(const std::string& s) {
+  if (s == "tile") return SyncPolicy::Tile;
+  if (s == "row") return SyncPolicy::Row;
+  if (s == "strided") return SyncPolicy::Strided;
+  throw InvalidArgument("unknown sync policy '" + s + "' (expected tile, row or strided)");
+}
+
+ExecPlan make_exec_plan(const TileGraph& g, const Schedule& s, const std::map<int, SyncSpec>& policy) {
+  validate(g, s);
+  for (const auto& [op, spec] : policy) {
+    if (op < 0 || op >= static_cast<int>(g.ops().size()))
+      throw InvalidArgument("sync policy given for op " + std::to_string(op) + ", which does not exist");
+    if (spec.policy == SyncPolicy::Strided && spec.stride < 1)
+      throw InvalidArgument("strided sync needs stride >= 1, got " + std::to_string(spec.stride));
+  }
+  ExecPlan p;
+  p.order.assign(s.order.begin(), s.order.end());
+  p.tiles.resize(g.num_tiles());
+
+  // Counter layout per op: signal counters [sig_base, sig_base + n), arrival counters likewise.
+  struct OpCounters {
+    int sig_base, arr_base;
+    SyncSpec spec;
+    uint32_t per_counter;  // signals each counter receives per launch
+  };
+  std::vector<OpCounters> oc(g.ops().size());
+  for (size_t i = 0; i < g.ops().size(); ++i) {
+    const Op& o = g.op(static_cast<int>(i));
+    auto it = policy.find(static_cast<int>(i));
+    SyncSpec spec = it == policy.end() ? SyncSpec{} : it->second;
+    int n = 0;
+    uint32_t per = static_cast<uint32_t>(o.tiling.split_k);
+    switch (spec.policy) {
+      case SyncPolicy::Tile: n = static_cast<int>(o.grid_m * o.grid_n); break;
+      case SyncPolicy::Row:
+        n = static_cast<int>(o.grid_m);
+        per *= static_cast<uint32_t>(o.grid_n);
+        break;
+      case SyncPolicy::Strided: {
+        const int64_t st = std::min<int64_t>(spec.stride, o.grid_n);
+        spec.stride = static_cast<int>(st);
+        n = static_cast<int>(o.grid_m * st);
+        break;  // per-counter counts differ when stride does not divide grid_n: computed below
+      }
+    }
+    oc[i] = {p.num_signal_counters, p.num_arrive_counters, spec, per};
+    p.num_signal_counters += n;
+    if (o.tiling.split_k > 1) p.num_arrive_counters += static_cast<int>(o.grid_m * o.grid_n);
+  }
+  auto signal_of = [&](const Tile& t) {
+    const Op& o = g.op(t.op);
+    const OpCounters& c = oc[t.op];
+    switch (c.spec.policy) {
+      case SyncPolicy::Tile: return c.sig_base + static_cast<int>(t.tm * o.grid_n + t.tn);
+      case SyncPolicy::Row: return c.sig_base + static_cast<int>(t.tm);
+      case SyncPolicy::Strided: return c.sig_base + static_cast<int>(t.tm * c.spec.stride + t.tn % c.spec.stride);
+    }
+    return -1;
+  };
+  std::vector<uint32_t> signals_per_counter(p.num_signal_counters, 0);
+  for (int id = 0; id < g.num_tiles(); ++id) signals_per_counter[signal_of(g.tile(id))]++;
+
+  for (int id = 0; id < g.num_tiles(); ++id) {
+    const Tile& t = g.tile(id);
+    const Op& o = g.op(t.op);
+    DeviceTile& d = p.tiles[id];
+    d.op = t.op;
+    d.tm = static_cast<int32_t>(t.tm);
+    d.tn = static_cast<int32_t>(t.tn);
+    d.ks = static_cast<int32_t>(t.ks);
+    d.signal = signal_of(t);
+    d.arrive = o.tiling.split_k > 1 ? oc[t.op].arr_base + static_cast<int32_t>(t.tm * o.grid_n + t.tn) : -1;
+    d.wait_begin = static_cast<int32_t>(p.waits.size());
+    std::vector<int> counters;
+    for (int dep : t.deps) counters.push_back(signal_of(g.tile(dep)));
+    std::sort(counters.begin(), counters.end());
+    counters.erase(std::unique(counters.begin(), counters.end()), counters.end());
+    for (int c : counters) p.waits.push_back({c, signals_per_counter[c]});
+    d.wait_end = static_cast<int32_t>(p.waits.size());
+    p.max_waits_per_tile = std::max(p.max_waits_per_tile, d.wait_end - d.wait_begin);
+  }
+  return p;
+}
+
+}  // namespace tw

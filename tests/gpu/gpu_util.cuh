@@ -1,0 +1,82 @@
+// Helpers shared by the GPU tests: skip cleanly with no GPU, fresh random bf16 data, poisoned
+// outputs, and the relative error against a double-precision reference.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "tileweave/util/cuda_check.hpp"
+
+namespace tw::test {
+
+inline bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+// Skips (never passes) a GPU test on a machine with no GPU.
+#define TW_REQUIRE_GPU()                                                                         \
+  do {                                                                                           \
+    if (!::tw::test::have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped"; \
+  } while (0)
+
+// A fresh seed per call (from the test's random device) unless TW_TEST_SEED pins one.
+inline uint64_t fresh_seed() {
+  if (const char* s = std::getenv("TW_TEST_SEED")) return std::strtoull(s, nullptr, 10);
+  return std::random_device{}() * 0x9E3779B97F4A7C15ull + std::random_device{}();
+}
+
+// Host copy of a bf16 tensor: the rounded values, as float, for the reference.
+struct HostBf16 {
+  std::vector<__nv_bfloat16> bits;
+  std::vector<float> val;
+};
+
+inline HostBf16 random_bf16(size_t n, std::mt19937_64& rng, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.f, scale);
+  HostBf16 h;
+  h.bits.resize(n);
+  h.val.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    h.bits[i] = __float2bfloat16(d(rng));
+    h.val[i] = __bfloat162float(h.bits[i]);
+  }
+  return h;
+}
+
+template <class T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  size_t n = 0;
+  explicit DeviceBuffer(size_t count) : n(count) { TW_CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(count, 1) * sizeof(T))); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { cudaFree(ptr); }
+  void upload(const std::vector<T>& h) { TW_CUDA_CHECK(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
+  std::vector<T> download() const {
+    std::vector<T> h(n);
+    TW_CUDA_CHECK(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+  // 0xFF bytes: NaN in bf16, fp16 and fp32, so an element nobody wrote fails the check.
+  void poison() { TW_CUDA_CHECK(cudaMemset(ptr, 0xFF, n * sizeof(T))); }
+};
+
+// ||out - ref|| / ||ref||; any non-finite output makes it infinite.
+inline double rel_error(const std::vector<__nv_bfloat16>& out, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double o = __bfloat162float(out[i]);
+    if (!std::isfinite(o)) return INFINITY;
+    num += (o - ref[i]) * (o - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+}  // namespace tw::test
