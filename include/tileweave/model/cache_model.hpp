@@ -1,0 +1,142 @@
+// The tile-traffic model: a schedule replayed over a cache of capacity S, with P tiles in flight
+// interleaving their K-steps (as thread blocks do on a GPU), counting DRAM read and write bytes.
+//
+// Granularity: every tensor is cut into a uniform grid of blocks whose edges include every edge any
+// tile touches (a tile's K-step reads exactly whole blocks). The cache holds whole blocks, sized in
+// line-rounded bytes (a block row of c bytes costs ceil(c / line) lines). Replacement is LRU over
+// blocks, fully associative by default, or `sets` LRU partitions with blocks hashed to a partition.
+// Writes allocate (dirty); dirty blocks cost a DRAM write when evicted or at the end (flush).
+// See docs/model.md for all the assumptions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tileweave/graph/tile_graph.hpp"
+#include "tileweave/order/schedule.hpp"
+
+namespace tw {
+
+struct CacheConfig {
+  int64_t capacity_bytes = int64_t{60} << 20;  // S
+  int64_t line_bytes = 32;                     // sector: the unit DRAM moves
+  int in_flight = 1;                           // P: tiles running at once
+  int sets = 1;                                // 1: fully associative LRU
+  bool trace = false;                          // record cumulative counters after every tile
+  bool trace_resident = false;                 // ... and the resident blocks (small graphs only)
+  void validate() const;                       // InvalidArgument naming the bad value
+};
+
+struct BlockRef {
+  int tensor = -1;
+  int64_t block_row = 0, block_col = 0;
+};
+struct ResidentBlock {
+  BlockRef block;
+  int64_t bytes = 0;
+  bool dirty = false;
+};
+// The block grid of one tensor: blocks of block_rows x block_cols elements (edge blocks clipped),
+// num_rows x num_cols of them.
+struct BlockGrid {
+  int64_t block_rows = 0, block_cols = 0;
+  int64_t num_rows = 0, num_cols = 0;
+};
+
+struct TensorTraffic {
+  std::string name;
+  TensorRole role = TensorRole::Input;
+  int64_t dram_read = 0, dram_write = 0;
+  int64_t hit_bytes = 0;        // read bytes served by the cache
+  int64_t requested_bytes = 0;  // read bytes asked for (hits + misses)
+};
+
+// Counters of one tile (or one call): DRAM bytes it caused and cache hits it got.
+struct TileResult {
+  int tile = -1;
+  int64_t dram_read = 0, dram_write = 0, hit_bytes = 0, requested_bytes = 0;
+};
+
+struct TraceStep {
+  int tile = -1;                      // the tile that just completed
+  int64_t dram_read = 0, dram_write = 0, hit_bytes = 0;  // cumulative, after it
+  std::vector<ResidentBlock> resident;  // only with CacheConfig::trace_resident
+};
+
+struct TrafficReport {
+  std::string order;
+  int64_t dram_read = 0, dram_write = 0;
+  int64_t hit_bytes = 0, requested_bytes = 0;
+  std::vector<TensorTraffic> per_tensor;  // by tensor id
+  std::vector<TraceStep> trace;           // by completion, with CacheConfig::trace
+  int64_t dram_total() const { return dram_read + dram_write; }
+  double hit_rate() const { return requested_bytes ? double(hit_bytes) / double(requested_bytes) : 0.0; }
+};
+
+// Step-by-step model (the explorer drives this one). Holds a pointer to the graph: keep it alive.
+// Copyable: a copy is a snapshot (undo = keep copies).
+class CacheModel {
+ public:
+  CacheModel(const TileGraph& g, const CacheConfig& c);
+  void reset();
+
+  // Runs one tile by itself: its K-steps in order, then its writes (and the split-K reduction if it
+  // is the last slice of its output block to finish).
+  TileResult run_tile(int tile);
+  // Runs tiles side by side: step s of every tile, then step s+1, ...; a tile writes when its own
+  // steps end. Results in the order given.
+  std::vector<TileResult> run_concurrent(const std::vector<int>& tiles);
+
+  // Lower-level, for schedulers that interleave tiles themselves (simulate() does).
+  int num_steps(int tile) const;
+  TileResult step(int tile, int step_index);  // reads of one K-step
+  TileResult finish(int tile);                // writes (+ split-K reduction)
+
+  // Writes back every dirty block (what happens eventually on a GPU); returns what it cost.
+  TileResult flush();
+
+  std::vector<ResidentBlock> resident() const;  // most recently used first
+  int64_t resident_bytes() const;
+  const BlockGrid& grid(int tensor) const { return grids_.at(tensor); }
+  int64_t block_bytes(const BlockRef& b) const;  // line-rounded
+  // Totals so far (dirty resident blocks are not counted until evicted or flushed).
+  TrafficReport report() const;
+  const CacheConfig& config() const { return cfg_; }
+  const TileGraph& graph() const { return *g_; }
+
+ private:
+  struct Block {
+    int tensor;
+    int64_t bytes;
+  };
+  int64_t block_id(int tensor, int64_t br, int64_t bc) const;
+  template <class F> void for_blocks(const Region& r, F&& f) const;
+  void read_block(int64_t id, TileResult& res);
+  void write_block(int64_t id, TileResult& res);
+  void touch(int64_t id);
+  void insert(int64_t id, TileResult& res);
+  void unlink(int64_t id);
+  int set_of(int64_t id) const;
+
+  const TileGraph* g_;
+  CacheConfig cfg_;
+  std::vector<BlockGrid> grids_;
+  std::vector<int64_t> first_block_;  // by tensor
+  std::vector<Block> blocks_;
+  // LRU lists, one per set: intrusive doubly linked over block ids; heads_[s] is a sentinel id.
+  std::vector<int64_t> prev_, next_;
+  std::vector<uint8_t> resident_, dirty_;
+  std::vector<int64_t> used_;  // bytes per set
+  int64_t set_capacity_ = 0;
+  std::vector<int> arrivals_;  // split-K slices finished, by tile id of slice 0
+  std::vector<TensorTraffic> per_tensor_;
+  int64_t read_ = 0, write_ = 0, hit_ = 0, requested_ = 0;
+};
+
+// Replays `s` with CacheConfig::in_flight tiles in flight: tickets are taken in schedule order by
+// free slots; every round each running tile whose dependencies are complete does one K-step; a
+// tile that completes frees its slot. Ends with a flush. Validates the schedule first.
+TrafficReport simulate(const TileGraph& g, const Schedule& s, const CacheConfig& c);
+
+}  // namespace tw

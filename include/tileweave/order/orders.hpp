@@ -1,0 +1,59 @@
+// Named orders of a tile graph's tiles: grid orders of one op's output tiles (row/column-major,
+// snake, CUTLASS swizzle, Triton grouped, Hilbert, Morton), chain orders that interleave a
+// producer op with its consumers, and custom orders read from JSON. Every generated order is
+// validated (a permutation that respects dependencies) before it is returned.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tileweave/graph/tile_graph.hpp"
+#include "tileweave/order/schedule.hpp"
+
+namespace tw {
+
+struct Cell {
+  int64_t tm = 0, tn = 0;
+  bool operator==(const Cell& o) const { return tm == o.tm && tn == o.tn; }
+};
+
+// The cells of a grid_m x grid_n grid in the order named by `grid_spec`:
+//   row_major | col_major | snake | hilbert | morton | swizzle:<W> | grouped:<G>
+// swizzle:<W>  CUTLASS GemmIdentityThreadblockSwizzle<W>: bands of W tile columns, row by row in a band.
+// grouped:<G>  Triton's GROUP_M = G: bands of G tile rows, column by column in a band.
+// hilbert      generalized Hilbert curve, any rectangle (consecutive cells adjacent except at most
+//              one diagonal step when both sides are odd).
+std::vector<Cell> grid_order(const std::string& grid_spec, int64_t grid_m, int64_t grid_n);
+
+// A schedule of the whole graph named by `spec`:
+//   <grid spec>          ops one after another, each op's output cells in that grid order
+//                        (for a chain: GEMM0 then GEMM1); split-K slices of a cell are consecutive.
+//   chain_rows:<k>       k row blocks of the first op (row-major), then every tile of later ops whose
+//                        dependencies are now complete; repeat. k = 1 is "a GEMM0 row, then the
+//                        matching GEMM1 row".
+//   chain_half_rows      as chain_rows:1 but the first op's row block in two halves, each followed by
+//                        the consumer tiles it completes (with split-K on GEMM1, the half rows feed
+//                        the K-slices that read them).
+// Unknown or malformed spec -> InvalidArgument naming it and listing the known names.
+Schedule make_order(const TileGraph& g, const std::string& spec);
+
+// Every named order that applies to `g` (chain orders only when g has more than one op).
+std::vector<std::string> named_orders(const TileGraph& g);
+
+struct OrderInfo {
+  std::string spec, description;
+  bool chain_only = false;
+};
+const std::vector<OrderInfo>& order_catalog();
+
+// Custom orders as JSON: {"name": "...", "order": [...]} where every entry is a tile id (int) or
+// [op, tm, tn] / [op, tm, tn, ks]. A bare array is accepted as the "order" list.
+// Malformed JSON, unknown tiles or a dependency violation -> InvalidArgument naming the first
+// offending entry/tile.
+Schedule schedule_from_json(const TileGraph& g, const std::string& json_text, const std::string& default_name = "custom");
+Schedule load_order_file(const TileGraph& g, const std::string& path);
+// {"name": ..., "order": [[op, tm, tn, ks], ...]} (readable by schedule_from_json).
+std::string schedule_to_json(const TileGraph& g, const Schedule& s);
+
+}  // namespace tw
