@@ -123,7 +123,6 @@ int TileGraph::add_gemm_silu_mul(std::string name, int a, int b, int c, Tiling t
   check_tensor(b, "B");
   check_tensor(c, "C");
   check_tiling(t, name);
-  if (t.split_k != 1) throw InvalidArgument("op '" + name + "': the SiLU-mul epilogue needs split_k = 1");
   const Tensor &A = tensors_[a], &B = tensors_[b], &C = tensors_[c];
   if (A.cols != B.cols || B.rows % 2 != 0 || C.rows != A.rows || C.cols != B.rows / 2)
     throw InvalidArgument("op '" + name + "': shapes A " + std::to_string(A.rows) + "x" + std::to_string(A.cols) +
@@ -136,25 +135,38 @@ int TileGraph::add_gemm_silu_mul(std::string name, int a, int b, int c, Tiling t
   o.m = A.rows, o.n = C.cols, o.k = A.cols;
   o.a = a, o.b = b, o.c = c;
   o.tiling = t;
+  const int64_t slice = ceil_div(ceil_div(o.k, t.split_k), t.bk) * t.bk;
+  if (ceil_div(o.k, slice) != t.split_k)
+    throw InvalidArgument("op '" + o.name + "': split_k " + std::to_string(t.split_k) + " leaves empty K slices (K=" +
+                          std::to_string(o.k) + ", BK=" + std::to_string(t.bk) + ")");
+  // Split-K partial sums are kept before the activation: gate in columns [0, N), up in [N, 2N).
+  if (t.split_k > 1)
+    o.workspace = add_tensor(o.name + ".partials", t.split_k * o.m, 2 * o.n, 4, TensorRole::Workspace);
   o.grid_m = ceil_div(o.m, t.bm);
   o.grid_n = ceil_div(o.n, t.bn);
   o.first_tile = num_tiles();
   for (int64_t tm = 0; tm < o.grid_m; ++tm)
-    for (int64_t tn = 0; tn < o.grid_n; ++tn) {
-      Tile tile;
-      tile.op = static_cast<int>(ops_.size());
-      tile.tm = tm, tile.tn = tn;
-      tile.k0 = 0, tile.k1 = o.k;
-      tile.step_cols = t.bk;
-      const int64_t r0 = tm * t.bm, r1 = std::min(o.m, r0 + t.bm);
-      const int64_t c0 = tn * t.bn, c1 = std::min(o.n, c0 + t.bn);
-      tile.reads.push_back({a, r0, r1, 0, o.k});
-      tile.reads.push_back({b, c0, c1, 0, o.k});                // gate rows
-      tile.reads.push_back({b, o.n + c0, o.n + c1, 0, o.k});    // up rows
-      tile.writes.push_back({c, r0, r1, c0, c1});
-      tile.flops = 2.0 * 2.0 * (r1 - r0) * (c1 - c0) * o.k;
-      tiles_.push_back(std::move(tile));
-    }
+    for (int64_t tn = 0; tn < o.grid_n; ++tn)
+      for (int64_t ks = 0; ks < t.split_k; ++ks) {
+        Tile tile;
+        tile.op = static_cast<int>(ops_.size());
+        tile.tm = tm, tile.tn = tn, tile.ks = ks;
+        tile.k0 = ks * slice;
+        tile.k1 = std::min(o.k, tile.k0 + slice);
+        tile.step_cols = t.bk;
+        const int64_t r0 = tm * t.bm, r1 = std::min(o.m, r0 + t.bm);
+        const int64_t c0 = tn * t.bn, c1 = std::min(o.n, c0 + t.bn);
+        tile.reads.push_back({a, r0, r1, tile.k0, tile.k1});
+        tile.reads.push_back({b, c0, c1, tile.k0, tile.k1});               // gate rows
+        tile.reads.push_back({b, o.n + c0, o.n + c1, tile.k0, tile.k1});   // up rows
+        if (t.split_k > 1) {
+          tile.writes.push_back({o.workspace, ks * o.m + r0, ks * o.m + r1, c0, c1});
+          tile.writes.push_back({o.workspace, ks * o.m + r0, ks * o.m + r1, o.n + c0, o.n + c1});
+        }
+        tile.writes.push_back({c, r0, r1, c0, c1});
+        tile.flops = 2.0 * 2.0 * (r1 - r0) * (c1 - c0) * (tile.k1 - tile.k0);
+        tiles_.push_back(std::move(tile));
+      }
   o.num_tiles = num_tiles() - o.first_tile;
   ops_.push_back(o);
   derive_deps(o.first_tile);

@@ -1,5 +1,6 @@
 #include "tileweave/order/schedule.hpp"
 
+#include <algorithm>
 #include <numeric>
 
 namespace tw {
@@ -31,6 +32,47 @@ void validate(const TileGraph& g, const Schedule& s) {
 Schedule op_by_op_order(const TileGraph& g) {
   Schedule s{"op_by_op", std::vector<int>(g.num_tiles())};
   std::iota(s.order.begin(), s.order.end(), 0);
+  return s;
+}
+
+Schedule op_by_op_column_order(const TileGraph& g) {
+  Schedule s{"op_by_op_column", {}};
+  for (const Op& o : g.ops())
+    for (int64_t tn = 0; tn < o.grid_n; ++tn)
+      for (int64_t tm = 0; tm < o.grid_m; ++tm)
+        for (int64_t ks = 0; ks < o.tiling.split_k; ++ks)
+          s.order.push_back(g.tile_id(static_cast<int>(&o - g.ops().data()), tm, tn, ks));
+  return s;
+}
+
+Schedule dataflow_order(const TileGraph& g, const Schedule& base) {
+  validate(g, base);
+  const int n = g.num_tiles();
+  std::vector<int> missing(n);
+  std::vector<std::vector<int>> consumers(n);
+  for (int t = 0; t < n; ++t) {
+    missing[t] = static_cast<int>(g.tile(t).deps.size());
+    for (int d : g.tile(t).deps) consumers[d].push_back(t);
+  }
+  std::vector<int> pos(n);
+  for (int i = 0; i < n; ++i) pos[base.order[i]] = i;
+  // A tile becomes ready when its last dependency is emitted; ready consumers are emitted right
+  // after it, in base order. Tiles with no dependencies are emitted in base order.
+  Schedule s{"dataflow(" + base.name + ")", {}};
+  s.order.reserve(n);
+  std::vector<char> emitted(n, 0);
+  std::vector<int> ready;
+  auto emit = [&](auto&& self, int t) -> void {
+    s.order.push_back(t);
+    emitted[t] = 1;
+    std::vector<int> now;
+    for (int c : consumers[t])
+      if (--missing[c] == 0) now.push_back(c);
+    std::sort(now.begin(), now.end(), [&](int a, int b) { return pos[a] < pos[b]; });
+    for (int c : now) self(self, c);
+  };
+  for (int t : base.order)
+    if (!emitted[t] && missing[t] == 0) emit(emit, t);
   return s;
 }
 

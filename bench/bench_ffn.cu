@@ -1,0 +1,208 @@
+// FFN benchmark: the fused executor (several orders / sync policies) against (a) unfused cuBLASLt
+// GEMMs + an elementwise SiLU*mul and (b) the CuSync-style two-kernel version, with the
+// streaming-read floor measured in the same run. Weights are rotated so L2 holds none of them.
+//   bench_ffn [--models 8b,70b,chain] [--ms 1,4,16,64,128,256] [--reps 100]
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cublas_baseline.cuh"
+#include "harness.cuh"
+#include "tileweave/ops/ffn.hpp"
+
+using namespace tw;
+using namespace tw::bench;
+using bf16 = __nv_bfloat16;
+
+namespace {
+
+__global__ void fill_random(bf16* p, int64_t n, uint64_t seed, float scale) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint64_t z = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    // Sum of two uniforms: roughly bell-shaped, never zero-heavy.
+    const float u = (float(z & 0xffffff) + float((z >> 24) & 0xffffff)) / float(1 << 24) - 1.f;
+    p[i] = __float2bfloat16(u * scale * 1.7f);
+  }
+}
+
+template <class T>
+T* dev_alloc(size_t n) {
+  T* p;
+  TW_CUDA_CHECK(cudaMalloc(&p, n * sizeof(T)));
+  return p;
+}
+
+struct Model {
+  std::string name;
+  int64_t d, f;
+  bool gated;
+};
+
+std::vector<std::string> split_csv(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string t; std::getline(ss, t, ',');) out.push_back(t);
+  return out;
+}
+
+double rel_diff(const bf16* a_dev, const bf16* b_dev, size_t n) {
+  std::vector<bf16> a(n), b(n);
+  TW_CUDA_CHECK(cudaMemcpy(a.data(), a_dev, n * 2, cudaMemcpyDeviceToHost));
+  TW_CUDA_CHECK(cudaMemcpy(b.data(), b_dev, n * 2, cudaMemcpyDeviceToHost));
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double x = __bfloat162float(a[i]), y = __bfloat162float(b[i]);
+    if (!std::isfinite(x)) return INFINITY;
+    num += (x - y) * (x - y);
+    den += y * y;
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string models_arg = "8b,70b,chain", ms_arg = "1,4,16,64,128,256";
+  int reps = 100;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--models") && i + 1 < argc) models_arg = argv[++i];
+    else if (!std::strcmp(argv[i], "--ms") && i + 1 < argc) ms_arg = argv[++i];
+    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else {
+      std::fprintf(stderr, "bench_ffn: unknown argument '%s'\nusage: bench_ffn [--models 8b,70b,chain] [--ms 1,16] [--reps 100]\n", argv[i]);
+      return 2;
+    }
+  }
+  std::vector<Model> models;
+  for (const auto& m : split_csv(models_arg)) {
+    if (m == "8b") models.push_back({"llama3-8b", 4096, 14336, true});
+    else if (m == "70b") models.push_back({"llama3-70b", 8192, 28672, true});
+    else if (m == "chain") models.push_back({"chain-16x14336x4096", 4096, 14336, false});
+    else {
+      std::fprintf(stderr, "bench_ffn: unknown model '%s' (8b, 70b, chain)\n", m.c_str());
+      return 2;
+    }
+  }
+  std::vector<int64_t> ms;
+  for (const auto& m : split_csv(ms_arg)) ms.push_back(std::atoll(m.c_str()));
+
+  const Gpu gpu = current_gpu();
+  const Floor floor = measure_floor(gpu);
+  std::printf("GPU %s, %d SMs, L2 %.0f MiB; floor: bulk %.3f TB/s, vec %.3f TB/s\n", gpu.prop.name,
+              gpu.prop.multiProcessorCount, gpu.prop.l2CacheSize / 1048576.0, floor.bulk_tbps, floor.vec_tbps);
+  ResultFile rf("ffn", gpu, floor);
+
+  cublasLtHandle_t lt;
+  cublas_check(cublasLtCreate(&lt), "cublasLtCreate");
+  const size_t lt_ws_bytes = size_t(32) << 20;
+  void* lt_ws = dev_alloc<char>(lt_ws_bytes);
+  cudaStream_t s2;
+  TW_CUDA_CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+
+  struct Row {
+    std::string model;
+    int64_t m;
+    double floor_us, unfused, cusync, best;
+    std::string best_name;
+  };
+  std::vector<Row> rows;
+
+  for (const Model& md : models) {
+    const int64_t n1 = (md.gated ? 2 : 1) * md.f;
+    const double wbytes = double(n1 * md.d + md.d * md.f) * 2;
+    const int sets = std::max(2, int(std::ceil(3.0 * gpu.prop.l2CacheSize / wbytes)) + 1);
+    std::vector<bf16*> wgu(sets), wd(sets);
+    for (int s = 0; s < sets; ++s) {
+      wgu[s] = dev_alloc<bf16>(n1 * md.d);
+      wd[s] = dev_alloc<bf16>(md.d * md.f);
+      fill_random<<<1024, 256>>>(wgu[s], n1 * md.d, 17 + s, 1.f / std::sqrt(float(md.d)));
+      fill_random<<<1024, 256>>>(wd[s], md.d * md.f, 1017 + s, 1.f / std::sqrt(float(md.f)));
+    }
+    for (int64_t m : ms) {
+      bf16* x = dev_alloc<bf16>(m * md.d);
+      bf16* y_ref = dev_alloc<bf16>(m * md.d);
+      bf16* y = dev_alloc<bf16>(m * md.d);
+      bf16* gu = dev_alloc<bf16>(m * n1);
+      bf16* h = dev_alloc<bf16>(m * md.f);
+      fill_random<<<256, 256>>>(x, m * md.d, 99 + m, 1.f);
+      TW_CUDA_CHECK_LAUNCH();
+      const double floor_us = wbytes / (floor.tbps() * 1e12) * 1e6;
+
+      LtGemm g1(lt, m, n1, md.d, lt_ws, lt_ws_bytes), g2(lt, m, md.d, md.f, lt_ws, lt_ws_bytes);
+      auto unfused = [&](int s, cudaStream_t st) {
+        g1.run(x, wgu[s], md.gated ? gu : h, st);
+        if (md.gated) silu_mul_kernel<<<(m * md.f / 2 + 255) / 256, 256, 0, st>>>(gu, h, m, md.f);
+        g2.run(h, wd[s], y_ref, st);
+      };
+      const double t_unfused = time_us(unfused, sets, 10, reps);
+      unfused(0, 0);
+      TW_CUDA_CHECK(cudaDeviceSynchronize());
+
+      const FfnShape shape{m, md.d, md.f, md.gated};
+      FfnOptions two_opt;
+      two_opt.order = "op_by_op_column";
+      FusedFfn two(shape, two_opt);
+      const double t_cusync = time_us([&](int s, cudaStream_t st) { two.run_two_kernels(x, wgu[s], wd[s], y, st, s2); }, sets, 10, reps);
+
+      struct Variant {
+        std::string name;
+        FfnOptions opt;
+      };
+      std::vector<Variant> variants;
+      for (const char* order : {"dataflow", "op_by_op_column"})
+        for (const char* sync : {"tile", "row"}) {
+          FfnOptions o;
+          o.order = order;
+          o.sync.policy = parse_sync_policy(sync);
+          variants.push_back({std::string(order) + "/" + sync, o});
+        }
+      double best = 1e30;
+      std::string best_name;
+      nlohmann::json fused = nlohmann::json::array();
+      for (const auto& v : variants) {
+        FusedFfn ffn(shape, v.opt);
+        const double t = time_us([&](int s, cudaStream_t st) { ffn.run(x, wgu[s], wd[s], y, st); }, sets, 10, reps);
+        ffn.run(x, wgu[0], wd[0], y, 0);
+        TW_CUDA_CHECK(cudaDeviceSynchronize());
+        const double err = rel_diff(y, y_ref, m * md.d);
+        const auto& G = ffn.graph().graph;
+        fused.push_back({{"variant", v.name}, {"us", t}, {"tbps", wbytes / t * 1e-6}, {"pct_floor", 100 * floor_us / t},
+                         {"speedup_vs_unfused", t_unfused / t}, {"speedup_vs_cusync", t_cusync / t},
+                         {"rel_diff_vs_cublas", err}, {"tiles", G.num_tiles()}, {"grid", ffn.grid()},
+                         {"split_gate_up", G.op(ffn.graph().op_gate_up).tiling.split_k},
+                         {"split_down", G.op(ffn.graph().op_down).tiling.split_k}});
+        if (err > 2e-2) std::printf("  WARNING %s M=%lld %s: rel diff vs cuBLAS %.3g\n", md.name.c_str(), (long long)m, v.name.c_str(), err);
+        if (t < best) best = t, best_name = v.name;
+      }
+      rf.add({{"model", md.name}, {"m", m}, {"d", md.d}, {"ffn", md.f}, {"gated", md.gated}, {"weight_bytes", wbytes},
+              {"floor_us", floor_us}, {"unfused_cublaslt_us", t_unfused}, {"cusync_style_us", t_cusync},
+              {"fused", fused}, {"best_fused_us", best}, {"best_fused", best_name},
+              {"best_pct_floor", 100 * floor_us / best}, {"best_speedup_vs_unfused", t_unfused / best},
+              {"best_speedup_vs_cusync", t_cusync / best}});
+      rows.push_back({md.name, m, floor_us, t_unfused, t_cusync, best, best_name});
+      for (void* p : {(void*)x, (void*)y_ref, (void*)y, (void*)gu, (void*)h}) TW_CUDA_CHECK(cudaFree(p));
+    }
+    for (int s = 0; s < sets; ++s) {
+      TW_CUDA_CHECK(cudaFree(wgu[s]));
+      TW_CUDA_CHECK(cudaFree(wd[s]));
+    }
+  }
+  const std::string path = rf.write(gpu);
+  std::printf("\n%-22s %5s %9s %10s %10s %10s %6s %8s %8s  %s\n", "model", "M", "floor us", "cuBLASLt", "CuSync-st",
+              "fused", "%floor", "x unfus", "x cusync", "best variant");
+  for (const auto& r : rows)
+    std::printf("%-22s %5lld %9.1f %10.1f %10.1f %10.1f %5.1f%% %8.3f %8.3f  %s\n", r.model.c_str(), (long long)r.m,
+                r.floor_us, r.unfused, r.cusync, r.best, 100 * r.floor_us / r.best, r.unfused / r.best, r.cusync / r.best,
+                r.best_name.c_str());
+  std::printf("floor %.3f TB/s (bulk %.3f, vec %.3f); results: %s\n", floor.tbps(), floor.bulk_tbps, floor.vec_tbps, path.c_str());
+  return 0;
+}

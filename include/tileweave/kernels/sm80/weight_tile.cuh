@@ -1,0 +1,176 @@
+// Portable (sm_80+) mainloop of a weight-streaming GEMM tile: cp.async into a ring of shared-
+// memory stages, ldmatrix + mma.sync m16n8k16 (bf16 in, fp32 accumulate).
+//
+// "Swap A/B": the weight tile is the MMA's 16-row A operand (64 weight rows per block, 16 per warp)
+// and the few activation rows are its N = 8 side, so a decode batch of M = 1..64 wastes at most 7
+// columns instead of padding M to 64. The weight loads of the first stages are issued before the
+// caller's dependency wait, so the weight stream hides the wait; activations are loaded after it.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace tw::kernels::sm80 {
+
+constexpr int kThreads = 128;     // 4 warps, 16 weight rows each
+constexpr int kWeightRows = 64;
+constexpr int kBK = 64;           // K per stage: 128-byte rows, 8 chunks of 16 bytes
+constexpr int kStages = 4;
+
+template <int NT>  // activation rows per tile = 8 * NT
+struct TileShape {
+  static constexpr int act_rows = 8 * NT;
+  static constexpr int w_bytes = kWeightRows * kBK * 2;
+  static constexpr int x_bytes = act_rows * kBK * 2;
+  static constexpr int stage_bytes = w_bytes + x_bytes;
+  static constexpr int smem_bytes = kStages * stage_bytes;
+};
+
+// Byte offset of 16-byte chunk `c` of row `r` in a [rows x 64] bf16 stage. The XOR swizzle puts
+// the 8 rows an ldmatrix phase reads into 8 different bank groups (no conflicts).
+__device__ __forceinline__ uint32_t swizzle(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  // .cg: L2 only. Activations may have been written by other SMs in this launch, and L1 is not
+  // coherent with them; weights are read once, so L1 would not help them either.
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x2(uint32_t addr, uint32_t& r0, uint32_t& r1) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(addr));
+}
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Which weight row feeds tile row r (0..63), or -1 for a row past the matrix (zero-filled).
+// acc[j][0..1] belong to tile row warp*16 + g, acc[j][2..3] to warp*16 + g + 8 (g = lane / 4);
+// acc[j][e & 1] is activation row 8j + 2t + (e & 1) (t = lane % 4).
+struct WeightTileArgs {
+  const __nv_bfloat16* w;  // [rows, ldw] row-major
+  int64_t ldw;
+  const __nv_bfloat16* x;  // [M, ldx] row-major activations
+  int64_t ldx;
+  int64_t m0, m;           // activation rows [m0, min(m0 + 8*NT, m))
+  int64_t k0, k1;          // K range, k1 - k0 > 0, multiples of 8 apart from K's end
+};
+
+// Computes acc = W[rows(r), k0:k1] . X[m0:m0+8NT, k0:k1]^T for this block's 64 tile rows.
+// `row_of(r)` maps tile row -> weight row (or -1); `wait()` is called by all threads after the
+// weight prologue is in flight and must return false to abort (nothing more is read then).
+template <int NT, class RowOf, class Wait>
+__device__ __forceinline__ bool weight_tile_mainloop(float (&acc)[NT][4], const WeightTileArgs& a, RowOf row_of,
+                                                     Wait wait, char* smem) {
+  using S = TileShape<NT>;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const int nk = static_cast<int>((a.k1 - a.k0 + kBK - 1) / kBK);
+
+#pragma unroll
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+
+  // Each thread loads the same 4 weight rows' chunks in every stage: resolve the rows once.
+  const __nv_bfloat16* wrow[4];
+  bool wvalid[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = (tid + i * kThreads) / 8;
+    const int64_t gr = row_of(r);
+    wvalid[i] = gr >= 0;
+    wrow[i] = a.w + (gr >= 0 ? gr : 0) * a.ldw;
+  }
+  auto load_w = [&](int s, int kt) {
+    const int64_t kb = a.k0 + int64_t(kt) * kBK;
+    const uint32_t base = smem_base + s * S::stage_bytes;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int idx = tid + i * kThreads, r = idx / 8, c = idx % 8;
+      const int64_t k = kb + c * 8;
+      const bool ok = wvalid[i] && k < a.k1;
+      cp_async16(base + swizzle(r, c), ok ? wrow[i] + k : a.w, ok);
+    }
+  };
+  auto load_x = [&](int s, int kt) {
+    const int64_t kb = a.k0 + int64_t(kt) * kBK;
+    const uint32_t base = smem_base + s * S::stage_bytes + S::w_bytes;
+    constexpr int chunks = S::act_rows * 8;
+#pragma unroll
+    for (int i = 0; i < (chunks + kThreads - 1) / kThreads; ++i) {
+      const int idx = tid + i * kThreads;
+      if (chunks % kThreads == 0 || idx < chunks) {
+        const int r = idx / 8, c = idx % 8;
+        const int64_t row = a.m0 + r, k = kb + c * 8;
+        const bool ok = row < a.m && k < a.k1;
+        cp_async16(base + swizzle(r, c), ok ? a.x + row * a.ldx + k : a.x, ok);
+      }
+    }
+  };
+
+  // Prologue: weights for kStages-1 stages go out before the dependency wait.
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < nk) load_w(s, s);
+    cp_async_commit();
+  }
+  if (!wait()) {
+    cp_async_wait<0>();
+    return false;
+  }
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s)
+    if (s < nk) load_x(s, s);
+  cp_async_commit();
+
+  for (int kt = 0; kt < nk; ++kt) {
+    // Group accounting: the prologue's activations were committed last, so the first stage
+    // needs every group; after that one group is committed per iteration (empty ones included).
+    if (kt == 0)
+      cp_async_wait<0>();
+    else
+      cp_async_wait<kStages - 2>();
+    __syncthreads();  // stage kt is visible to all warps, and stage kt-1 is free for reuse
+    const int nxt = kt + kStages - 1;
+    if (nxt < nk) {
+      load_w(nxt % kStages, nxt);
+      load_x(nxt % kStages, nxt);
+    }
+    cp_async_commit();
+
+    const uint32_t w_base = smem_base + (kt % kStages) * S::stage_bytes;
+    const uint32_t x_base = w_base + S::w_bytes;
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) {
+      uint32_t af[4];
+      ldmatrix_x4(w_base + swizzle(warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2), kk * 2 + lane / 16), af[0], af[1],
+                  af[2], af[3]);
+      if constexpr (NT == 1) {
+        uint32_t b0, b1;
+        ldmatrix_x2(x_base + swizzle(lane % 8, kk * 2 + (lane / 8) % 2), b0, b1);
+        mma_bf16(acc[0], af, b0, b1);
+      } else {
+#pragma unroll
+        for (int j = 0; j < NT; j += 2) {
+          uint32_t b0, b1, b2, b3;
+          ldmatrix_x4(x_base + swizzle(8 * (j + lane / 16) + lane % 8, kk * 2 + (lane / 8) % 2), b0, b1, b2, b3);
+          mma_bf16(acc[j], af, b0, b1);
+          mma_bf16(acc[j + 1], af, b2, b3);
+        }
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace tw::kernels::sm80

@@ -1,0 +1,77 @@
+// The fused FFN: gate/up GEMM -> SiLU * mul -> down GEMM in one persistent launch of the tile
+// executor (or the research notes' plain two-GEMM chain when shape.gated is false).
+//   h = silu(x W_gate^T) * (x W_up^T)   W_gate_up = [W_gate; W_up]  [2F, d]   (chain: h = x W0^T, W0 [F, d])
+//   y = h W_down^T                      W_down [d, F]
+// All tensors bf16 row-major, fp32 accumulation; split-K partial sums are reduced inside the launch.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "tileweave/graph/tile_graph.hpp"
+#include "tileweave/order/schedule.hpp"
+#include "tileweave/runtime/device_plan.hpp"
+
+namespace tw {
+
+struct FfnOptions {
+  std::string order = "dataflow";  // "dataflow" | "op_by_op" | "op_by_op_column" (or pass a Schedule)
+  SyncSpec sync;                   // how down tiles wait for gate/up tiles
+  int split_gate_up = 0;           // K slices of the first GEMM; 0 = from the shape
+  int split_down = 0;              // K slices of the down GEMM; 0 = from the shape
+  int blocks_per_sm = 0;           // 0 = as many as fit
+  uint32_t spin_limit = 0;         // > 0: waits abort after this many polls (tests)
+  uint32_t delay_ns = 0;           // > 0: producers sleep up to this long before signalling (stress)
+};
+
+class FusedFfn {
+ public:
+  FusedFfn(const FfnShape& shape, const FfnOptions& opt = {});
+  // With a schedule of this object's graph (e.g. read from JSON); validated before any upload.
+  FusedFfn(const FfnShape& shape, const FfnOptions& opt, const Schedule& order);
+  ~FusedFfn();
+
+  // y = FFN(x). x [M, d], w_gate_up [2F, d] (chain: [F, d]), w_down [d, F], y [M, d]. Pointers must
+  // be device pointers aligned to 16 bytes. The intermediate h lives in this object.
+  void run(const __nv_bfloat16* x, const __nv_bfloat16* w_gate_up, const __nv_bfloat16* w_down, __nv_bfloat16* y,
+           cudaStream_t stream) const;
+
+  // The CuSync-style baseline: the gate/up tiles and the down tiles as two kernels on two streams
+  // (forked from and joined back to `stream`), synchronised by the same per-tile counters, with
+  // CuSync's wait kernel before the consumer. Needs a schedule with every gate/up tile first.
+  void run_two_kernels(const __nv_bfloat16* x, const __nv_bfloat16* w_gate_up, const __nv_bfloat16* w_down,
+                       __nv_bfloat16* y, cudaStream_t stream, cudaStream_t consumer_stream) const;
+
+  const FfnGraph& graph() const { return g_; }
+  const Schedule& schedule() const { return sched_; }
+  const runtime::DevicePlan& plan() const { return *plan_; }
+  int grid() const { return grid_; }
+  int act_rows_per_tile() const { return act_rows_; }
+  // Graph tiling used for a shape (same rule as the constructor): for the model and the CLI.
+  static FfnTiling tiling_for(const FfnShape& shape, const FfnOptions& opt);
+
+ private:
+  void init(const FfnOptions& opt, const Schedule* order);
+  struct Launch;
+  Launch prepare(const __nv_bfloat16* x, const __nv_bfloat16* w_gate_up, const __nv_bfloat16* w_down,
+                 __nv_bfloat16* y) const;
+  FfnShape shape_;
+  FfnGraph g_;
+  Schedule sched_;
+  std::unique_ptr<runtime::DevicePlan> plan_;
+  __nv_bfloat16* h_ = nullptr;
+  float* ws_ = nullptr;  // split-K partials of both GEMMs
+  size_t ws_down_offset_ = 0;
+  int grid_ = 0, act_rows_ = 0;
+  int fit_per_sm_ = 0, sms_ = 0;
+  uint32_t spin_limit_ = 0, delay_ns_ = 0;
+  cudaEvent_t fork_ = nullptr, join_ = nullptr;
+  // Counters count launches: one object runs either fused or as two kernels, never both.
+  mutable int mode_ = 0;  // 0 unused, 1 fused, 2 two kernels
+};
+
+}  // namespace tw

@@ -1,0 +1,41 @@
+// An ExecPlan uploaded to the GPU, with its counters and launch state. Counters are zeroed once
+// here; launches after that need no memset (see runtime/executor.cuh).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "tileweave/runtime/exec_params.hpp"
+
+namespace tw::runtime {
+
+class DevicePlan {
+ public:
+  explicit DevicePlan(const ExecPlan& plan);
+  ~DevicePlan();
+  DevicePlan(const DevicePlan&) = delete;
+  DevicePlan& operator=(const DevicePlan&) = delete;
+
+  ExecParams params(uint32_t spin_limit = 0, uint32_t delay_ns = 0) const;
+  // Tickets [begin, end) of the schedule with launch state `slot` (0 or 1), sharing the counters:
+  // two kernels that each run part of the schedule (the CuSync-style baseline) synchronise
+  // through the same per-tile counters.
+  ExecParams params_range(int begin, int end, int slot, uint32_t spin_limit = 0, uint32_t delay_ns = 0) const;
+  const ExecPlan& host() const { return plan_; }
+  // Synchronises the device; nonzero if a bounded wait expired in some launch since the last reset.
+  uint32_t error() const;
+  // Zeroes counters and state (needed only after an aborted launch).
+  void reset();
+
+ private:
+  ExecPlan plan_;
+  char* mem_ = nullptr;
+  size_t counter_bytes_ = 0;
+  ExecParams p_{};
+};
+
+// CuSync's wait kernel on `stream`: returns once every block of the producer's current launch
+// has started (see device_plan.cu).
+void launch_wait_for_producer(const ExecParams& producer, const ExecParams& consumer, int producer_blocks,
+                              cudaStream_t stream);
+
+}  // namespace tw::runtime

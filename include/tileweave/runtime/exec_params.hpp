@@ -1,0 +1,31 @@
+// What the executor kernel reads: the plan's tables in device memory and the launch state.
+// Plain C++ (host code fills it); the device side is runtime/executor.cuh.
+#pragma once
+
+#include <cstdint>
+
+#include "tileweave/runtime/exec_plan.hpp"
+
+namespace tw::runtime {
+
+struct ExecState {
+  uint32_t ticket;
+  uint32_t done_blocks;
+  uint32_t epoch;
+  uint32_t error;    // set when a bounded wait expires (test builds): the launch aborts
+  uint32_t started;  // blocks that have started, over all launches (for two-kernel baselines)
+};
+
+struct ExecParams {
+  const int32_t* order;
+  const DeviceTile* tiles;
+  const WaitEntry* waits;
+  uint32_t* signals;   // one per signal counter
+  uint32_t* arrivals;  // one per split-K group
+  ExecState* state;
+  int32_t num_tiles;
+  uint32_t spin_limit;  // 0: wait forever (benchmarks); else abort after this many polls
+  uint32_t delay_ns;    // stress mode: producers sleep up to this long before signalling
+};
+
+}  // namespace tw::runtime

@@ -1,0 +1,144 @@
+// The tile executor, device side: persistent blocks take tickets from one atomic counter; ticket i
+// runs tile order[i]. Before a tile reads another tile's output it waits on that producer's
+// counter (acquire); after it writes, it increments its own counter (release).
+//
+// No deadlock, by construction. A block takes a ticket only while it is running, so every tile
+// that holds a ticket belongs to a running block, and a block that waits holds no resources
+// another tile needs. Tickets follow the schedule, a topological order, so a tile's producers have
+// smaller tickets. Take the smallest ticket whose tile has not finished: its producers all have
+// smaller tickets and so have finished; it is either running (and finishes) or is the prefetched
+// next ticket of a block whose current tile has a smaller ticket and is unfinished — impossible by
+// minimality. Hence some tile always makes progress. (This holds however many blocks are in the
+// grid; the host still refuses grids beyond residency, since blocks that never run are waste.)
+//
+// Repeated launches need no memset: counters only grow. Launch e waits for `count * (e + 1)`
+// signals, with e read from ExecState at block start. The last block to finish bumps the epoch
+// and resets the ticket; every block has read the epoch before it finishes, and the next launch
+// in the stream starts after this one ends, so each launch sees one consistent epoch. This also
+// makes launches capturable in CUDA graphs (no per-launch host arguments).
+#pragma once
+
+#include <cuda/atomic>
+#include <cstdint>
+
+#include "tileweave/runtime/exec_params.hpp"
+
+namespace tw::runtime {
+
+// Shared-memory slots of the block-level runtime (kept in static shared memory).
+struct BlockSlots {
+  int32_t tile;       // current tile id, -1 when done
+  int32_t next_tile;  // prefetched ticket's tile
+  uint32_t epoch;
+  int32_t flag;
+};
+
+namespace detail {
+__device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
+  return cuda::atomic_ref<const uint32_t, cuda::thread_scope_device>(*p).load(cuda::memory_order_acquire);
+}
+__device__ __forceinline__ bool reached(uint32_t value, uint32_t target) {
+  return static_cast<int32_t>(value - target) >= 0;  // wrap-safe
+}
+__device__ __forceinline__ int32_t draw_ticket(const ExecParams& p) {
+  const uint32_t t = atomicAdd(&p.state->ticket, 1u);
+  return t < static_cast<uint32_t>(p.num_tiles) ? p.order[t] : -1;
+}
+}  // namespace detail
+
+// Called once by all threads at kernel start: reads the epoch and draws the first ticket.
+__device__ __forceinline__ void begin_launch(const ExecParams& p, BlockSlots& s) {
+  if (threadIdx.x == 0) {
+    s.epoch = cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(p.state->epoch).load(cuda::memory_order_relaxed);
+    atomicAdd(&p.state->started, 1u);
+    s.next_tile = detail::draw_ticket(p);
+  }
+}
+
+// All threads: moves to the prefetched ticket and draws the one after it, so the atomic's
+// round trip overlaps the current tile. Returns -1 when the schedule is exhausted (or aborted).
+__device__ __forceinline__ int32_t next_tile(const ExecParams& p, BlockSlots& s) {
+  __syncthreads();  // everyone is done with the previous tile's shared memory and slots
+  if (threadIdx.x == 0) {
+    int32_t t = s.next_tile;
+    if (t >= 0 && p.spin_limit && *(volatile uint32_t*)&p.state->error) t = -1;
+    s.tile = t;
+    if (t >= 0) s.next_tile = detail::draw_ticket(p);
+  }
+  __syncthreads();
+  return s.tile;
+}
+
+// Thread 0 polls the tile's producer counters; the barrier then orders every thread's later
+// reads after the acquire. Readers must still bypass L1 for produced data (ld.cg / cp.async.cg):
+// L1 is not coherent with other SMs' writes. Returns false if a bounded wait expired.
+__device__ __forceinline__ bool wait_dependencies(const ExecParams& p, BlockSlots& s, const DeviceTile& t) {
+  if (threadIdx.x == 0) {
+    int32_t ok = 1;
+    for (int32_t i = t.wait_begin; i < t.wait_end && ok; ++i) {
+      const WaitEntry w = p.waits[i];
+      const uint32_t target = w.count * (s.epoch + 1);
+      uint32_t polls = 0, backoff = 32;
+      while (!detail::reached(detail::load_acquire(&p.signals[w.counter]), target)) {
+        __nanosleep(backoff);
+        backoff = min(backoff * 2, 256u);
+        if (p.spin_limit && ++polls > p.spin_limit) {
+          atomicExch(&p.state->error, 1u);
+          ok = 0;
+        }
+      }
+    }
+    s.flag = ok;
+  }
+  __syncthreads();
+  return s.flag != 0;
+}
+
+__device__ __forceinline__ void stress_delay(const ExecParams& p, const DeviceTile& t) {
+  if (p.delay_ns && threadIdx.x == 0) {
+    uint32_t h = static_cast<uint32_t>(t.tm * 73856093) ^ static_cast<uint32_t>(t.tn * 19349663) ^
+                 static_cast<uint32_t>(t.ks * 83492791) ^ static_cast<uint32_t>(clock64());
+    h ^= h >> 13;
+    h *= 0x5bd1e995u;
+    for (uint32_t ns = h % p.delay_ns; ns > 0; ns -= min(ns, 1000000u)) __nanosleep(min(ns, 1000000u));
+  }
+}
+
+// All threads, after the tile's global writes: publish them on the tile's counter.
+__device__ __forceinline__ void signal_done(const ExecParams& p, const DeviceTile& t) {
+  stress_delay(p, t);
+  __syncthreads();  // every thread's writes are issued and observed by thread 0 (CTA scope)...
+  if (threadIdx.x == 0) {
+    // ...and the release (cumulative) makes them visible at GPU scope before the increment.
+    cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(p.signals[t.signal]).fetch_add(1u, cuda::memory_order_release);
+  }
+}
+
+// All threads, after writing this split's partial sums: true in the one split of the group that
+// arrives last, which then reduces the partials (acquire: it sees the other splits' writes).
+__device__ __forceinline__ bool arrive_split(const ExecParams& p, BlockSlots& s, const DeviceTile& t, uint32_t splits) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const uint32_t old = cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(p.arrivals[t.arrive])
+                             .fetch_add(1u, cuda::memory_order_acq_rel);
+    s.flag = (old == splits * (s.epoch + 1) - 1);
+  }
+  __syncthreads();
+  return s.flag != 0;
+}
+
+// All threads, at kernel end: the last block to finish resets the ticket and bumps the epoch.
+__device__ __forceinline__ void end_launch(const ExecParams& p, BlockSlots& s) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const uint32_t old = cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(p.state->done_blocks)
+                             .fetch_add(1u, cuda::memory_order_acq_rel);
+    if (old == gridDim.x - 1) {
+      p.state->ticket = 0;
+      p.state->done_blocks = 0;
+      cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(p.state->epoch).store(s.epoch + 1, cuda::memory_order_release);
+    }
+  }
+}
+
+}  // namespace tw::runtime

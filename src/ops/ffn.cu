@@ -1,0 +1,302 @@
+#include "tileweave/ops/ffn.hpp"
+
+#include <algorithm>
+
+#include "tileweave/kernels/sm80/weight_tile.cuh"
+#include "tileweave/runtime/executor.cuh"
+#include "tileweave/util/cuda_check.hpp"
+
+namespace tw {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+namespace sm80 = kernels::sm80;
+
+// One GEMM op of the chain as the kernel sees it.
+struct GemmOpDesc {
+  const bf16* x;  // activations [m, k]
+  const bf16* w;  // weights [n or 2n, k]
+  bf16* c;        // output [m, n]
+  float* ws;      // split-K partials [split, m, ws_cols]
+  int64_t m, n, k, slice;
+  int32_t split, silu_mul;  // silu_mul: tile columns are 32 gate/up pairs, else 64 plain columns
+};
+
+struct ChainParams {
+  GemmOpDesc ops[2];
+};
+
+__device__ __forceinline__ float silu(float v) { return v / (1.f + __expf(-v)); }
+
+template <int NT>
+__device__ void run_tile(const runtime::ExecParams& ep, runtime::BlockSlots& slots, const GemmOpDesc& o,
+                         const DeviceTile& t, char* smem) {
+  constexpr int R = 8 * NT;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
+  const int64_t m0 = int64_t(t.tm) * R;
+  const int64_t cols = o.silu_mul ? 32 : 64;  // output columns of this tile
+  const int64_t c0 = int64_t(t.tn) * cols;
+  sm80::WeightTileArgs a{o.w, o.k, o.x, o.k, m0, o.m, int64_t(t.ks) * o.slice, min(o.k, int64_t(t.ks + 1) * o.slice)};
+  auto wait = [&] { return runtime::wait_dependencies(ep, slots, t); };
+  float acc[NT][4];
+  bool ok;
+  if (o.silu_mul) {
+    // Warp w's 16 rows: gate rows c0+8w..+7, then the matching up rows, so each thread holds a
+    // gate value and its up partner (acc[j][e] and acc[j][e+2]) and the epilogue needs no shuffle.
+    ok = sm80::weight_tile_mainloop<NT>(acc, a, [&](int r) -> int64_t {
+      const int64_t col = c0 + 8 * (r / 16) + (r % 8);
+      return col < o.n ? ((r % 16) < 8 ? col : o.n + col) : -1;
+    }, wait, smem);
+  } else {
+    ok = sm80::weight_tile_mainloop<NT>(acc, a, [&](int r) -> int64_t { return c0 + r < o.n ? c0 + r : -1; }, wait, smem);
+  }
+  if (!ok) return;  // aborted wait: publish nothing, the launch is failing
+
+  if (o.split == 1) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int64_t m = m0 + 8 * j + 2 * q + e;
+        if (m >= o.m) continue;
+        if (o.silu_mul) {
+          const int64_t col = c0 + 8 * warp + g;
+          if (col < o.n) o.c[m * o.n + col] = __float2bfloat16(silu(acc[j][e]) * acc[j][e + 2]);
+        } else {
+          const int64_t col = c0 + 16 * warp + g;
+          if (col < o.n) o.c[m * o.n + col] = __float2bfloat16(acc[j][e]);
+          if (col + 8 < o.n) o.c[m * o.n + col + 8] = __float2bfloat16(acc[j][e + 2]);
+        }
+      }
+  } else {
+    // Split-K: write this slice's partial sums; the slice that arrives last adds all slices in a
+    // fixed order (deterministic) and writes the output.
+    const int64_t ws_cols = o.silu_mul ? 2 * o.n : o.n;
+    float* part = o.ws + int64_t(t.ks) * o.m * ws_cols;
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int64_t m = m0 + 8 * j + 2 * q + e;
+        if (m >= o.m) continue;
+        const int64_t col = c0 + (o.silu_mul ? 8 : 16) * warp + g;
+        if (o.silu_mul) {
+          if (col < o.n) {
+            part[m * ws_cols + col] = acc[j][e];
+            part[m * ws_cols + o.n + col] = acc[j][e + 2];
+          }
+        } else {
+          if (col < o.n) part[m * ws_cols + col] = acc[j][e];
+          if (col + 8 < o.n) part[m * ws_cols + col + 8] = acc[j][e + 2];
+        }
+      }
+    if (runtime::arrive_split(ep, slots, t, o.split)) {
+      const int64_t rows = min(int64_t(R), o.m - m0), ncols = min(cols, o.n - c0);
+      for (int64_t i = tid; i < rows * ncols; i += blockDim.x) {
+        const int64_t m = m0 + i / ncols, col = c0 + i % ncols;
+        const float* p = o.ws + m * ws_cols + col;
+        float s0 = 0.f, s1 = 0.f;
+        for (int ks = 0; ks < o.split; ++ks, p += o.m * ws_cols) {
+          s0 += __ldcg(p);
+          if (o.silu_mul) s1 += __ldcg(p + o.n);
+        }
+        o.c[m * o.n + col] = __float2bfloat16(o.silu_mul ? silu(s0) * s1 : s0);
+      }
+    }
+  }
+  runtime::signal_done(ep, t);
+}
+
+template <int NT>
+__global__ void __launch_bounds__(sm80::kThreads) ffn_kernel(const runtime::ExecParams ep, const ChainParams cp) {
+  extern __shared__ __align__(128) char smem[];
+  __shared__ runtime::BlockSlots slots;
+  runtime::begin_launch(ep, slots);
+  for (int32_t id; (id = runtime::next_tile(ep, slots)) >= 0;) {
+    const DeviceTile t = ep.tiles[id];
+    run_tile<NT>(ep, slots, cp.ops[t.op], t, smem);
+  }
+  runtime::end_launch(ep, slots);
+}
+
+using KernelFn = void (*)(const runtime::ExecParams, const ChainParams);
+
+int nt_for(int64_t m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8; }
+
+KernelFn kernel_for(int nt) {
+  switch (nt) {
+    case 1: return ffn_kernel<1>;
+    case 2: return ffn_kernel<2>;
+    case 4: return ffn_kernel<4>;
+    default: return ffn_kernel<8>;
+  }
+}
+int smem_for(int nt) {
+  switch (nt) {
+    case 1: return sm80::TileShape<1>::smem_bytes;
+    case 2: return sm80::TileShape<2>::smem_bytes;
+    case 4: return sm80::TileShape<4>::smem_bytes;
+    default: return sm80::TileShape<8>::smem_bytes;
+  }
+}
+
+// K slices: about 1024 columns each at decode sizes (64 weight rows x 1024 x 2 B = 128 KiB per
+// tile), so tiles are small against a block's share of the stream and the last wave is short.
+int auto_split(int64_t k, int64_t m) {
+  const int64_t target = m <= 64 ? 1024 : 2048;
+  return static_cast<int>(std::max<int64_t>(1, (k + target / 2) / target));
+}
+int normalise_split(int64_t k, int split) {
+  // Slices are whole BK steps; recompute the count so no slice is empty.
+  const int64_t slice = ((k + split - 1) / split + sm80::kBK - 1) / sm80::kBK * sm80::kBK;
+  return static_cast<int>((k + slice - 1) / slice);
+}
+
+void check_ptr(const void* p, const char* name) {
+  if (!p) throw InvalidArgument(std::string("FusedFfn::run: ") + name + " is null");
+  if (reinterpret_cast<uintptr_t>(p) % 16)
+    throw InvalidArgument(std::string("FusedFfn::run: ") + name + " is not 16-byte aligned");
+}
+
+void use_mode(int& mode, int want) {
+  if (mode && mode != want)
+    throw InvalidArgument("FusedFfn: this object already ran " + std::string(mode == 1 ? "fused" : "as two kernels") +
+                          "; its counters cannot serve the other mode (make a second object)");
+  mode = want;
+}
+
+}  // namespace
+
+FfnTiling FusedFfn::tiling_for(const FfnShape& s, const FfnOptions& opt) {
+  if (s.m <= 0) throw InvalidArgument("FFN: M must be >= 1, got " + std::to_string(s.m));
+  if (s.d <= 0 || s.d % 8) throw InvalidArgument("FFN: d must be a positive multiple of 8, got " + std::to_string(s.d));
+  if (s.f <= 0 || s.f % 8) throw InvalidArgument("FFN: ffn size must be a positive multiple of 8, got " + std::to_string(s.f));
+  if (opt.split_gate_up < 0) throw InvalidArgument("FFN: split_gate_up must be >= 0, got " + std::to_string(opt.split_gate_up));
+  if (opt.split_down < 0) throw InvalidArgument("FFN: split_down must be >= 0, got " + std::to_string(opt.split_down));
+  const int64_t rows = 8 * nt_for(s.m);
+  const int sg = normalise_split(s.d, opt.split_gate_up ? opt.split_gate_up : auto_split(s.d, s.m));
+  const int sd = normalise_split(s.f, opt.split_down ? opt.split_down : auto_split(s.f, s.m));
+  FfnTiling t;
+  t.gate_up = {rows, s.gated ? 32 : 64, sm80::kBK, sg};
+  t.down = {rows, 64, sm80::kBK, sd};
+  return t;
+}
+
+FusedFfn::FusedFfn(const FfnShape& shape, const FfnOptions& opt) : shape_(shape) { init(opt, nullptr); }
+FusedFfn::FusedFfn(const FfnShape& shape, const FfnOptions& opt, const Schedule& order) : shape_(shape) {
+  init(opt, &order);
+}
+
+void FusedFfn::init(const FfnOptions& opt, const Schedule* order) {
+  g_ = build_ffn_graph(shape_, tiling_for(shape_, opt));
+  const TileGraph& G = g_.graph;
+  if (order) {
+    sched_ = *order;
+  } else if (opt.order == "op_by_op") {
+    sched_ = op_by_op_order(G);
+  } else if (opt.order == "op_by_op_column") {
+    sched_ = op_by_op_column_order(G);
+  } else if (opt.order == "dataflow") {
+    sched_ = dataflow_order(G, op_by_op_column_order(G));
+  } else {
+    throw InvalidArgument("FFN: unknown order '" + opt.order + "' (dataflow, op_by_op, op_by_op_column)");
+  }
+  const ExecPlan plan = make_exec_plan(G, sched_, {{g_.op_gate_up, opt.sync}});  // validates the schedule
+
+  const int nt = nt_for(shape_.m);
+  act_rows_ = 8 * nt;
+  const KernelFn k = kernel_for(nt);
+  const int smem = smem_for(nt);
+  TW_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  int dev = 0, sms = 0, fit = 0;
+  TW_CUDA_CHECK(cudaGetDevice(&dev));
+  TW_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  TW_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, k, sm80::kThreads, smem));
+  if (opt.blocks_per_sm < 0 || opt.blocks_per_sm > fit)
+    throw InvalidArgument("FFN: blocks_per_sm " + std::to_string(opt.blocks_per_sm) + " is outside [0, " +
+                          std::to_string(fit) + "] (the blocks that fit on one SM)");
+  grid_ = sms * (opt.blocks_per_sm ? opt.blocks_per_sm : fit);
+  fit_per_sm_ = fit;
+  sms_ = sms;
+  TW_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+  TW_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+  spin_limit_ = opt.spin_limit;
+  delay_ns_ = opt.delay_ns;
+
+  plan_ = std::make_unique<runtime::DevicePlan>(plan);
+  TW_CUDA_CHECK(cudaMalloc(&h_, sizeof(bf16) * shape_.m * shape_.f));
+  const Op& gu = G.op(g_.op_gate_up);
+  const Op& dn = G.op(g_.op_down);
+  const size_t ws_gu = gu.tiling.split_k > 1 ? size_t(gu.tiling.split_k) * shape_.m * (shape_.gated ? 2 : 1) * shape_.f : 0;
+  const size_t ws_dn = dn.tiling.split_k > 1 ? size_t(dn.tiling.split_k) * shape_.m * shape_.d : 0;
+  ws_down_offset_ = (ws_gu + 63) / 64 * 64;
+  TW_CUDA_CHECK(cudaMalloc(&ws_, sizeof(float) * (ws_down_offset_ + ws_dn + 1)));
+}
+
+FusedFfn::~FusedFfn() {
+  cudaFree(h_);
+  cudaFree(ws_);
+  if (fork_) cudaEventDestroy(fork_);
+  if (join_) cudaEventDestroy(join_);
+}
+
+struct FusedFfn::Launch {
+  ChainParams cp;
+  KernelFn kernel;
+  int smem;
+};
+
+FusedFfn::Launch FusedFfn::prepare(const bf16* x, const bf16* w_gate_up, const bf16* w_down, bf16* y) const {
+  check_ptr(x, "x");
+  check_ptr(w_gate_up, "w_gate_up");
+  check_ptr(w_down, "w_down");
+  check_ptr(y, "y");
+  const TileGraph& G = g_.graph;
+  const Op& gu = G.op(g_.op_gate_up);
+  const Op& dn = G.op(g_.op_down);
+  // Slices as the graph cut them (whole BK steps): tile.k0 = ks * slice.
+  const int64_t sl_gu = G.tile(gu.first_tile).k1 - G.tile(gu.first_tile).k0;
+  const int64_t sl_dn = G.tile(dn.first_tile).k1 - G.tile(dn.first_tile).k0;
+  Launch l{};
+  l.cp.ops[g_.op_gate_up] = {x, w_gate_up, h_, ws_, shape_.m, shape_.f, shape_.d, sl_gu,
+                             static_cast<int32_t>(gu.tiling.split_k), shape_.gated ? 1 : 0};
+  l.cp.ops[g_.op_down] = {h_, w_down, y, ws_ + ws_down_offset_, shape_.m, shape_.d, shape_.f, sl_dn,
+                          static_cast<int32_t>(dn.tiling.split_k), 0};
+  l.kernel = kernel_for(act_rows_ / 8);
+  l.smem = smem_for(act_rows_ / 8);
+  return l;
+}
+
+void FusedFfn::run(const bf16* x, const bf16* w_gate_up, const bf16* w_down, bf16* y, cudaStream_t stream) const {
+  const Launch l = prepare(x, w_gate_up, w_down, y);
+  use_mode(mode_, 1);
+  l.kernel<<<grid_, sm80::kThreads, l.smem, stream>>>(plan_->params(spin_limit_, delay_ns_), l.cp);
+  TW_CUDA_CHECK_LAUNCH();
+}
+
+void FusedFfn::run_two_kernels(const bf16* x, const bf16* w_gate_up, const bf16* w_down, bf16* y, cudaStream_t stream,
+                               cudaStream_t consumer_stream) const {
+  const Launch l = prepare(x, w_gate_up, w_down, y);
+  const int n_gu = g_.graph.op(g_.op_gate_up).num_tiles, n = g_.graph.num_tiles();
+  for (int i = 0; i < n_gu; ++i)
+    if (g_.graph.tile(sched_.order[i]).op != g_.op_gate_up)
+      throw InvalidArgument("FusedFfn::run_two_kernels: schedule '" + sched_.name + "' interleaves the ops (ticket " +
+                            std::to_string(i) + "); use op_by_op or op_by_op_column");
+  use_mode(mode_, 2);
+  const runtime::ExecParams prod = plan_->params_range(0, n_gu, 0, spin_limit_, delay_ns_);
+  const runtime::ExecParams cons = plan_->params_range(n_gu, n, 1, spin_limit_, delay_ns_);
+  const int full = sms_ * fit_per_sm_;
+  const int grid_p = std::min(n_gu, full), grid_c = std::min(n - n_gu, full);
+  TW_CUDA_CHECK(cudaEventRecord(fork_, stream));
+  TW_CUDA_CHECK(cudaStreamWaitEvent(consumer_stream, fork_, 0));
+  l.kernel<<<grid_p, sm80::kThreads, l.smem, stream>>>(prod, l.cp);
+  TW_CUDA_CHECK_LAUNCH();
+  runtime::launch_wait_for_producer(prod, cons, grid_p, consumer_stream);
+  l.kernel<<<grid_c, sm80::kThreads, l.smem, consumer_stream>>>(cons, l.cp);
+  TW_CUDA_CHECK_LAUNCH();
+  TW_CUDA_CHECK(cudaEventRecord(join_, consumer_stream));
+  TW_CUDA_CHECK(cudaStreamWaitEvent(stream, join_, 0));
+}
+
+}  // namespace tw

@@ -1,0 +1,210 @@
+// Fused FFN on the tile executor vs a double-precision reference computed on the GPU by a naive
+// kernel (independent of the code under test). Fresh random inputs every run, outputs poisoned.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+#include <tuple>
+
+#include "gpu_util.cuh"
+#include "tileweave/ops/ffn.hpp"
+
+namespace {
+
+using namespace tw;
+using namespace tw::test;
+using bf16 = __nv_bfloat16;
+
+template <class TA, class TW>
+__global__ void ref_linear(const TA* a, const TW* w, double* out, int64_t m, int64_t n, int64_t k) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= m * n) return;
+  const int64_t r = i / n, c = i % n;
+  double s = 0;
+  for (int64_t j = 0; j < k; ++j) s += double(a[r * k + j]) * double(w[c * k + j]);
+  out[i] = s;
+}
+__device__ double to_double(bf16 v) { return double(__bfloat162float(v)); }
+template <class TA>
+__global__ void ref_linear_bf16w(const TA* a, const bf16* w, double* out, int64_t m, int64_t n, int64_t k) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= m * n) return;
+  const int64_t r = i / n, c = i % n;
+  double s = 0;
+  for (int64_t j = 0; j < k; ++j) {
+    double av;
+    if constexpr (std::is_same_v<TA, bf16>) av = to_double(a[r * k + j]); else av = a[r * k + j];
+    s += av * to_double(w[c * k + j]);
+  }
+  out[i] = s;
+}
+__global__ void ref_silu_mul(const double* gu, double* h, int64_t m, int64_t f) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= m * f) return;
+  const int64_t r = i / f, c = i % f;
+  const double g = gu[r * 2 * f + c], u = gu[r * 2 * f + f + c];
+  h[i] = g / (1.0 + exp(-g)) * u;
+}
+
+struct FfnData {
+  FfnShape s;
+  DeviceBuffer<bf16> x, wgu, wd, y;
+  std::vector<double> ref;
+  std::mt19937_64 rng;
+  explicit FfnData(const FfnShape& sh)
+      : s(sh), x(sh.m * sh.d), wgu((sh.gated ? 2 : 1) * sh.f * sh.d), wd(sh.d * sh.f), y(sh.m * sh.d), rng(fresh_seed()) {
+    // Weights scaled like a trained layer (~1/sqrt(fan_in)) so activations stay O(1).
+    wgu.upload(random_bf16(wgu.n, rng, 1.0f / std::sqrt(float(sh.d))).bits);
+    wd.upload(random_bf16(wd.n, rng, 1.0f / std::sqrt(float(sh.f))).bits);
+    new_input();
+  }
+  void new_input() {
+    x.upload(random_bf16(x.n, rng).bits);
+    DeviceBuffer<double> gu((s.gated ? 2 : 1) * s.m * s.f), h(s.m * s.f), out(s.m * s.d);
+    const int64_t n1 = (s.gated ? 2 : 1) * s.f;
+    ref_linear_bf16w<bf16><<<(s.m * n1 + 255) / 256, 256>>>(x.ptr, wgu.ptr, gu.ptr, s.m, n1, s.d);
+    if (s.gated) ref_silu_mul<<<(s.m * s.f + 255) / 256, 256>>>(gu.ptr, h.ptr, s.m, s.f);
+    ref_linear_bf16w<double><<<(s.m * s.d + 255) / 256, 256>>>(s.gated ? h.ptr : gu.ptr, wd.ptr, out.ptr, s.m, s.d, s.f);
+    TW_CUDA_CHECK_LAUNCH();
+    ref = out.download();
+  }
+  double check(const FusedFfn& f, bool two_kernels = false) {
+    y.poison();
+    if (two_kernels) {
+      cudaStream_t s2;
+      TW_CUDA_CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+      f.run_two_kernels(x.ptr, wgu.ptr, wd.ptr, y.ptr, 0, s2);
+      TW_CUDA_CHECK(cudaStreamSynchronize(0));
+      TW_CUDA_CHECK(cudaStreamDestroy(s2));
+    } else {
+      f.run(x.ptr, wgu.ptr, wd.ptr, y.ptr, 0);
+    }
+    EXPECT_EQ(f.plan().error(), 0u) << "a dependency wait timed out";
+    return rel_error(y.download(), ref);
+  }
+};
+
+constexpr double kTol = 1e-2;
+constexpr uint32_t kSpinLimit = 2'000'000;  // ~0.5 s of polling: a missing edge fails fast
+
+// (M, d, F, gated, order, sync)
+using Case = std::tuple<int, int, int, bool, std::string, std::string>;
+class FusedFfnTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(FusedFfnTest, MatchesReference) {
+  TW_REQUIRE_GPU();
+  const auto [m, d, f, gated, order, sync] = GetParam();
+  FfnData data({m, d, f, gated});
+  FfnOptions opt;
+  opt.order = order;
+  opt.sync.policy = parse_sync_policy(sync);
+  opt.sync.stride = 3;
+  opt.spin_limit = kSpinLimit;
+  FusedFfn ffn(data.s, opt);
+  const double err = data.check(ffn);
+  EXPECT_LT(err, kTol) << "M=" << m << " d=" << d << " F=" << f << " order=" << order << " sync=" << sync;
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> c;
+  for (int m : {1, 2, 3, 16, 37, 64, 128, 255}) c.emplace_back(m, 1024, 2816, true, "dataflow", "tile");
+  for (int m : {1, 37, 255})
+    for (const char* o : {"dataflow", "op_by_op", "op_by_op_column"})
+      for (const char* s : {"tile", "row", "strided"}) c.emplace_back(m, 520, 1000, true, o, s);
+  for (int m : {3, 16, 64}) c.emplace_back(m, 512, 1544, false, "dataflow", "tile");
+  c.emplace_back(16, 4096, 14336, true, "dataflow", "tile");  // Llama-3-8B
+  c.emplace_back(1, 4096, 14336, true, "dataflow", "row");
+  return c;
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, FusedFfnTest, ::testing::ValuesIn(cases()));
+
+TEST(FusedFfn, RepeatedLaunchesReuseCountersWithoutMemset) {
+  TW_REQUIRE_GPU();
+  FfnData data({16, 1024, 2816, true});
+  FfnOptions opt;
+  opt.spin_limit = kSpinLimit;
+  FusedFfn ffn(data.s, opt);
+  for (int i = 0; i < 6; ++i) {
+    data.new_input();
+    EXPECT_LT(data.check(ffn), kTol) << "launch " << i;
+  }
+}
+
+TEST(FusedFfn, ExplicitSplitsAndBlocksPerSm) {
+  TW_REQUIRE_GPU();
+  FfnData data({37, 1024, 2816, true});
+  for (auto [sg, sd, b] : std::vector<std::tuple<int, int, int>>{{1, 1, 1}, {3, 7, 2}, {16, 44, 0}}) {
+    FfnOptions opt;
+    opt.split_gate_up = sg;
+    opt.split_down = sd;
+    opt.blocks_per_sm = b;
+    opt.spin_limit = kSpinLimit;
+    FusedFfn ffn(data.s, opt);
+    EXPECT_LT(data.check(ffn), kTol) << "splits " << sg << "/" << sd << " blocks/SM " << b;
+  }
+}
+
+// Producers sleep a random while before publishing: a consumer that skips a wait reads a
+// poisoned or stale h and fails.
+TEST(FusedFfn, StressDelayedProducers) {
+  TW_REQUIRE_GPU();
+  for (const char* order : {"dataflow", "op_by_op_column"})
+    for (const char* sync : {"tile", "row"}) {
+      FfnData data({16, 1024, 2816, true});
+      FfnOptions opt;
+      opt.order = order;
+      opt.sync.policy = parse_sync_policy(sync);
+      opt.spin_limit = 20'000'000;
+      opt.delay_ns = 20'000;
+      FusedFfn ffn(data.s, opt);
+      for (int i = 0; i < 3; ++i) {
+        data.new_input();
+        EXPECT_LT(data.check(ffn), kTol) << order << "/" << sync << " launch " << i;
+      }
+    }
+}
+
+TEST(FusedFfn, TwoKernelBaselineMatches) {
+  TW_REQUIRE_GPU();
+  for (int m : {1, 37}) {
+    FfnData data({m, 1024, 2816, true});
+    FfnOptions opt;
+    opt.order = "op_by_op_column";
+    opt.spin_limit = kSpinLimit;
+    FusedFfn ffn(data.s, opt);
+    for (int i = 0; i < 3; ++i) EXPECT_LT(data.check(ffn, true), kTol) << "M=" << m << " launch " << i;
+    EXPECT_THROW(data.check(ffn, false), InvalidArgument);  // one mode per object
+  }
+}
+
+TEST(FusedFfn, BadInputIsRefusedBeforeLaunch) {
+  TW_REQUIRE_GPU();
+  EXPECT_THROW(FusedFfn({0, 1024, 2816, true}), InvalidArgument);
+  EXPECT_THROW(FusedFfn({16, 1020, 2816, true}), InvalidArgument);  // d % 8
+  FfnOptions bad_order;
+  bad_order.order = "zigzag";
+  EXPECT_THROW(FusedFfn({16, 1024, 2816, true}, bad_order), InvalidArgument);
+  FfnOptions too_many;
+  too_many.blocks_per_sm = 1000;
+  EXPECT_THROW(FusedFfn({16, 1024, 2816, true}, too_many), InvalidArgument);
+  // A schedule with a consumer before its producers is refused, naming the tile.
+  FfnShape s{16, 1024, 2816, true};
+  FfnGraph g = build_ffn_graph(s, FusedFfn::tiling_for(s, {}));
+  Schedule rev = op_by_op_order(g.graph);
+  std::reverse(rev.order.begin(), rev.order.end());
+  try {
+    FusedFfn f(s, {}, rev);
+    FAIL() << "reversed schedule accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("before its dependency"), std::string::npos) << e.what();
+  }
+  FfnData data(s);
+  FusedFfn ffn(s);
+  EXPECT_THROW(ffn.run(nullptr, data.wgu.ptr, data.wd.ptr, data.y.ptr, 0), InvalidArgument);
+  EXPECT_THROW(ffn.run(data.x.ptr + 1, data.wgu.ptr, data.wd.ptr, data.y.ptr, 0), InvalidArgument);
+  FfnOptions two;
+  EXPECT_THROW(FusedFfn(s, two).run_two_kernels(data.x.ptr, data.wgu.ptr, data.wd.ptr, data.y.ptr, 0, 0),
+               InvalidArgument);  // dataflow order interleaves the ops
+}
+
+}  // namespace
