@@ -105,6 +105,17 @@ class CacheModel {
   const CacheConfig& config() const { return cfg_; }
   const TileGraph& graph() const { return *g_; }
 
+  // For searches that replay tiles on a compact cache state of their own (exact_search): the blocks
+  // a tile touches, in the model's order. `reduces`: it is the last split-K slice of its block.
+  struct Access {
+    int64_t block;
+    bool write;
+  };
+  std::vector<Access> tile_accesses(int tile, bool reduces) const;
+  int64_t num_blocks() const { return static_cast<int64_t>(blocks_.size()); }
+  int64_t block_bytes(int64_t id) const { return blocks_.at(id).bytes; }
+  BlockRef block_ref(int64_t id) const;
+
  private:
   struct Block {
     int tensor;
@@ -112,6 +123,9 @@ class CacheModel {
   };
   int64_t block_id(int tensor, int64_t br, int64_t bc) const;
   template <class F> void for_blocks(const Region& r, F&& f) const;
+  // f(block id, is_write) for every block access of step s / of the tile's finish, in order.
+  template <class F> void visit_step(int tile, int s, F&& f) const;
+  template <class F> void visit_finish(int tile, bool reduces, F&& f) const;
   void read_block(int64_t id, TileResult& res);
   void write_block(int64_t id, TileResult& res);
   void touch(int64_t id);

@@ -1,0 +1,15 @@
+// The `tileweave` subcommands (sim, search, orders, bounds) and the no-argument main job.
+#pragma once
+
+namespace CLI {
+class App;
+}
+
+namespace tw::cli {
+
+void register_model_commands(CLI::App& app);
+// The report printed with no arguments: every named order vs the bounds for the Llama-3-8B FFN at a
+// decode and a prefill size on the H200 preset.
+int run_main_report();
+
+}  // namespace tw::cli

@@ -1,0 +1,134 @@
+#include "cli_problem.hpp"
+
+#include <CLI/CLI.hpp>
+#include <cctype>
+#include <fmt/format.h>
+
+#include "tileweave/graph/gemm_graph.hpp"
+#include "tileweave/model/presets.hpp"
+
+namespace tw::cli {
+
+void add_problem_options(CLI::App& cmd, ProblemOptions& o) {
+  cmd.add_option("--model", o.model, "FFN preset: llama3-8b | llama3-70b | chain")->capture_default_str();
+  cmd.add_option("--m", o.m, "rows (tokens) M")->capture_default_str();
+  cmd.add_option("--gemm", o.gemm, "one GEMM MxNxK instead of a model FFN");
+  cmd.add_option("--tile", o.tile, "tile BMxBNxBK (default 128x128x64, clipped to the problem)");
+  cmd.add_option("--split-k", o.split_k, "K slices of the last GEMM")->capture_default_str();
+  cmd.add_option("--gpu", o.gpu, "GPU preset for L2 size and SM count: h100 | h200 | a100")->capture_default_str();
+  cmd.add_option("--cache", o.cache, "cache capacity S, overriding the GPU's L2 (e.g. 60MiB, 512KiB, 4096)");
+  cmd.add_option("--line", o.line, "line (sector) bytes")->capture_default_str();
+  cmd.add_option("--p", o.in_flight, "tiles in flight P (default: the GPU's SM count)");
+  cmd.add_option("--sets", o.sets, "cache sets (1 = fully associative LRU)")->capture_default_str();
+}
+
+int64_t parse_bytes(const std::string& text, const std::string& what) {
+  size_t i = 0;
+  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
+  const std::string digits = text.substr(0, i), unit = text.substr(i);
+  int shift = -1;
+  if (unit.empty() || unit == "B") shift = 0;
+  else if (unit == "K" || unit == "KB" || unit == "KiB") shift = 10;
+  else if (unit == "M" || unit == "MB" || unit == "MiB") shift = 20;
+  else if (unit == "G" || unit == "GB" || unit == "GiB") shift = 30;
+  if (digits.empty() || digits.size() > 12 || shift < 0)
+    throw InvalidArgument(what + " '" + text + "' is not a size (e.g. 60MiB, 512KiB, 4096)");
+  const int64_t v = std::stoll(digits);
+  if (v > (int64_t{1} << 40) >> shift) throw InvalidArgument(what + " '" + text + "' is absurd (over 1 TiB)");
+  return v << shift;
+}
+
+namespace {
+
+constexpr int64_t kMaxDim = int64_t{1} << 20;
+constexpr int64_t kMaxTiles = int64_t{1} << 22;
+
+void check_dim(int64_t v, const std::string& what) {
+  if (v <= 0) throw InvalidArgument(what + " must be positive, got " + std::to_string(v));
+  if (v > kMaxDim) throw InvalidArgument(what + " " + std::to_string(v) + " is absurd (max " + std::to_string(kMaxDim) + ")");
+}
+
+// "AxBxC" -> three positive numbers.
+void parse_triple(const std::string& text, const std::string& what, int64_t out[3]) {
+  size_t at = 0;
+  for (int i = 0; i < 3; ++i) {
+    const size_t x = text.find('x', at);
+    const std::string part = text.substr(at, i < 2 ? x - at : std::string::npos);
+    if ((i < 2 && x == std::string::npos) || part.empty() || part.size() > 12 ||
+        !std::all_of(part.begin(), part.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)) || c == '-'; }))
+      throw InvalidArgument(what + " '" + text + "' is not of the form AxBxC");
+    try {
+      out[i] = std::stoll(part);
+    } catch (const std::exception&) {
+      throw InvalidArgument(what + " '" + text + "' is not of the form AxBxC");
+    }
+    at = x + 1;
+  }
+}
+
+Tiling make_tiling(const ProblemOptions& o, int64_t m, int64_t n, int64_t k) {
+  Tiling t{128, 128, 64, 1};
+  if (o.tile.empty()) {
+    t.bm = std::min(t.bm, m), t.bn = std::min(t.bn, n), t.bk = std::min(t.bk, k);
+  } else {
+    int64_t v[3];
+    parse_triple(o.tile, "tile", v);
+    t = {v[0], v[1], v[2], 1};
+    check_dim(t.bm, "tile BM"), check_dim(t.bn, "tile BN"), check_dim(t.bk, "tile BK");
+    if (t.bm > m) throw InvalidArgument(fmt::format("tile BM {} is larger than M {}", t.bm, m));
+    if (t.bn > n) throw InvalidArgument(fmt::format("tile BN {} is larger than N {}", t.bn, n));
+    if (t.bk > k) throw InvalidArgument(fmt::format("tile BK {} is larger than K {}", t.bk, k));
+  }
+  return t;
+}
+
+void check_tile_count(int64_t m, int64_t n, const Tiling& t, int64_t split_k) {
+  const int64_t tiles = ((m + t.bm - 1) / t.bm) * ((n + t.bn - 1) / t.bn) * split_k;
+  if (tiles > kMaxTiles)
+    throw InvalidArgument(fmt::format("{} tiles is absurd (max {}): use larger tiles", tiles, kMaxTiles));
+}
+
+}  // namespace
+
+Problem make_problem(const ProblemOptions& o) {
+  const GpuPreset gpu = gpu_preset(o.gpu);
+  Problem p;
+  p.cache.capacity_bytes = o.cache.empty() ? gpu.l2_bytes : parse_bytes(o.cache, "cache size");
+  if (o.line <= 0 || o.line > (1 << 20)) throw InvalidArgument("line size " + std::to_string(o.line) + " must be in [1, 1048576]");
+  p.cache.line_bytes = o.line;
+  if (o.in_flight < 0 || o.in_flight > 1000000)
+    throw InvalidArgument("tiles in flight --p " + std::to_string(o.in_flight) + " must be in [1, 1000000]");
+  p.cache.in_flight = o.in_flight ? static_cast<int>(o.in_flight) : gpu.sms;
+  if (o.sets < 1 || o.sets > (1 << 24)) throw InvalidArgument("cache sets " + std::to_string(o.sets) + " must be in [1, 16777216]");
+  p.cache.sets = static_cast<int>(o.sets);
+  p.cache.validate();
+  if (o.split_k < 1 || o.split_k > 4096) throw InvalidArgument("split-k " + std::to_string(o.split_k) + " must be in [1, 4096]");
+
+  const std::string cache_text = fmt::format("cache {:.4g} MiB, {} B lines{}, P = {}", p.cache.capacity_bytes / 1048576.0,
+                                             p.cache.line_bytes, p.cache.sets > 1 ? fmt::format(", {} sets", p.cache.sets) : "",
+                                             p.cache.in_flight);
+  if (!o.gemm.empty()) {
+    int64_t v[3];
+    parse_triple(o.gemm, "GEMM shape", v);
+    check_dim(v[0], "M"), check_dim(v[1], "N"), check_dim(v[2], "K");
+    Tiling t = make_tiling(o, v[0], v[1], v[2]);
+    t.split_k = o.split_k;
+    check_tile_count(v[0], v[1], t, t.split_k);
+    p.graph = build_gemm_graph(v[0], v[1], v[2], t).graph;
+    p.description = fmt::format("GEMM {}x{}x{}, tiles {}x{}x{}{}; {} ({})", v[0], v[1], v[2], t.bm, t.bn, t.bk,
+                                t.split_k > 1 ? fmt::format(", split-K {}", t.split_k) : "", cache_text, o.gpu);
+    return p;
+  }
+  const FfnShape s = model_preset(o.model, o.m);
+  Tiling t0 = make_tiling(o, s.m, s.f, s.d), t1 = make_tiling(o, s.m, s.d, s.f);
+  t1.split_k = o.split_k;
+  check_tile_count(s.m, s.gated ? s.f : s.f, t0, 1);
+  check_tile_count(s.m, s.d, t1, t1.split_k);
+  p.graph = build_ffn_graph(s, {t0, t1}).graph;
+  p.description = fmt::format("{} FFN (d {}, ffn {}{}), M = {}, tiles {}x{}x{}{}; {} ({})", o.model, s.d, s.f,
+                              s.gated ? ", gated" : ", plain chain", s.m, t0.bm, t0.bn, t0.bk,
+                              t1.split_k > 1 ? fmt::format(", down split-K {}", t1.split_k) : "", cache_text, o.gpu);
+  return p;
+}
+
+}  // namespace tw::cli

@@ -1,0 +1,42 @@
+// The options every `tileweave` subcommand shares (what to model and on which cache), turned into a
+// tile graph and a cache configuration. The explorer's `gui` command may reuse them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "tileweave/graph/tile_graph.hpp"
+#include "tileweave/model/cache_model.hpp"
+
+namespace CLI {
+class App;
+}
+
+namespace tw::cli {
+
+struct ProblemOptions {
+  std::string model = "llama3-8b";  // --model, unless --gemm is given
+  int64_t m = 16;                   // --m
+  std::string gemm;                 // --gemm MxNxK: one GEMM instead of a model FFN
+  std::string tile;                 // --tile BMxBNxBK (default 128x128x64, clipped to the problem)
+  int64_t split_k = 1;              // --split-k, for the last GEMM (FFN down / the single GEMM)
+  std::string gpu = "h200";         // --gpu
+  std::string cache;                // --cache: overrides the GPU's L2 size (e.g. 60MiB, 4096)
+  int64_t line = 32;                // --line
+  int64_t in_flight = 0;            // --p: 0 = the GPU's SM count
+  int64_t sets = 1;                 // --sets
+};
+void add_problem_options(CLI::App& cmd, ProblemOptions& o);
+
+struct Problem {
+  std::string description;  // one line: shapes, tiling, cache
+  TileGraph graph;
+  CacheConfig cache;
+};
+// Validates every value (InvalidArgument naming it) and builds the graph.
+Problem make_problem(const ProblemOptions& o);
+
+// "60MiB", "4KiB", "1G", "512" -> bytes (K, M, G and their KiB/KB forms are all powers of 1024).
+int64_t parse_bytes(const std::string& text, const std::string& what);
+
+}  // namespace tw::cli
