@@ -1,0 +1,64 @@
+// sm_90a building blocks shared by the Hopper mainloop: the feature guard, register rebalancing
+// between warp roles, named barriers, and mbarrier waits that fail fast instead of hanging.
+#pragma once
+
+#include <cuda/ptx>
+#include <cstdint>
+
+// wgmma and setmaxnreg exist only on the arch-specific target (sm_90a). Everything Hopper-only
+// is compiled under this guard; other targets get a trap so a wrong dispatch fails loudly.
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TW_SM90_ENABLED 1
+#else
+#define TW_SM90_ENABLED 0
+#endif
+
+// A wait on an mbarrier that has not completed after this many SM cycles (~1 s at 1.98 GHz) is a
+// protocol bug (a missing arrive, wrong expect_tx bytes, a parity off by one): trap so the launch
+// fails in about a second instead of holding the GPU until the watchdog. The clock is read only on
+// the retry path, so the bound costs nothing in the steady state.
+#ifndef TW_SM90_SPIN_LIMIT_CYCLES
+#define TW_SM90_SPIN_LIMIT_CYCLES (2000000000ll)
+#endif
+
+namespace tw::sm90 {
+
+#if TW_SM90_ENABLED
+namespace ptx = cuda::ptx;
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) { ptx::mbarrier_init(bar, count); }
+
+// Bounded parity wait. `what` names the barrier for the reader of the code (and a debugger).
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity, const char* what) {
+  if (ptx::mbarrier_try_wait_parity(bar, parity)) return;
+  const long long t0 = clock64();
+  while (!ptx::mbarrier_try_wait_parity(bar, parity)) {
+    // No printf here: a call inside the consumer's loop makes ptxas serialise every wgmma
+    // (warning C7510). A trap is enough: the launch fails with cudaErrorLaunchFailure.
+    if (clock64() - t0 > TW_SM90_SPIN_LIMIT_CYCLES) __trap();
+  }
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  ptx::mbarrier_arrive(ptx::sem_release, ptx::scope_cta, ptx::space_shared, bar);
+}
+
+// Producer/consumer warpgroups get different register budgets. Takes effect only with a register
+// cap at kernel entry (__launch_bounds__(threads, 1)) and when each warpgroup's role is one branch.
+template <uint32_t kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <uint32_t kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+// Named barrier for a subset of warps (id 0 is __syncthreads'): consumers sync among themselves
+// while the producer warp keeps streaming.
+__device__ __forceinline__ void named_bar_sync(uint32_t id, uint32_t threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+#endif
+
+}  // namespace tw::sm90

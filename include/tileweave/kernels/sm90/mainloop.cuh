@@ -1,0 +1,222 @@
+// The Hopper weight-streaming mainloop ("swap A/B"): for one output tile of kBW = 128 weight rows
+// x all M <= 256 activation rows, over a range of K, wgmma computes D[w_row][act_row] with the
+// WEIGHT tile as the 64-row A operand (one consumer warpgroup per 64 rows) and the activation
+// slice as B with N = kMPad (M rounded up; the extra rows are zero-filled by TMA). So decode
+// batches of 1..256 use the tensor cores without padding M to 64, and the weight stream -- the
+// only large byte stream -- is read exactly once.
+//
+// Roles (one CTA = 1 producer warpgroup + 2 consumer warpgroups, __launch_bounds__(384, 1)):
+//   producer: one thread issues TMA copies into a ring of kStages shared-memory stages; each stage
+//     holds kKAtoms 64-column slices of the weight tile (128 x 64 bf16, 16 KiB each) and of the
+//     activation slice (kMPad x 64). full[s] completes when all bytes of stage s landed (one
+//     arrive.expect_tx of the whole stage + TMA complete_tx); empty[s] completes when every
+//     consumer warp has finished the wgmmas that read stage s.
+//   consumers: wait full[s], issue kKAtoms*4 wgmma k16 steps, keep one stage's wgmmas in flight
+//     (wait_group 1) and release the stage before it.
+// The ring runs on across tiles: the producer walks its tile sequence without waiting for the
+// consumers' epilogues, so the next tile's weights stream while the current tile is stored
+// (cross-tile prefetch).
+//
+// Dependency protocol for the executor (produce_tile's wait_deps):
+//   1. the weight copies of the first min(kStages, n) stages of the tile are issued first (they
+//      depend on nothing); each of those stages was armed with the FULL stage byte count, so it
+//      cannot complete before its activation copy lands too;
+//   2. wait_deps() runs in the producer thread: it spins with ld.acquire.gpu on the producers'
+//      counters;
+//   3. fence.proxy.async.global: the activations were written by other CTAs with ordinary
+//      (generic-proxy) stores and are about to be read by TMA (async proxy); the acquire orders
+//      them for this thread's generic view only, the proxy fence extends that to its TMA reads.
+//      (The writer should likewise run fence.proxy.async.global after its stores and before its
+//      release, which is cheap and makes the pairing explicit.)
+//   4. the activation copies of those stages are issued, then the rest of the tile streams both.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "tileweave/kernels/sm90/arch.cuh"
+#include "tileweave/kernels/sm90/tma.cuh"
+#include "tileweave/kernels/sm90/wgmma.cuh"
+
+namespace tw::sm90 {
+
+constexpr int kMaxDynSmem = 232448;  // 227 KiB: the sm_90 per-block opt-in limit
+
+template <int kMPad_, int kKAtoms_, int kStagesMax_ = 16>
+struct MainloopConfig {
+  static_assert(kMPad_ % 8 == 0 && kMPad_ >= 8 && kMPad_ <= 256, "wgmma N is 8..256 in steps of 8");
+  static constexpr int kMPad = kMPad_;    // wgmma N = activation rows per tile
+  static constexpr int kKAtoms = kKAtoms_;  // 64-column swizzle atoms per stage
+  static constexpr int kConsumerWGs = 2;
+  static constexpr int kBW = 64 * kConsumerWGs;  // weight rows per tile
+  static constexpr int kThreads = 128 * (1 + kConsumerWGs);
+  static constexpr int kConsumerWarps = 4 * kConsumerWGs;
+  static constexpr int kBK = 64 * kKAtoms;  // K per stage
+  static constexpr int kWAtomBytes = kBW * 128;
+  static constexpr int kXAtomBytes = kMPad * 128;
+  static constexpr int kStageBytes = kKAtoms * (kWAtomBytes + kXAtomBytes);
+  // As many stages as fit: bytes in flight per SM are what reach the DRAM floor
+  // (DESIGN.md: 4 x 16 KiB bulk copies in flight per SM already read at 4.68 TB/s).
+  static constexpr int kStagesFit = (kMaxDynSmem - 1024 - 512) / kStageBytes;
+  static constexpr int kStages = kStagesFit < kStagesMax_ ? kStagesFit : kStagesMax_;
+  static_assert(kStages >= 3, "ring needs >= 3 stages");
+  static constexpr int kAcc = kMPad / 2;  // fp32 accumulators per consumer thread
+  // Dynamic shared memory to request: stages, barriers, slack to align the base to 1024 B.
+  static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8 + 16;
+};
+
+#if TW_SM90_ENABLED
+
+// The shared-memory ring, carved from dynamic shared memory.
+template <class Cfg>
+struct Ring {
+  uint8_t* base;   // kStages * kStageBytes, 1024-B aligned (SW128 tiles need it)
+  uint64_t* full;  // [kStages]
+  uint64_t* empty; // [kStages]
+  uint32_t* flag;  // one word of scratch for the caller's epilogue (e.g. a split-K "last" flag)
+
+  __device__ static Ring carve(uint8_t* dyn_smem) {
+    Ring r;
+    const uintptr_t a = (reinterpret_cast<uintptr_t>(dyn_smem) + 1023) & ~uintptr_t(1023);
+    r.base = reinterpret_cast<uint8_t*>(a);
+    r.full = reinterpret_cast<uint64_t*>(r.base + Cfg::kStages * Cfg::kStageBytes);
+    r.empty = r.full + Cfg::kStages;
+    r.flag = reinterpret_cast<uint32_t*>(r.empty + Cfg::kStages);
+    return r;
+  }
+  // One thread, then a CTA-wide barrier before any use.
+  __device__ void init() const {
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      mbar_init(&full[s], 1);                     // the producer's arrive.expect_tx
+      mbar_init(&empty[s], Cfg::kConsumerWarps);  // one arrive per consumer warp
+    }
+    ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);  // visible to the async proxy
+  }
+  __device__ uint8_t* w_atom(int s, int a) const { return base + s * Cfg::kStageBytes + a * Cfg::kWAtomBytes; }
+  __device__ uint8_t* x_atom(int s, int a) const {
+    return base + s * Cfg::kStageBytes + Cfg::kKAtoms * Cfg::kWAtomBytes + a * Cfg::kXAtomBytes;
+  }
+};
+
+// Position in the ring; producer and consumers each keep one and advance it identically.
+template <class Cfg>
+struct PipeState {
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ void advance() {
+    if (++stage == Cfg::kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+// What the producer streams: tensor maps (kernel parameters, __grid_constant__) and L2 policies.
+struct StreamSrc {
+  const CUtensorMap* w;  // weights [N_out][K], box 128 x 64
+  const CUtensorMap* x;  // activations [M][K], box kMPad x 64
+  uint64_t w_policy, x_policy;
+};
+
+// ---- producer (one thread) ----
+
+// Claims the next free stage and arms its full barrier with the whole stage's bytes.
+template <class Cfg>
+__device__ __forceinline__ int producer_acquire(const Ring<Cfg>& ring, PipeState<Cfg>& ps) {
+  const int s = ps.stage;
+  // A fresh barrier counts as having completed the phase before phase 0: the first pass is free.
+  mbar_wait(&ring.empty[s], ps.phase ^ 1, "empty");
+  ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &ring.full[s],
+                                 uint32_t(Cfg::kStageBytes));
+  ps.advance();
+  return s;
+}
+template <class Cfg>
+__device__ __forceinline__ void issue_w(const Ring<Cfg>& ring, int s, const StreamSrc& src, int w_row0, int kst) {
+#pragma unroll
+  for (int a = 0; a < Cfg::kKAtoms; ++a)
+    tma_load_2d(ring.w_atom(s, a), src.w, kst * Cfg::kBK + 64 * a, w_row0, &ring.full[s], src.w_policy);
+}
+template <class Cfg>
+__device__ __forceinline__ void issue_x(const Ring<Cfg>& ring, int s, const StreamSrc& src, int x_row0, int kst) {
+#pragma unroll
+  for (int a = 0; a < Cfg::kKAtoms; ++a)
+    tma_load_2d(ring.x_atom(s, a), src.x, kst * Cfg::kBK + 64 * a, x_row0, &ring.full[s], src.x_policy);
+}
+
+struct NoDeps {
+  __device__ void operator()() const {}
+};
+
+// Streams one tile: weight rows [w_row0, w_row0 + 128), activation rows [x_row0, x_row0 + kMPad),
+// K stages [kst0, kst0 + n) of kBK columns (n >= 1). Weights of the first min(n, kStages) stages go
+// out before wait_deps() (see the protocol at the top); call it again for the next tile at once.
+template <class Cfg, class WaitDeps = NoDeps>
+__device__ void produce_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, const StreamSrc& src, int w_row0, int x_row0,
+                             int kst0, int n, WaitDeps&& wait_deps = {}) {
+  const int pre = n < Cfg::kStages ? n : Cfg::kStages;
+  const int s0 = ps.stage;
+  for (int j = 0; j < pre; ++j) issue_w(ring, producer_acquire(ring, ps), src, w_row0, kst0 + j);
+  wait_deps();
+  ptx::fence_proxy_async(ptx::space_global);
+  for (int j = 0, s = s0; j < pre; ++j, s = (s + 1 == Cfg::kStages ? 0 : s + 1)) issue_x(ring, s, src, x_row0, kst0 + j);
+  for (int j = pre; j < n; ++j) {
+    const int s = producer_acquire(ring, ps);
+    issue_w(ring, s, src, w_row0, kst0 + j);
+    issue_x(ring, s, src, x_row0, kst0 + j);
+  }
+}
+
+// ---- consumers (each consumer warpgroup, all 128 threads) ----
+
+// acc = sum over n stages of W[64 rows of this warpgroup] * X^T (overwritten, not accumulated).
+// wg = consumer warpgroup index (0 or 1): which 64 rows of the 128-row tile.
+template <class Cfg>
+__device__ __forceinline__ void consume_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, int wg, int n,
+                                             float (&acc)[Cfg::kAcc]) {
+  const bool release_lane = (threadIdx.x % 32) == 0;
+  int prev = -1;
+  for (int j = 0; j < n; ++j) {
+    const int s = ps.stage;
+    mbar_wait(&ring.full[s], ps.phase, "full");
+    fence_operands(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int a = 0; a < Cfg::kKAtoms; ++a) {
+      const uint64_t da = make_desc_sw128(ring.w_atom(s, a) + wg * 64 * 128);
+      const uint64_t db = make_desc_sw128(ring.x_atom(s, a));
+#pragma unroll
+      for (int k = 0; k < 4; ++k)  // 4 x k16 = one 128-B swizzle row; +32 B per step
+        Wgmma<Cfg::kMPad>::mma(acc, desc_add(da, 32 * k), desc_add(db, 32 * k), (j | a | k) != 0);
+    }
+    wgmma_commit();
+    fence_operands(acc);
+    // Keep this stage's wgmmas in flight; the previous stage's are done once at most 1 is pending.
+    wgmma_wait<1>();
+    fence_operands(acc);
+    if (prev >= 0 && release_lane) mbar_arrive(&ring.empty[prev]);
+    prev = s;
+    ps.advance();
+  }
+  wgmma_wait<0>();
+  fence_operands(acc);
+  if (release_lane) mbar_arrive(&ring.empty[prev]);
+}
+
+// Where accumulator i of consumer thread t (0..127 within its warpgroup) lives in the tile:
+// wgmma's m64nN fp32 fragment (warp w owns rows 16w..16w+15; per 8-column chunk j, registers
+// 4j..4j+3 hold (r, c), (r, c+1), (r+8, c), (r+8, c+1) with r = lane/4, c = 8j + 2*(lane%4)).
+// Registers i and i+1 (i even) are adjacent activation rows of the same weight row.
+struct AccCoord {
+  int w_row;    // 0..kBW-1 within the tile (already offset by the warpgroup's 64 rows)
+  int act_row;  // 0..kMPad-1
+};
+__device__ __forceinline__ AccCoord acc_coord(int wg, int t, int i) {
+  const int lane = t % 32, warp = t / 32;
+  return {wg * 64 + warp * 16 + lane / 4 + 8 * ((i >> 1) & 1), 8 * (i >> 2) + 2 * (lane % 4) + (i & 1)};
+}
+
+#endif  // TW_SM90_ENABLED
+
+}  // namespace tw::sm90

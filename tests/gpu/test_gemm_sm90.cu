@@ -1,0 +1,216 @@
+// Decode GEMM on the sm90 mainloop (ops/gemm.hpp) against a double reference: fresh random inputs,
+// poisoned outputs, odd M / N / K, repeated launches (the split-K workspace must come back clean),
+// and the executor's dependency protocol (weights first, activations TMA-read after an acquire of
+// data that other CTAs of the same launch wrote with ordinary stores).
+#include <cuda/atomic>
+#include <cuda_bf16.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <thread>
+#include <vector>
+
+#include "gpu_util.cuh"
+#include "tileweave/kernels/sm90/mainloop.cuh"
+#include "tileweave/ops/gemm.hpp"
+
+namespace {
+
+using tw::test::DeviceBuffer;
+using tw::test::HostBf16;
+
+// Y[m][n] = sum_k X[m][k] W[n][k], in double, over all host threads.
+std::vector<double> reference(const HostBf16& x, const HostBf16& w, int M, int N, int K) {
+  std::vector<double> y(size_t(M) * N);
+  const int nt = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> th;
+  for (int t = 0; t < nt; ++t)
+    th.emplace_back([&, t] {
+      for (int n = t; n < N; n += nt) {
+        const float* wr = w.val.data() + size_t(n) * K;
+        for (int m = 0; m < M; ++m) {
+          const float* xr = x.val.data() + size_t(m) * K;
+          double s = 0;
+          for (int k = 0; k < K; ++k) s += double(xr[k]) * wr[k];
+          y[size_t(m) * N + n] = s;
+        }
+      }
+    });
+  for (auto& t : th) t.join();
+  return y;
+}
+
+#define TW_REQUIRE_SM90()                                                              \
+  do {                                                                                 \
+    TW_REQUIRE_GPU();                                                                  \
+    if (!tw::gemm_sm90_supported()) GTEST_SKIP() << "not an sm_90 GPU: test skipped"; \
+  } while (0)
+
+struct Case {
+  int M, N, K;
+};
+
+void check(const Case& c, const tw::GemmOptions& opt = {}, int launches = 2) {
+  std::mt19937_64 rng(tw::test::fresh_seed());
+  const HostBf16 x = tw::test::random_bf16(size_t(c.M) * c.K, rng);
+  const HostBf16 w = tw::test::random_bf16(size_t(c.N) * c.K, rng, 0.05f);
+  DeviceBuffer<__nv_bfloat16> dx(x.bits.size()), dw(w.bits.size()), dy(size_t(c.M) * c.N);
+  dx.upload(x.bits);
+  dw.upload(w.bits);
+  const std::vector<double> ref = reference(x, w, c.M, c.N, c.K);
+  // Launch twice, poisoning before each: the second launch proves the workspace and arrival
+  // counters were left clean by the first.
+  for (int l = 0; l < launches; ++l) {
+    dy.poison();
+    tw::run_gemm(dy.ptr, dx.ptr, dw.ptr, c.M, c.N, c.K, nullptr, opt);
+    TW_CUDA_CHECK(cudaDeviceSynchronize());
+    const double err = tw::test::rel_error(dy.download(), ref);
+    EXPECT_LT(err, 1e-2) << "M=" << c.M << " N=" << c.N << " K=" << c.K << " k_atoms=" << opt.k_atoms
+                         << " grid=" << opt.grid << " launch " << l;
+  }
+}
+
+}  // namespace
+
+TEST(GemmSm90, DecodeShapesAllM) {
+  TW_REQUIRE_SM90();
+  for (int M : {1, 2, 3, 16, 37, 64, 128, 255, 256}) {
+    check({M, 4096 + 64, 1024});  // N: 32.5 weight tiles; stream-K splits tiles across CTAs
+    check({M, 1000, 1032});       // N and K not multiples of the tile (zero-filled edges)
+  }
+}
+
+TEST(GemmSm90, LlamaShapes) {
+  TW_REQUIRE_SM90();
+  check({1, 28672, 4096}, {}, 1);  // Llama-3-8B gate_up
+  check({3, 4096, 14336}, {}, 1);  // Llama-3-8B down: 32 tiles, every tile split ~4 ways
+  check({16, 6144, 4096}, {}, 1);  // QKV
+  check({64, 4096, 14336}, {}, 1);
+}
+
+TEST(GemmSm90, TuningKnobs) {
+  TW_REQUIRE_SM90();
+  for (int M : {1, 16, 37, 64})
+    for (int ka : {1, 2}) check({M, 2048 + 128, 2048 + 64}, {ka, 0});
+  check({37, 3000, 520}, {2, 5});    // few CTAs: many tiles per CTA, ring wraps across tiles
+  check({256, 1024, 512}, {0, 1});   // one CTA does everything
+  check({5, 640, 4096}, {0, 500});   // more CTAs than tiles: all tiles split
+}
+
+TEST(GemmSm90, EdgeShapes) {
+  TW_REQUIRE_SM90();
+  check({1, 1, 8});
+  check({7, 129, 8});
+  check({300, 520, 264});  // M > 256: slices of 256 rows
+  check({513, 130, 72});
+}
+
+TEST(GemmSm90, BadInputThrowsBeforeLaunch) {
+  TW_REQUIRE_GPU();
+  DeviceBuffer<__nv_bfloat16> a(64 * 64), b(64 * 64), y(64 * 64);
+  auto bad = [&](auto f) { EXPECT_THROW(f(), tw::InvalidArgument); };
+  bad([&] { tw::run_gemm(y.ptr, a.ptr, b.ptr, 0, 64, 64, nullptr); });
+  bad([&] { tw::run_gemm(y.ptr, a.ptr, b.ptr, -3, 64, 64, nullptr); });
+  bad([&] { tw::run_gemm(y.ptr, a.ptr, b.ptr, 4, 0, 64, nullptr); });
+  bad([&] { tw::run_gemm(y.ptr, a.ptr, b.ptr, 4, 64, 60, nullptr); });
+  bad([&] { tw::run_gemm(y.ptr, a.ptr, b.ptr, 4, 64, 0, nullptr); });
+  bad([&] { tw::run_gemm(nullptr, a.ptr, b.ptr, 4, 64, 64, nullptr); });
+  bad([&] { tw::run_gemm(y.ptr, nullptr, b.ptr, 4, 64, 64, nullptr); });
+  bad([&] { tw::run_gemm(y.ptr, a.ptr, nullptr, 4, 64, 64, nullptr); });
+  bad([&] { tw::run_gemm(y.ptr, a.ptr + 1, b.ptr, 4, 64, 64, nullptr); });  // 2-byte aligned X
+  bad([&] { tw::run_gemm(y.ptr, a.ptr, b.ptr + 4, 4, 64, 64, nullptr); });  // 8-byte aligned W
+  bad([&] { tw::run_gemm(y.ptr, a.ptr, b.ptr, 4, 64, 64, nullptr, {3, 0}); });
+}
+
+namespace {
+
+// ---- the executor's protocol, on the mainloop pieces directly ----
+// CTA 0's consumer warps write the activations (after a delay) with ordinary stores, then
+// fence.proxy.async + release a flag; every CTA's producer has already issued the weight copies of
+// its first stages and waits for the flag (acquire) before its TMA reads of the activations. A
+// missing acquire/proxy fence or an early activation copy reads poison (NaN) and fails the check.
+using DepCfg = tw::sm90::MainloopConfig<32, 1>;
+
+__global__ void __launch_bounds__(DepCfg::kThreads, 1)
+    dep_gemm_kernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap,
+                    const __nv_bfloat16* x_src, __nv_bfloat16* x_dst, int x_elems, unsigned* flag, __nv_bfloat16* y,
+                    int M, int N, int kst, int tiles) {
+#if TW_SM90_ENABLED
+  using namespace tw::sm90;
+  using Cfg = DepCfg;
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const Ring<Cfg> ring = Ring<Cfg>::carve(smem);
+  if (threadIdx.x == 0) ring.init();
+  __syncthreads();
+  const int warp = threadIdx.x / 32;
+  if (warp < 4) {
+    setmaxnreg_dec<40>();
+    if (threadIdx.x == 0) {
+      const StreamSrc src{&wmap, &xmap, l2_evict_first(), l2_evict_last()};
+      PipeState<Cfg> ps;
+      for (int t = blockIdx.x; t < tiles; t += gridDim.x)
+        produce_tile(ring, ps, src, t * Cfg::kBW, 0, 0, kst, [&] {
+          cuda::atomic_ref<unsigned, cuda::thread_scope_device> f(*flag);
+          while (f.load(cuda::memory_order_acquire) == 0) __nanosleep(200);
+        });
+    }
+  } else {
+    setmaxnreg_inc<232>();
+    const int wg = warp / 4 - 1, tid = threadIdx.x % 128;
+    if (blockIdx.x == 0) {
+      const long long t0 = clock64();
+      while (clock64() - t0 < 200000) {  // ~100 us: the other CTAs are already waiting
+      }
+      for (int i = threadIdx.x - 128; i < x_elems; i += 256) x_dst[i] = x_src[i];
+      cuda::ptx::fence_proxy_async(cuda::ptx::space_global);  // writer side of the proxy pairing
+      named_bar_sync(1, 256);
+      if (threadIdx.x == 128) {
+        cuda::atomic_ref<unsigned, cuda::thread_scope_device> f(*flag);
+        f.store(1, cuda::memory_order_release);
+      }
+    }
+    PipeState<Cfg> ps;
+    float acc[Cfg::kAcc];
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      consume_tile(ring, ps, wg, kst, acc);
+#pragma unroll
+      for (int i = 0; i < Cfg::kAcc; ++i) {
+        const AccCoord c = acc_coord(wg, tid, i);
+        const int n = t * Cfg::kBW + c.w_row;
+        if (n < N && c.act_row < M) y[size_t(c.act_row) * N + n] = __float2bfloat16_rn(acc[i]);
+      }
+    }
+  }
+#endif
+}
+
+}  // namespace
+
+TEST(GemmSm90, WeightsBeforeDependencyProtocol) {
+  TW_REQUIRE_SM90();
+  const int M = 29, N = 128 * 40 + 17, K = 1536;
+  std::mt19937_64 rng(tw::test::fresh_seed());
+  const HostBf16 x = tw::test::random_bf16(size_t(M) * K, rng);
+  const HostBf16 w = tw::test::random_bf16(size_t(N) * K, rng, 0.05f);
+  DeviceBuffer<__nv_bfloat16> dsrc(x.bits.size()), dx(x.bits.size()), dw(w.bits.size()), dy(size_t(M) * N);
+  DeviceBuffer<unsigned> flag(1);
+  dsrc.upload(x.bits);
+  dw.upload(w.bits);
+  const std::vector<double> ref = reference(x, w, M, N, K);
+  const CUtensorMap wmap = tw::sm90::make_tensor_map_bf16(dw.ptr, N, K, DepCfg::kBW);
+  const CUtensorMap xmap = tw::sm90::make_tensor_map_bf16(dx.ptr, M, K, DepCfg::kMPad);
+  TW_CUDA_CHECK(cudaFuncSetAttribute(dep_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, DepCfg::kSmemBytes));
+  int sms = 0;
+  TW_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int tiles = (N + 127) / 128, grid = std::min(tiles, sms);  // all CTAs resident: no deadlock
+  for (int rep = 0; rep < 3; ++rep) {
+    dx.poison();
+    dy.poison();
+    TW_CUDA_CHECK(cudaMemset(flag.ptr, 0, sizeof(unsigned)));
+    dep_gemm_kernel<<<grid, DepCfg::kThreads, DepCfg::kSmemBytes>>>(wmap, xmap, dsrc.ptr, dx.ptr, M * K, flag.ptr,
+                                                                    dy.ptr, M, N, K / 64, tiles);
+    TW_CUDA_CHECK_LAUNCH();
+    TW_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_LT(tw::test::rel_error(dy.download(), ref), 1e-2) << "rep " << rep;
+  }
+}
