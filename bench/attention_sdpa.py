@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""torch SDPA decode attention, timed cold on bench_attention's shapes, merged into its JSON.
+
+  python3 bench/attention_sdpa.py --out DIR [--merge bench_attention.json] [--quick]
+
+Same shapes as bench/bench_attention.cu (32 query heads, 8 KV heads, d = 128, bf16, one query
+token, KV length L), same method: >= 512 MB of KV sets in rotation so L2 holds none of a replay's
+input, one CUDA graph per set, one event pair per replay, the median. SDPA gets the KV heads as
+they are (enable_gqa=True): no expanded copies. With --merge, each contiguous case of the C++
+result gets sdpa_us and speedup_vs_sdpa, and the table is printed last.
+"""
+import argparse
+import json
+import os
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+HQ, HKV, D = 32, 8, 128
+
+
+def grid(quick):
+    if quick:
+        return [(1, 4096), (16, 32768)]
+    return [(b, l) for b in (1, 16, 64) for l in (512, 4096, 32768, 131072)]
+
+
+def time_sdpa(batch, length, warmup=10):
+    set_bytes = 2 * batch * HKV * length * D * 2
+    sets = min(256, max(1, (512 << 20) // set_bytes + 1))
+    free, _ = torch.cuda.mem_get_info()
+    if sets * set_bytes + (4 << 30) > free:
+        return {"skipped": "does not fit"}
+    reps = 30 if set_bytes > (4 << 30) else 100
+    q = torch.empty(batch, HQ, 1, D, device="cuda", dtype=torch.bfloat16).uniform_(-1.732, 1.732)
+    kv = []
+    for _ in range(sets):
+        k = torch.empty(batch, HKV, length, D, device="cuda", dtype=torch.bfloat16).uniform_(-1.732, 1.732)
+        v = torch.empty_like(k).uniform_(-1.732, 1.732)
+        kv.append((k, v))
+    graphs = []
+    torch.cuda.synchronize()
+    with torch.no_grad():
+        for k, v in kv:  # warm each shape/backend outside capture, then capture
+            F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        torch.cuda.synchronize()
+        pool = None
+        for k, v in kv:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            pool = g.pool()
+            graphs.append(g)
+    for i in range(warmup):
+        graphs[i % sets].replay()
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
+    for i in range(reps):
+        ev[i].record()
+        graphs[(warmup + i) % sets].replay()
+    ev[reps].record()
+    torch.cuda.synchronize()
+    times = [ev[i].elapsed_time(ev[i + 1]) * 1e3 for i in range(reps)]
+    del graphs, kv
+    torch.cuda.empty_cache()
+    return {"sdpa_us": statistics.median(times), "sets": sets}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--merge", default=None, help="bench_attention JSON to add sdpa_us / speedup_vs_sdpa to")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    rows = []
+    for batch, length in grid(args.quick):
+        try:
+            r = time_sdpa(batch, length)
+        except RuntimeError as e:  # e.g. out of memory
+            r = {"skipped": str(e).splitlines()[0]}
+            torch.cuda.empty_cache()
+        r.update({"B": batch, "L": length})
+        rows.append(r)
+        print(f"sdpa B={batch:3d} L={length:7d}: {r.get('sdpa_us', r.get('skipped'))}", flush=True)
+    doc = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "num_q_heads": HQ,
+           "num_kv_heads": HKV, "head_dim": D, "cases": rows}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "attention_sdpa.json"), "w") as f:
+        json.dump(doc, f, indent=2)
+    if not args.merge:
+        return
+    with open(args.merge) as f:
+        res = json.load(f)
+    sdpa = {(r["B"], r["L"]): r["sdpa_us"] for r in rows if "sdpa_us" in r}
+    res["sdpa"] = {"torch": torch.__version__, "method": "F.scaled_dot_product_attention(enable_gqa=True), "
+                   "CUDA graph per KV set, >= 512 MB of sets rotated, median of per-replay events"}
+    print(f"\nfloor {res['floor_read_tbps']:.3f} TB/s  ({res['gpu']}, {res['date_utc']})")
+    print(f"{'B':>3} {'L':>7} {'layout':<11} {'us':>9} {'TB/s':>6} {'floor%':>7} {'sdpa_us':>9} {'x sdpa':>7}")
+    for c in res["cases"]:
+        key = (c["B"], c["L"])
+        if c["layout"] == "contiguous" and key in sdpa:
+            c["sdpa_us"] = sdpa[key]
+            c["speedup_vs_sdpa"] = sdpa[key] / c["time_us"]
+        lay = c["layout"] + ("" if c["layout"] == "contiguous" else str(c["page_size"]))
+        s_us = f"{c['sdpa_us']:9.2f}" if "sdpa_us" in c else f"{'-':>9}"
+        s_x = f"{c['speedup_vs_sdpa']:7.2f}" if "speedup_vs_sdpa" in c else f"{'-':>7}"
+        print(f"{c['B']:3d} {c['L']:7d} {lay:<11} {c['time_us']:9.2f} {c['tbps']:6.3f} {c['pct_floor']:6.1f}% {s_us} {s_x}")
+    with open(args.merge, "w") as f:
+        json.dump(res, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+// Decode attention benchmark: Llama-3-8B attention (32 query heads, 8 KV heads, d = 128), one new
+// token per sequence with the fused RoPE + append, B in {1, 16, 64} x L in {512 .. 131072}, plus a
+// few paged cases. KV sets are rotated (>= 512 MB in rotation) so L2 holds none of what a replay
+// reads: cold, as the SDPA / FlashInfer baselines. The floor is measured in the same run.
+// bench/attention_sdpa.py times torch SDPA on the same shapes and merges its numbers into the JSON.
+//   bench_attention [--quick]
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "harness.cuh"
+#include "tileweave/ops/attention.hpp"
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+// Unit-variance uniform noise from a hash of the index: never zeros (METHOD.md), cheap to make.
+__global__ void fill_noise(bf16* p, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint64_t z = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    const float u = float(z >> 40) * (1.0f / 16777216.0f);
+    p[i] = __float2bfloat16((2.f * u - 1.f) * 1.7320508f);
+  }
+}
+
+void noise(bf16* p, size_t n, uint64_t seed) {
+  fill_noise<<<1024, 256>>>(p, n, seed);
+  TW_CUDA_CHECK_LAUNCH();
+}
+
+struct Case {
+  int batch;
+  int len;
+  tw::KvLayout layout = tw::KvLayout::Contiguous;
+  int page_size = 0;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const auto gpu = tw::bench::current_gpu();
+  const auto floor = tw::bench::measure_floor(gpu);
+  std::printf("%s: floor %.3f TB/s (bulk %.3f, 16-byte loads %.3f)\n", gpu.prop.name, floor.tbps(), floor.bulk_tbps,
+              floor.vec_tbps);
+  tw::bench::ResultFile result("bench_attention", gpu, floor);
+  constexpr int kHq = 32, kHkv = 8, kD = 128;
+  result.doc["shape"] = {{"num_q_heads", kHq}, {"num_kv_heads", kHkv}, {"head_dim", kD}, {"dtype", "bf16"},
+                         {"rope", true}, {"append", true}};
+
+  std::vector<Case> cases;
+  for (int b : {1, 16, 64})
+    for (int l : {512, 4096, 32768, 131072}) cases.push_back({b, l});
+  cases.push_back({16, 4096, tw::KvLayout::Paged, 16});
+  cases.push_back({16, 4096, tw::KvLayout::Paged, 128});
+  cases.push_back({1, 32768, tw::KvLayout::Paged, 16});
+  cases.push_back({64, 32768, tw::KvLayout::Paged, 64});
+  if (quick) cases = {{1, 4096}, {16, 32768}};
+
+  size_t free_bytes = 0, total_bytes = 0;
+  TW_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  std::printf("%6s %7s %-10s %6s %7s %10s %9s %8s %7s\n", "B", "L", "layout", "sets", "splits", "time_us", "TB/s",
+              "floor%", "tok/spl");
+  for (const Case& c : cases) {
+    const int64_t tokens = int64_t(c.batch) * c.len;
+    const int64_t set_elems = tokens * kHkv * kD;  // per K (or V)
+    const int64_t set_bytes = 2 * set_elems * int64_t(sizeof(bf16));
+    const int sets = int(std::clamp<int64_t>((int64_t(512) << 20) / set_bytes + 1, 1, 256));
+    if (int64_t(sets) * set_bytes + (int64_t(2) << 30) > int64_t(free_bytes)) {
+      std::printf("%6d %7d skipped: %.1f GB of KV does not fit\n", c.batch, c.len, sets * set_bytes * 1e-9);
+      continue;
+    }
+    tw::DecodeAttentionShape shape;
+    shape.batch = c.batch;
+    shape.num_q_heads = kHq;
+    shape.num_kv_heads = kHkv;
+    shape.head_dim = kD;
+    shape.layout = c.layout;
+    std::vector<int> table;
+    if (c.layout == tw::KvLayout::Contiguous) {
+      shape.max_seq_len = c.len;
+    } else {
+      // Each set is one pool; pages dealt in a random order, as a page allocator would leave them.
+      shape.page_size = c.page_size;
+      shape.pages_per_seq = (c.len + c.page_size - 1) / c.page_size;
+      shape.num_pages = c.batch * shape.pages_per_seq;
+      table.resize(shape.num_pages);
+      std::iota(table.begin(), table.end(), 0);
+      std::shuffle(table.begin(), table.end(), std::mt19937(7));
+    }
+    const int64_t pool_elems = c.layout == tw::KvLayout::Contiguous
+                                   ? set_elems
+                                   : int64_t(shape.num_pages) * kHkv * c.page_size * kD;
+    bf16 *kv = nullptr, *q = nullptr, *kv_new = nullptr, *out = nullptr;
+    TW_CUDA_CHECK(cudaMalloc(&kv, size_t(sets) * 2 * pool_elems * sizeof(bf16)));
+    TW_CUDA_CHECK(cudaMalloc(&q, size_t(c.batch) * kHq * kD * sizeof(bf16)));
+    TW_CUDA_CHECK(cudaMalloc(&kv_new, size_t(c.batch) * kHkv * kD * 2 * sizeof(bf16)));
+    TW_CUDA_CHECK(cudaMalloc(&out, size_t(c.batch) * kHq * kD * sizeof(bf16)));
+    noise(kv, size_t(sets) * 2 * pool_elems, 1);
+    noise(q, size_t(c.batch) * kHq * kD, 2);
+    noise(kv_new, size_t(c.batch) * kHkv * kD * 2, 3);
+    TW_CUDA_CHECK(cudaDeviceSynchronize());
+
+    auto tensors = [&](int s) {
+      bf16* k = kv + size_t(s) * 2 * pool_elems;
+      return tw::DecodeAttentionTensors{q, kv_new, kv_new + size_t(c.batch) * kHkv * kD, k, k + pool_elems, out};
+    };
+    const int reps = set_bytes > (int64_t(4) << 30) ? 30 : 100;
+    auto time_with = [&](const tw::DecodeAttention& op) {
+      return tw::bench::time_us([&](int s, cudaStream_t st) { op.run(tensors(s), st); }, sets, 10, reps);
+    };
+    tw::DecodeAttention op(shape, std::vector<int>(c.batch, c.len), table);
+    const double us = time_with(op);
+    // The planner's choice against fixed split sizes, on the latency-bound and mid-size cases.
+    nlohmann::json sweep = nlohmann::json::array();
+    const bool sweep_case = c.layout == tw::KvLayout::Contiguous && !quick &&
+                            ((c.batch == 1 && c.len <= 32768) || (c.batch == 16 && c.len == 4096));
+    for (int chunk = 64; sweep_case && chunk <= c.len; chunk *= 2) {
+      if (tw::kernels::decode_num_splits(c.len, chunk) > tw::kernels::kDecodeMaxSplits) continue;
+      tw::DecodeAttentionShape fixed = shape;
+      fixed.split_tokens = chunk;
+      tw::DecodeAttention op_fixed(fixed, std::vector<int>(c.batch, c.len), table);
+      const double t = time_with(op_fixed);
+      sweep.push_back({{"split_tokens", chunk}, {"time_us", t}});
+      std::printf("          sweep split_tokens %6d: %8.2f us\n", chunk, t);
+    }
+    const double tbps = double(op.kv_bytes()) / us * 1e-6;
+    const double pct = 100.0 * tbps / floor.tbps();
+    const char* layout = c.layout == tw::KvLayout::Contiguous ? "contiguous" : "paged";
+    std::printf("%6d %7d %-10s %6d %7d %10.2f %9.3f %7.1f%% %7d\n", c.batch, c.len, layout, sets, op.max_splits(), us,
+                tbps, pct, op.split_tokens());
+    std::fflush(stdout);
+    result.add({{"B", c.batch},
+                {"L", c.len},
+                {"layout", layout},
+                {"page_size", c.page_size},
+                {"sets", sets},
+                {"kv_bytes", op.kv_bytes()},
+                {"split_tokens", op.split_tokens()},
+                {"splits", op.max_splits()},
+                {"time_us", us},
+                {"tbps", tbps},
+                {"floor_us", double(op.kv_bytes()) / (floor.tbps() * 1e6)},
+                {"pct_floor", pct},
+                {"split_sweep", sweep}});
+    TW_CUDA_CHECK(cudaFree(kv));
+    TW_CUDA_CHECK(cudaFree(q));
+    TW_CUDA_CHECK(cudaFree(kv_new));
+    TW_CUDA_CHECK(cudaFree(out));
+  }
+  std::printf("wrote %s\n", result.write(gpu).c_str());
+  return 0;
+}
