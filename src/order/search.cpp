@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <ostream>
 #include <random>
 #include <unordered_map>
@@ -31,13 +32,15 @@ class ExactSearch {
       : g_(g), model_(g, c), opt_(o), capacity_(c.capacity_bytes) {
     const int n = g.num_tiles();
     readers_.assign(model_.num_blocks(), 0);
+    writers_.assign(model_.num_blocks(), 0);
     for (int t = 0; t < n; ++t) {
       deps_mask_.push_back(0);
       for (int d : g.tile(t).deps) deps_mask_[t] |= uint64_t{1} << d;
       for (bool reduces : {false, true}) {
         accesses_[reduces].push_back(model_.tile_accesses(t, reduces));
-        for (const auto& a : accesses_[reduces].back())
-          if (!a.write) readers_[a.block] |= uint64_t{1} << t;
+        for (const auto& a : accesses_[reduces].back()) {
+          (a.write ? writers_ : readers_)[a.block] |= uint64_t{1} << t;
+        }
       }
       // The other split-K slices of the same output block: the last of them to finish reduces.
       const Tile& tile = g.tile(t);
@@ -49,33 +52,68 @@ class ExactSearch {
     }
     full_ = n == 64 ? ~uint64_t{0} : (uint64_t{1} << n) - 1;
     for (int64_t b = 0; b < model_.num_blocks(); ++b) bytes_.push_back(model_.block_bytes(b));
+    detect_symmetry();
   }
 
-  ExactResult run() {
+  void detect_symmetry() {
+    if (g_.ops().size() != 1) return;
+    const Op& op = g_.op(0);
+    if (op.kind != OpKind::Gemm || op.tiling.split_k != 1 || op.m % op.tiling.bm || op.n % op.tiling.bn) return;
+    gm_ = static_cast<int>(op.grid_m);
+    gn_ = static_cast<int>(op.grid_n);
+    role_.assign(model_.num_blocks(), {2, 0, 0});
+    for (int64_t b = 0; b < model_.num_blocks(); ++b) {
+      const BlockRef ref = model_.block_ref(b);
+      const BlockGrid& bg = model_.grid(ref.tensor);
+      if (ref.tensor != op.a && ref.tensor != op.b) continue;  // C is never read: always dead
+      const int64_t per_tile = (ref.tensor == op.a ? op.tiling.bm : op.tiling.bn) / bg.block_rows;
+      role_[b] = {ref.tensor == op.a ? 0 : 1, static_cast<int>(ref.block_row / per_tile),
+                  (ref.block_row % per_tile) * bg.num_cols + ref.block_col};
+    }
+    symmetric_ = true;
+  }
+
+  // upper_bound: read-miss bytes of a known order (it prunes; a wrong one only costs a second pass).
+  ExactResult run(int64_t upper_bound) {
     t0_ = last_progress_ = Clock::now();
     std::vector<int64_t> lru;
-    const Entry root = solve(0, lru);
+    Entry root = solve(0, lru, upper_bound);
+    if (!root.exact()) root = solve(0, lru, std::numeric_limits<int64_t>::max());
     ExactResult r;
     r.traffic = root.cost + write_bytes_total();
     r.num_optimal = root.count;
     r.count_saturated = root.count == std::numeric_limits<uint64_t>::max();
     r.states = static_cast<int64_t>(memo_.size());
     r.best.name = "exact";
+    // Walk one optimal path: at each state take the first tile whose cost plus the optimum of the
+    // state it leads to equals this state's optimum (all memoised).
     uint64_t done = 0;
+    int64_t left = root.cost;
     for (int i = 0; i < g_.num_tiles(); ++i) {
-      const int t = memo_.at(key(done, lru)).next;
-      r.best.order.push_back(t);
-      apply(t, done, lru);
-      done |= uint64_t{1} << t;
+      for (int t = 0; t < g_.num_tiles(); ++t) {
+        const uint64_t bit = uint64_t{1} << t;
+        if ((done & bit) || (deps_mask_[t] & ~done)) continue;
+        std::vector<int64_t> next = lru;
+        const int64_t here = apply(t, done, next);
+        if (here > left) continue;
+        const Entry e = solve(done | bit, next, left - here);
+        if (!e.exact() || here + e.cost != left) continue;
+        const int64_t rest = e.cost;
+        r.best.order.push_back(t);
+        lru = std::move(next);
+        done |= bit;
+        left = rest;
+        break;
+      }
     }
     return r;
   }
 
  private:
   struct Entry {
-    int64_t cost;    // read-miss bytes from here to the end, minimal
-    uint64_t count;  // number of orders of the remaining tiles reaching it
-    int next;        // first tile of one of them
+    int64_t cost;    // read-miss bytes from here to the end, minimal (a lower bound if count == 0)
+    uint64_t count;  // number of orders of the remaining tiles reaching it; 0: cut, cost inexact
+    bool exact() const { return count > 0; }
   };
 
   int64_t write_bytes_total() const {
@@ -88,10 +126,65 @@ class ExactSearch {
   }
 
   std::string key(uint64_t done, const std::vector<int64_t>& lru) const {
+    if (symmetric_) return symmetric_key(done, lru);
     std::string k(reinterpret_cast<const char*>(&done), sizeof done);
     for (int64_t b : lru) {
       const bool live = (readers_[b] & ~done) != 0;
       const int64_t v = live ? b : -1 - bytes_[b];
+      k.append(reinterpret_cast<const char*>(&v), sizeof v);
+    }
+    return k;
+  }
+
+  // One GEMM with whole tiles: permuting tile rows (A panels) or tile columns (B panels) maps every
+  // state to one with the same future, so states are keyed after relabelling rows and columns:
+  // those in the cache by recency, the others by their pattern of done tiles. Not a full canonical
+  // form, but any relabelling is sound; this one merges most symmetric states.
+  std::string symmetric_key(uint64_t done, const std::vector<int64_t>& lru) const {
+    std::vector<int> row_label(gm_, -1), col_label(gn_, -1);
+    int rows = 0, cols = 0;
+    for (int64_t b : lru) {
+      if (!((readers_[b] & ~done) != 0)) continue;
+      const Role& r = role_[b];
+      if (r.kind == 0 && row_label[r.index] < 0) row_label[r.index] = rows++;
+      if (r.kind == 1 && col_label[r.index] < 0) col_label[r.index] = cols++;
+    }
+    auto is_done = [&](int64_t tm, int64_t tn) { return (done >> (tm * gn_ + tn)) & 1; };
+    // Unlabelled columns by their done pattern over labelled rows, then by their done count.
+    std::vector<std::pair<uint64_t, int>> rest;
+    for (int tn = 0; tn < gn_; ++tn) {
+      if (col_label[tn] >= 0) continue;
+      uint64_t sig = 0;
+      for (int tm = 0; tm < gm_; ++tm)
+        if (row_label[tm] >= 0 && is_done(tm, tn)) sig |= uint64_t{1} << (63 - row_label[tm]);
+      int count = 0;
+      for (int tm = 0; tm < gm_; ++tm) count += static_cast<int>(is_done(tm, tn));
+      rest.push_back({sig | uint64_t(count), tn});
+    }
+    std::sort(rest.begin(), rest.end());
+    for (auto& [sig, tn] : rest) col_label[tn] = cols++;
+    rest.clear();
+    for (int tm = 0; tm < gm_; ++tm) {
+      if (row_label[tm] >= 0) continue;
+      uint64_t sig = 0;
+      for (int tn = 0; tn < gn_; ++tn)
+        if (is_done(tm, tn)) sig |= uint64_t{1} << (63 - col_label[tn]);
+      rest.push_back({sig, tm});
+    }
+    std::sort(rest.begin(), rest.end());
+    for (auto& [sig, tm] : rest) row_label[tm] = rows++;
+    uint64_t mask = 0;
+    for (int tm = 0; tm < gm_; ++tm)
+      for (int tn = 0; tn < gn_; ++tn)
+        if (is_done(tm, tn)) mask |= uint64_t{1} << (row_label[tm] * gn_ + col_label[tn]);
+    std::string k(reinterpret_cast<const char*>(&mask), sizeof mask);
+    for (int64_t b : lru) {
+      const Role& r = role_[b];
+      int64_t v;
+      if (!((readers_[b] & ~done) != 0))
+        v = -1 - bytes_[b];
+      else
+        v = (int64_t{r.kind} << 56) | (int64_t{r.kind == 0 ? row_label[r.index] : col_label[r.index]} << 40) | r.sub;
       k.append(reinterpret_cast<const char*>(&v), sizeof v);
     }
     return k;
@@ -120,31 +213,94 @@ class ExactSearch {
     return misses;
   }
 
-  Entry solve(uint64_t done, const std::vector<int64_t>& lru) {
-    if (done == full_) return {0, 1, -1};
+  // The least read-miss bytes of completing `done` from cache state `lru`, and how many orders
+  // reach it (exact), if that least cost is <= budget. Otherwise an inexact entry whose cost is a
+  // lower bound > budget: the branch is cut, and its memo entry cuts it again under smaller budgets.
+  Entry solve(uint64_t done, const std::vector<int64_t>& lru, int64_t budget) {
+    if (done == full_) return {0, 1};
     std::string k = key(done, lru);
-    if (auto it = memo_.find(k); it != memo_.end()) return it->second;
-    if (static_cast<int64_t>(memo_.size()) >= opt_.max_states)
+    auto it = memo_.find(k);
+    if (it != memo_.end() && (it->second.exact() || it->second.cost > budget)) return it->second;
+    if (it == memo_.end() && static_cast<int64_t>(memo_.size()) >= opt_.max_states)
       throw InvalidArgument("exact search: more than " + std::to_string(opt_.max_states) +
                             " states; the grid is too large for it (use the heuristic search)");
-    if ((memo_.size() & 4095) == 0) check_time();
-    Entry best{std::numeric_limits<int64_t>::max(), 0, -1};
+    if ((++visits_ & 4095) == 0) check_time();
+    const Outlook look = outlook(done, lru);
+    Entry best{std::numeric_limits<int64_t>::max(), 0};
+    if (look.no_evictions) {
+      best = {look.min_misses, linear_extensions(done)};
+    } else if (look.min_misses > budget) {
+      best = {look.min_misses, 0};
+    } else {
+      int64_t cut_bound = std::numeric_limits<int64_t>::max();  // least lower bound among cut branches
+      for (int t = 0; t < g_.num_tiles(); ++t) {
+        const uint64_t bit = uint64_t{1} << t;
+        if ((done & bit) || (deps_mask_[t] & ~done)) continue;
+        std::vector<int64_t> next = lru;
+        const int64_t here = apply(t, done, next);
+        // Ties with the best so far must still be counted, hence <= best.cost, not <.
+        const int64_t allowed = std::min(budget, best.cost);
+        if (here > allowed) {
+          cut_bound = std::min(cut_bound, here);
+          continue;
+        }
+        const Entry rest = solve(done | bit, next, allowed - here);
+        const int64_t cost = here + rest.cost;
+        if (!rest.exact() || cost > allowed) {  // a memoised exact entry may exceed the budget too
+          cut_bound = std::min(cut_bound, cost);
+        } else if (cost < best.cost) {
+          best = {cost, rest.count};
+        } else if (cost == best.cost) {
+          best.count = saturating_add(best.count, rest.count);
+        }
+      }
+      if (best.cost > budget) best = {cut_bound, 0};
+    }
+    if (it != memo_.end())
+      it->second = best;
+    else
+      memo_.emplace(std::move(k), best);
+    return best;
+  }
+
+  static uint64_t saturating_add(uint64_t a, uint64_t b) {
+    return a > std::numeric_limits<uint64_t>::max() - b ? std::numeric_limits<uint64_t>::max() : a + b;
+  }
+
+  // Orders of the remaining tiles that respect dependencies.
+  uint64_t linear_extensions(uint64_t done) {
+    if (done == full_) return 1;
+    if (auto it = extensions_.find(done); it != extensions_.end()) return it->second;
+    uint64_t count = 0;
     for (int t = 0; t < g_.num_tiles(); ++t) {
       const uint64_t bit = uint64_t{1} << t;
-      if ((done & bit) || (deps_mask_[t] & ~done)) continue;
-      std::vector<int64_t> next = lru;
-      const int64_t here = apply(t, done, next);
-      const Entry rest = solve(done | bit, next);
-      const int64_t cost = here + rest.cost;
-      if (cost < best.cost) {
-        best = {cost, rest.count, t};
-      } else if (cost == best.cost) {
-        best.count = best.count > std::numeric_limits<uint64_t>::max() - rest.count ? std::numeric_limits<uint64_t>::max()
-                                                                                    : best.count + rest.count;
-      }
+      if (!(done & bit) && !(deps_mask_[t] & ~done)) count = saturating_add(count, linear_extensions(done | bit));
     }
-    memo_.emplace(std::move(k), best);
-    return best;
+    extensions_.emplace(done, count);
+    return count;
+  }
+
+  // Blocks the remaining tiles still need to read from DRAM at least once (not cached and not to be
+  // written by a remaining tile first) bound the remaining cost from below. When every block the
+  // remaining tiles touch fits beside what is cached, nothing is evicted any more: that bound is
+  // then exact for every order of the rest, and all of them are optimal.
+  struct Outlook {
+    int64_t min_misses = 0;
+    bool no_evictions = false;
+  };
+  Outlook outlook(uint64_t done, const std::vector<int64_t>& lru) const {
+    int64_t used = 0;
+    std::vector<bool> cached(bytes_.size(), false);
+    for (int64_t b : lru) used += bytes_[b], cached[b] = true;
+    Outlook o;
+    int64_t fresh = 0;
+    for (size_t b = 0; b < bytes_.size(); ++b) {
+      if (cached[b] || !((readers_[b] | writers_[b]) & ~done)) continue;
+      fresh += bytes_[b];
+      if ((readers_[b] & ~done) && !(writers_[b] & ~done)) o.min_misses += bytes_[b];
+    }
+    o.no_evictions = used + fresh <= capacity_;
+    return o;
   }
 
   void check_time() {
@@ -164,11 +320,21 @@ class ExactSearch {
   ExactOptions opt_;
   int64_t capacity_;
   uint64_t full_ = 0;
-  std::vector<uint64_t> deps_mask_, readers_, siblings_;
+  std::vector<uint64_t> deps_mask_, readers_, writers_, siblings_;
+  std::unordered_map<uint64_t, uint64_t> extensions_;
   std::vector<std::vector<CacheModel::Access>> accesses_[2];  // [reduces][tile]
   std::vector<int64_t> bytes_;
   std::unordered_map<std::string, Entry> memo_;
+  struct Role {
+    int kind;       // 0: part of an A row panel, 1: part of a B column panel, 2: other
+    int index;      // tile row (A) or tile column (B)
+    int64_t sub;    // which part of the panel
+  };
+  bool symmetric_ = false;
+  int gm_ = 0, gn_ = 0;
+  std::vector<Role> role_;
   Clock::time_point t0_, last_progress_;
+  int64_t visits_ = 0;
 };
 
 }  // namespace
@@ -183,7 +349,10 @@ ExactResult exact_search(const TileGraph& g, const CacheConfig& c, const ExactOp
     throw InvalidArgument("exact search handles at most " + std::to_string(limit) + " tiles, the graph has " +
                           std::to_string(g.num_tiles()));
   if (g.num_tiles() == 0) throw InvalidArgument("exact search: the graph has no tiles");
-  return ExactSearch(g, c, o).run();
+  int64_t upper_bound = std::numeric_limits<int64_t>::max();
+  for (const std::string& name : named_orders(g))
+    upper_bound = std::min(upper_bound, simulate(g, make_order(g, name), c).dram_read);
+  return ExactSearch(g, c, o).run(upper_bound);
 }
 
 // ---- heuristic search ----
