@@ -100,6 +100,10 @@ class Page:
         # Wait until the server answered: a new layout, or an error.
         self.wait(lambda d: self.layouts() != before or self.text("#error"))
 
+    def select_order(self, name):
+        self.d.execute_script("arguments[0].value = arguments[1]", self.el("#order-name"), name)
+        assert self.el("#order-name").get_attribute("value") == name, f"no order '{name}' in the list"
+
     def layouts(self):
         return self.d.execute_script("return window.__layouts || 0")
 

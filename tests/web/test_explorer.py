@@ -82,18 +82,42 @@ def test_click_path_undo_redo_matches_cli(page, tileweave_bin, downloads):
 
 def test_named_order_step_and_play(page, tileweave_bin):
     page.set_problem(**GEMM_4x4)
-    select = page.el("#order-name")
-    page.d.execute_script("arguments[0].value = 'hilbert'", select)
+    page.select_order("hilbert")
     page.press("load-order")
     assert "hilbert" in page.text("#order-label")
     page.press("step")
     assert page.steps() == 1
+    page.el("#play").click()
+    page.wait(lambda d: page.steps() == 16, timeout=30)
+    assert page.traffic() == total_bytes(cli_sim(tileweave_bin, "--order", "hilbert"))
+    # The path is drawn: one arrow between consecutive tiles, a step number on every tile.
+    assert len(page.d.find_elements("css selector", "#grid line.arrow")) == 15
+    assert sorted(int(t.text) for t in page.d.find_elements("css selector", "#grid text.stepno")) == list(range(1, 17))
+    page.screenshot("gemm-4x4-hilbert")
+
+
+def test_search_result_is_no_worse_than_named_orders(page, tileweave_bin):
+    page.set_problem(**GEMM_4x4)
+    page.select_order("search")
+    page.press("load-order")
+    assert "search" in page.text("#message")
     page.press("to-end")
     assert page.steps() == 16
-    assert page.traffic() == total_bytes(cli_sim(tileweave_bin, "--order", "hilbert"))
-    # The path is drawn: one arrow between consecutive tiles.
-    assert len(page.d.find_elements("css selector", "#grid line.arrow")) == 15
-    page.screenshot("gemm-4x4-hilbert")
+    for name in ("row_major", "snake", "hilbert"):
+        assert page.traffic() <= total_bytes(cli_sim(tileweave_bin, "--order", name))
+
+
+def test_export_svg_and_png(page, downloads):
+    page.set_problem(**GEMM_4x4)
+    page.select_order("snake")
+    page.press("load-order")
+    page.press("to-end")
+    for name, check in (("tileweave-order.svg", lambda b: b.lstrip().startswith(b"<svg") and b'class="arrow"' in b),
+                        ("tileweave-order.png", lambda b: b.startswith(b"\x89PNG"))):
+        path = downloads / name
+        path.unlink(missing_ok=True)
+        page.el("#export-" + name.rsplit(".", 1)[1]).click()
+        assert check(wait_for_file(path).read_bytes()), name
 
 
 def test_chain_view_refuses_a_click_that_breaks_a_dependency(page):
