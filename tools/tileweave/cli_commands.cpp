@@ -195,6 +195,7 @@ void run_search(const SearchOptions& o) {
     summary = fmt::format("heuristic search: {} ({} B) after {} simulations, started from {} ({})", human_bytes(r.traffic),
                           r.traffic, r.evaluations, r.seed_order, human_bytes(r.seed_traffic));
   }
+  found.name = exact ? "exact" : "search";
   if (!o.save.empty()) {
     std::ofstream out(o.save);
     if (!out) throw InvalidArgument("cannot write '" + o.save + "'");

@@ -12,6 +12,8 @@ namespace tw::cli {
 void add_problem_options(CLI::App& cmd, ProblemOptions& o) {
   cmd.add_option("--model", o.model, "FFN preset: llama3-8b | llama3-70b | chain")->capture_default_str();
   cmd.add_option("--m", o.m, "rows (tokens) M")->capture_default_str();
+  cmd.add_option("--d", o.d, "hidden size, overriding the model preset's");
+  cmd.add_option("--ffn", o.ffn, "intermediate size, overriding the model preset's");
   cmd.add_option("--gemm", o.gemm, "one GEMM MxNxK instead of a model FFN");
   cmd.add_option("--tile", o.tile, "tile BMxBNxBK (default 128x128x64, clipped to the problem)");
   cmd.add_option("--split-k", o.split_k, "K slices of the last GEMM")->capture_default_str();
@@ -119,7 +121,9 @@ Problem make_problem(const ProblemOptions& o) {
                                 t.split_k > 1 ? fmt::format(", split-K {}", t.split_k) : "", cache_text, o.gpu);
     return p;
   }
-  const FfnShape s = model_preset(o.model, o.m);
+  FfnShape s = model_preset(o.model, o.m);
+  if (o.d) check_dim(o.d, "hidden size --d"), s.d = o.d;
+  if (o.ffn) check_dim(o.ffn, "intermediate size --ffn"), s.f = o.ffn;
   Tiling t0 = make_tiling(o, s.m, s.f, s.d), t1 = make_tiling(o, s.m, s.d, s.f);
   t1.split_k = o.split_k;
   check_tile_count(s.m, s.gated ? s.f : s.f, t0, 1);

@@ -17,6 +17,7 @@ namespace tw::cli {
 struct ProblemOptions {
   std::string model = "llama3-8b";  // --model, unless --gemm is given
   int64_t m = 16;                   // --m
+  int64_t d = 0, ffn = 0;           // --d, --ffn: override the preset's hidden / intermediate size
   std::string gemm;                 // --gemm MxNxK: one GEMM instead of a model FFN
   std::string tile;                 // --tile BMxBNxBK (default 128x128x64, clipped to the problem)
   int64_t split_k = 1;              // --split-k, for the last GEMM (FFN down / the single GEMM)

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The `tileweave` CLI end to end: the main job, every subcommand, --json, and bad input (exactly one
+# line on stderr naming the bad value, exit code 2). Usage: tests/cli/test_cli.sh path/to/tileweave
+set -uo pipefail
+TW=${1:?usage: test_cli.sh path/to/tileweave}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+# expect_error "<text the message must contain>" args...
+expect_error() {
+  local want=$1; shift
+  timeout 60 "$TW" "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  local lines; lines=$(wc -l <"$tmp/err")
+  if [ "$rc" -ne 2 ]; then fail "tileweave $* -> exit $rc, want 2 ($(head -c 300 "$tmp/err"))"; return; fi
+  if [ "$lines" -ne 1 ]; then fail "tileweave $* -> $lines lines on stderr, want 1"; return; fi
+  grep -qF -- "$want" "$tmp/err" || fail "tileweave $* -> '$(cat "$tmp/err")' does not name '$want'"
+}
+# expect_ok "<text stdout must contain>" args...
+expect_ok() {
+  local want=$1; shift
+  timeout 120 "$TW" "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  if [ "$rc" -ne 0 ]; then fail "tileweave $* -> exit $rc: $(head -c 300 "$tmp/err")"; return; fi
+  grep -qF -- "$want" "$tmp/out" || fail "tileweave $* -> output lacks '$want'"
+}
+expect_json() {
+  timeout 120 "$TW" "$@" >"$tmp/out" 2>"$tmp/err" || { fail "tileweave $* failed"; return; }
+  python3 -m json.tool "$tmp/out" >/dev/null || fail "tileweave $* -> not JSON"
+}
+
+# The main job.
+expect_ok "prefill" 
+grep -q "hilbert" "$tmp/out" || fail "main job lacks the hilbert order"
+grep -q "bound compulsory" "$tmp/out" || fail "main job lacks the bounds"
+
+# Subcommands.
+expect_ok "grouped:8" orders
+expect_ok "ticket of each output tile" orders --gemm 64x64x64 --tile 16x16x16 --show hilbert
+expect_ok "x bound" sim --model llama3-70b --m 1
+expect_ok "chain_half_rows" sim --model chain --m 256 --split-k 2
+expect_ok "pebble:gemm" bounds --gemm 4096x4096x4096 --cache 1MiB
+expect_ok "optimal orders" search --gemm 48x48x16 --tile 16x16x16 --cache 1536 --p 1 --quiet
+expect_ok "heuristic search" search --gemm 512x512x128 --tile 64x64x64 --cache 512KiB --p 8 --time-limit 1 --quiet \
+  --save "$tmp/found.json"
+expect_ok "search" sim --gemm 512x512x128 --tile 64x64x64 --cache 512KiB --p 8 --order-file "$tmp/found.json"
+expect_json sim --gemm 256x256x64 --tile 64x64x64 --json --trace
+expect_json search --gemm 48x48x16 --tile 16x16x16 --cache 2048 --p 1 --json --quiet
+expect_json bounds --json
+expect_json orders --json
+expect_json orders --model chain --m 32 --tile 16x128x64 --show chain_rows:1 --json
+
+# Bad input.
+expect_error "got 0" sim --m 0
+expect_error "-5" sim --m=-5
+expect_error "99999999999" sim --m 99999999999
+expect_error "abc" sim --m abc
+expect_error "M must be positive, got 0" sim --gemm 0x16x16
+expect_error "10x10" sim --gemm 10x10
+expect_error "absurd" sim --gemm 2000000000x64x64
+expect_error "BM 128 is larger than M 64" sim --gemm 64x64x64 --tile 128x16x16
+expect_error "smaller than one line" sim --cache 16
+expect_error "12XB" sim --cache 12XB
+expect_error "line size 0" sim --line 0
+expect_error "-1" sim --p=-1
+expect_error "sets 0" sim --sets 0
+expect_error "split-k 0" sim --split-k 0
+expect_error "zigzag" sim --order zigzag
+expect_error "swizzle:0" sim --order swizzle:0
+expect_error "v100" sim --gpu v100
+expect_error "llama2" bounds --model llama2
+echo '[0, 1' >"$tmp/bad.json"
+expect_error "malformed JSON" sim --gemm 32x32x16 --tile 16x16x16 --order-file "$tmp/bad.json"
+echo '[3, 2, 1]' >"$tmp/short.json"
+expect_error "has 3 tiles" sim --gemm 32x32x16 --tile 16x16x16 --order-file "$tmp/short.json"
+echo '{"order": [[1, 0, 0], [0, 0, 0], [0, 0, 1], [0, 1, 0], [0, 1, 1], [1, 1, 0]]}' >"$tmp/dep.json"
+expect_error "dependency tile 0" sim --model chain --m 32 --d 16 --ffn 32 --tile 16x16x16 --order-file "$tmp/dep.json"
+expect_ok "chain_rows:1" sim --model chain --m 32 --d 16 --ffn 32 --tile 16x16x16 --p 1 --cache 4KiB
+expect_error "hidden size --d" sim --d=-3
+expect_error "missing.json" sim --order-file "$tmp/missing.json"
+expect_error "foo" search --method foo
+expect_error "-1" search --time-limit=-1
+expect_error "P = 8" search --gemm 32x32x16 --tile 16x16x16 --method exact --p 8
+expect_error "nosuch" nosuch
+expect_error "--bogus" sim --bogus
+
+if [ "$fails" -ne 0 ]; then echo "$fails CLI checks failed"; exit 1; fi
+echo "all CLI checks passed"
