@@ -121,6 +121,8 @@ function applyModelPreset() {
   if (!model) return;
   if ($("kind").value === "gemm") $("kind").value = "ffn";
   $("m").value = $("batch").value;
+  // Decode batches are small: a row tile taller than the batch would be refused, so shrink it.
+  if (Number($("bm").value) > Number($("batch").value)) $("bm").value = $("batch").value;
   $("n").value = model.ffn;
   $("k").value = model.hidden;
   labelDimensions();
@@ -309,8 +311,9 @@ const GRID_STYLE = `
   .tile { stroke: #8d96a8; stroke-width: 1; cursor: pointer; }
   .tile.blocked { fill: #eceef2; } .tile.ready { fill: #fff; stroke: #2f6fdf; stroke-width: 1.5; }
   .tile.done { fill: #cfe0fb; } .tile.last { fill: #f7c65b; }
-  .block { stroke: #c5cad5; stroke-width: 0.5; fill: #fff; } .block.cached { fill: #2e9d5b; } .block.dirty { fill: #8e44ad; }
+  .block { stroke: #c5cad5; stroke-width: 0.5; fill: #fff; } .block.cached { fill: #2e9d5b; } .block.dirty { fill: #8e44ad; } .block.tiny { stroke: none; }
   .stepno { font-size: 10px; text-anchor: middle; dominant-baseline: central; pointer-events: none; }
+  .path { stroke: #d9480f; stroke-width: 1; fill: none; pointer-events: none; }
   .arrow { stroke: #d9480f; stroke-width: 1.6; fill: none; marker-end: url(#arrowhead); pointer-events: none; }
 `;
 
@@ -329,7 +332,8 @@ function drawTensorPanel(parent, ti, x, y, w, h, across, cls) {
       el("rect", across
         ? { x: x + r0, y: y + c0, width: r1 - r0, height: c1 - c0 }
         : { x: x + c0, y: y + r0, width: c1 - c0, height: r1 - r0 },
-        parent).setAttribute("class", `block ${cls}` + (state_ ? (state_ === 2 ? " dirty" : " cached") : ""));
+        parent).setAttribute("class", `block ${cls}` + (state_ ? (state_ === 2 ? " dirty" : " cached") : "") +
+                             (Math.min(r1 - r0, c1 - c0) < 3 ? " tiny" : ""));
     }
   }
 }
@@ -350,16 +354,22 @@ function render() {
   // One group per op: the A operand (rows x K) left of the output grid, the B operand (its rows
   // across, K downwards) above it -- the textbook picture of C = A B^T. Operand panels are cut
   // into the cache model's blocks and coloured by what is in the cache after the last step.
-  const maxGrid = Math.max(...L.ops.map((o) => Math.max(o.grid_m, o.grid_n)));
-  const cell = Math.max(6, Math.min(44, Math.floor(560 / (maxGrid * L.ops.length))));
+  // Tiles are square where there is room; a decode GEMM (1 x 112 tiles) gets thin tall ones.
+  const depthOf = (op) => Math.max(12, Math.min(Math.ceil(op.k / op.bk) * 12, 120));  // pixels for K
+  const across = L.ops.reduce((sum, op) => sum + op.grid_n * Math.max(1, L.tensors[op.b].rows / op.n), 0);
+  const fixed = L.ops.reduce((sum, op) => sum + depthOf(op) + 120, 0);
+  const avail = Math.max(600, $("grid-wrap").clientWidth - 20);
+  const clamp = (v) => Math.max(4, Math.min(44, Math.floor(v)));
+  let cw = clamp((avail - fixed) / across), ch = clamp(420 / Math.max(...L.ops.map((o) => o.grid_m)));
+  if (Math.min(cw, ch) >= 12) cw = ch = Math.min(cw, ch);
+  const cell = Math.min(cw, ch);
   const centers = [];
   let x0 = 10;
   let height = 0;
   L.ops.forEach((op, oi) => {
-    const kSteps = Math.ceil(op.k / op.bk);
-    const depth = Math.max(12, Math.min(kSteps * cell, 120));  // pixels for the K direction
+    const depth = depthOf(op);
     const gx = x0 + depth + 8, gy = 44 + depth + 8;
-    const gw = op.grid_n * cell, gh = op.grid_m * cell;
+    const gw = op.grid_n * cw, gh = op.grid_m * ch;
     const A = L.tensors[op.a], B = L.tensors[op.b];
     const bw = gw * B.rows / op.n;  // the gated FFN's B is [gate; up]: twice as wide as its output
     const g = el("g", { class: "op", "data-op": oi }, svg);
@@ -375,20 +385,23 @@ function render() {
         const id = op.tiles[tm * op.grid_n + tn];
         const t = L.tiles[id];
         const cls = id === last ? "last" : done.has(id) ? "done" : t.deps.every((d) => done.has(d)) ? "ready" : "blocked";
-        const r = el("rect", { x: gx + tn * cell, y: gy + tm * cell, width: cell, height: cell,
+        const r = el("rect", { x: gx + tn * cw, y: gy + tm * ch, width: cw, height: ch,
                                class: `tile ${cls}`, "data-tile": id, "data-op": oi, "data-tm": tm, "data-tn": tn }, g);
         el("title", {}, r).textContent = `${tileName(id)} = tile ${id}` +
           (t.deps.length ? `; needs ${t.deps.length} tile(s) of ${L.ops[L.tiles[t.deps[0]].op].name}` : "");
         r.addEventListener("click", () => runTile(id));
-        centers[id] = [gx + (tn + 0.5) * cell, gy + (tm + 0.5) * cell];
+        centers[id] = [gx + (tn + 0.5) * cw, gy + (tm + 0.5) * ch];
       }
     x0 = Math.max(gx + Math.max(gw, bw + 60) + 50, x0 + 380);  // room for the title too
     height = Math.max(height, gy + gh + 24);
   });
 
   // Arrows from each tile to the next along the path, then the step numbers on top.
+  // Tiny tiles get a plain line through the path: arrowheads would hide them.
+  if (cell < 10 && state.order.length > 1)
+    el("polyline", { points: state.order.map((id) => centers[id].join(",")).join(" "), class: "path" }, svg);
   const shorten = Math.min(cell * 0.35, 10);
-  for (let i = 1; i < state.order.length; i++) {
+  for (let i = 1; i < state.order.length && cell >= 10; i++) {
     const [ax, ay] = centers[state.order[i - 1]], [bx, by] = centers[state.order[i]];
     const len = Math.hypot(bx - ax, by - ay) || 1;
     const ux = (bx - ax) / len, uy = (by - ay) / len;

@@ -282,8 +282,9 @@ json route_layout(const Model& md) {
   std::vector<std::string> orders = named_orders(g);
   // The chart starts with a few orders that tell different stories; the rest are a click away.
   std::vector<std::string> chart;
-  for (const char* want : {"row_major", "col_major", "snake", "hilbert", "chain_rows:1", "chain_half_rows"})
-    if (std::find(orders.begin(), orders.end(), want) != orders.end() && chart.size() < 4) chart.push_back(want);
+  const bool chain = g.ops().size() > 1;
+  for (const char* want : {"row_major", "col_major", chain ? "chain_rows:1" : "snake", chain ? "chain_half_rows" : "hilbert"})
+    if (std::find(orders.begin(), orders.end(), want) != orders.end()) chart.push_back(want);
   orders.push_back(kSearchOrder);
   return {{"problem", to_json(md.problem)}, {"tensors", tensors}, {"ops", ops}, {"tiles", tiles},
           {"orders", orders}, {"chart_default_orders", chart},
