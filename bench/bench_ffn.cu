@@ -158,13 +158,14 @@ int main(int argc, char** argv) {
         FfnOptions opt;
       };
       std::vector<Variant> variants;
-      for (const char* order : {"dataflow", "op_by_op_column"})
-        for (const char* sync : {"tile", "row"}) {
-          FfnOptions o;
-          o.order = order;
-          o.sync.policy = parse_sync_policy(sync);
-          variants.push_back({std::string(order) + "/" + sync, o});
-        }
+      // Row sync needs an order that finishes the gate/up row first (dataflow/row is refused).
+      for (const auto& [order, sync] : std::vector<std::pair<std::string, std::string>>{
+               {"dataflow", "tile"}, {"op_by_op_column", "tile"}, {"op_by_op_column", "row"}}) {
+        FfnOptions o;
+        o.order = order;
+        o.sync.policy = parse_sync_policy(sync);
+        variants.push_back({order + "/" + sync, o});
+      }
       double best = 1e30;
       std::string best_name;
       nlohmann::json fused = nlohmann::json::array();

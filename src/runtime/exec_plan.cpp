@@ -75,6 +75,13 @@ ExecPlan make_exec_plan(const TileGraph& g, const Schedule& s, const std::map<in
   std::vector<uint32_t> signals_per_counter(p.num_signal_counters, 0);
   for (int id = 0; id < g.num_tiles(); ++id) signals_per_counter[signal_of(g.tile(id))]++;
 
+  // A coarse policy makes a tile wait for more than its dependencies: for every tile of the
+  // counter. The no-deadlock argument (runtime/executor.cuh) needs all of them to hold smaller
+  // tickets, so a policy/order pair that breaks this is refused here, before any launch.
+  std::vector<int> pos(g.num_tiles()), last_signal(p.num_signal_counters, -1);
+  for (int i = 0; i < g.num_tiles(); ++i) pos[s.order[i]] = i;
+  for (int id = 0; id < g.num_tiles(); ++id) last_signal[signal_of(g.tile(id))] = std::max(last_signal[signal_of(g.tile(id))], pos[id]);
+
   for (int id = 0; id < g.num_tiles(); ++id) {
     const Tile& t = g.tile(id);
     const Op& o = g.op(t.op);
@@ -90,7 +97,17 @@ ExecPlan make_exec_plan(const TileGraph& g, const Schedule& s, const std::map<in
     for (int dep : t.deps) counters.push_back(signal_of(g.tile(dep)));
     std::sort(counters.begin(), counters.end());
     counters.erase(std::unique(counters.begin(), counters.end()), counters.end());
-    for (int c : counters) p.waits.push_back({c, signals_per_counter[c]});
+    for (int c : counters) {
+      if (last_signal[c] > pos[id]) {
+        const Op& po = g.op(g.tile(s.order[last_signal[c]]).op);
+        throw InvalidArgument("order '" + s.name + "' with " + to_string(oc[g.tile(s.order[last_signal[c]]).op].spec.policy) +
+                              " sync on op '" + po.name + "': tile " + std::to_string(id) + " (position " +
+                              std::to_string(pos[id]) + ") would wait for tile " + std::to_string(s.order[last_signal[c]]) +
+                              " at the later position " + std::to_string(last_signal[c]) +
+                              " (use tile sync, or an order that finishes each synchronised group first)");
+      }
+      p.waits.push_back({c, signals_per_counter[c]});
+    }
     d.wait_end = static_cast<int32_t>(p.waits.size());
     p.max_waits_per_tile = std::max(p.max_waits_per_tile, d.wait_end - d.wait_begin);
   }

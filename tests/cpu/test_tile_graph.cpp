@@ -44,3 +44,46 @@ TEST(TileGraph, BadInputIsNamed) {
   }
   EXPECT_THROW(build_ffn_graph({16, 64, 128, true}, {{64, 128, 64, 1}, {64, 128, 64, 3}}), InvalidArgument);
 }
+
+#include "tileweave/runtime/exec_plan.hpp"
+
+TEST(ExecPlan, WaitsMapToProducerCountersUnderEachPolicy) {
+  FfnGraph g = build_ffn_graph({16, 1024, 2816, true}, {{16, 32, 64, 2}, {16, 64, 64, 4}});
+  const auto& G = g.graph;
+  const Schedule s = op_by_op_order(G);
+  const int n_gu = G.op(g.op_gate_up).num_tiles;
+  ExecPlan tile = make_exec_plan(G, s);
+  ExecPlan row = make_exec_plan(G, s, {{g.op_gate_up, {SyncPolicy::Row, 1}}});
+  // Tile sync: one counter per gate/up output block, signalled by its 2 K slices.
+  for (int i = n_gu; i < G.num_tiles(); ++i) {
+    const DeviceTile& d = tile.tiles[i];
+    ASSERT_EQ(size_t(d.wait_end - d.wait_begin), G.tile(i).deps.size() / 2);
+    for (int w = d.wait_begin; w < d.wait_end; ++w) EXPECT_EQ(tile.waits[w].count, 2u);
+    // Row sync: one wait for the whole (single) row of gate/up tiles.
+    const DeviceTile& r = row.tiles[i];
+    ASSERT_EQ(r.wait_end - r.wait_begin, 1);
+    EXPECT_EQ(row.waits[r.wait_begin].count, uint32_t(n_gu));
+  }
+  EXPECT_EQ(tile.num_arrive_counters, G.op(g.op_gate_up).grid_m * G.op(g.op_gate_up).grid_n +
+                                          G.op(g.op_down).grid_m * G.op(g.op_down).grid_n);
+  // Row sync with the dataflow order would wait on later tickets: refused.
+  EXPECT_THROW(make_exec_plan(G, dataflow_order(G, s), {{g.op_gate_up, {SyncPolicy::Row, 1}}}), InvalidArgument);
+  EXPECT_NO_THROW(make_exec_plan(G, dataflow_order(G, s)));
+}
+
+TEST(Schedule, DataflowOrderPutsConsumersRightAfterTheirProducers) {
+  FfnGraph g = build_ffn_graph({16, 1024, 2816, true}, {{16, 32, 64, 1}, {16, 64, 64, 4}});
+  const auto& G = g.graph;
+  const Schedule s = dataflow_order(G, op_by_op_column_order(G));
+  validate(G, s);
+  std::vector<int> pos(G.num_tiles());
+  for (int i = 0; i < G.num_tiles(); ++i) pos[s.order[i]] = i;
+  for (int t = 0; t < G.num_tiles(); ++t) {
+    if (G.tile(t).deps.empty()) continue;
+    int last = -1;
+    for (int d : G.tile(t).deps) last = std::max(last, pos[d]);
+    EXPECT_GT(pos[t], last);
+    // Nothing but other ready consumers sits between the last producer and the consumer.
+    for (int i = last + 1; i < pos[t]; ++i) EXPECT_FALSE(G.tile(s.order[i]).deps.empty());
+  }
+}

@@ -109,11 +109,12 @@ std::vector<Case> cases() {
   std::vector<Case> c;
   for (int m : {1, 2, 3, 16, 37, 64, 128, 255}) c.emplace_back(m, 1024, 2816, true, "dataflow", "tile");
   for (int m : {1, 37, 255})
-    for (const char* o : {"dataflow", "op_by_op", "op_by_op_column"})
+    for (const char* o : {"op_by_op", "op_by_op_column"})
       for (const char* s : {"tile", "row", "strided"}) c.emplace_back(m, 520, 1000, true, o, s);
+  for (int m : {1, 37, 255}) c.emplace_back(m, 520, 1000, true, "dataflow", "tile");
   for (int m : {3, 16, 64}) c.emplace_back(m, 512, 1544, false, "dataflow", "tile");
   c.emplace_back(16, 4096, 14336, true, "dataflow", "tile");  // Llama-3-8B
-  c.emplace_back(1, 4096, 14336, true, "dataflow", "row");
+  c.emplace_back(1, 4096, 14336, true, "op_by_op_column", "row");
   return c;
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, FusedFfnTest, ::testing::ValuesIn(cases()));
@@ -150,6 +151,7 @@ TEST(FusedFfn, StressDelayedProducers) {
   TW_REQUIRE_GPU();
   for (const char* order : {"dataflow", "op_by_op_column"})
     for (const char* sync : {"tile", "row"}) {
+      if (std::string(order) == "dataflow" && std::string(sync) == "row") continue;  // refused (see below)
       FfnData data({16, 1024, 2816, true});
       FfnOptions opt;
       opt.order = order;
@@ -197,6 +199,16 @@ TEST(FusedFfn, BadInputIsRefusedBeforeLaunch) {
     FAIL() << "reversed schedule accepted";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("before its dependency"), std::string::npos) << e.what();
+  }
+  // Row sync waits for whole rows of gate/up tiles; the dataflow order puts down tiles before the
+  // end of that row, which could deadlock: refused before launch.
+  FfnOptions row_dataflow;
+  row_dataflow.sync.policy = SyncPolicy::Row;
+  try {
+    FusedFfn f(s, row_dataflow);
+    FAIL() << "row sync with the dataflow order accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("later position"), std::string::npos) << e.what();
   }
   FfnData data(s);
   FusedFfn ffn(s);

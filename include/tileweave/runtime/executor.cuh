@@ -85,6 +85,7 @@ __device__ __forceinline__ bool wait_dependencies(const ExecParams& p, BlockSlot
         if (p.spin_limit && ++polls > p.spin_limit) {
           atomicExch(&p.state->error, 1u);
           ok = 0;
+          break;
         }
       }
     }
