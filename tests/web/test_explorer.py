@@ -17,8 +17,8 @@ PATH = [(r, 0) for r in range(4)] + [(r, 1) for r in reversed(range(4))] + \
 CLI_4x4 = ["--gemm", "256x256x128", "--tile", "64x64x64", "--cache", "65536", "--line", "32", "--p", "1"]
 
 
-def cli_sim(tileweave_bin, *args):
-    out = subprocess.run([str(tileweave_bin), "sim", *CLI_4x4, *args, "--json"], capture_output=True, text=True,
+def cli_sim(tileweave_bin, *args, problem=CLI_4x4):
+    out = subprocess.run([str(tileweave_bin), "sim", *problem, *args, "--json"], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
@@ -94,6 +94,33 @@ def test_named_order_step_and_play(page, tileweave_bin):
     assert len(page.d.find_elements("css selector", "#grid line.arrow")) == 15
     assert sorted(int(t.text) for t in page.d.find_elements("css selector", "#grid text.stepno")) == list(range(1, 17))
     page.screenshot("gemm-4x4-hilbert")
+
+
+@pytest.mark.parametrize("in_flight", [2, 4])
+def test_tiles_in_flight_match_cli(page, tileweave_bin, in_flight):
+    page.set_problem(**{**GEMM_4x4, "in_flight": in_flight})
+    page.select_order("morton")
+    page.press("load-order")
+    page.press("to-end")
+    cli = [*CLI_4x4[:-1], str(in_flight)]
+    assert page.traffic() == total_bytes(cli_sim(tileweave_bin, "--order", "morton", problem=cli))
+    assert page.text("#traffic-note").startswith("incl.")  # no "simulate() says otherwise" note
+
+
+def test_chain_order_export_matches_cli(page, tileweave_bin, downloads):
+    page.set_problem(kind="chain", m=256, n=256, k=128, bm=64, bn=64, bk=64, cache_bytes=98304, in_flight=1)
+    page.select_order("chain_rows:1")
+    page.press("load-order")
+    page.press("to-end")
+    exported = downloads / "tileweave-order.json"
+    exported.unlink(missing_ok=True)
+    page.press("export-json")
+    wait_for_file(exported)
+    cli = page.text("#message").split("Check it with: ")[1].split()
+    assert cli[:2] == ["tileweave", "sim"] and cli[-2] == "--order-file", cli
+    problem = cli[2:-2]
+    assert total_bytes(cli_sim(tileweave_bin, "--order-file", str(exported), problem=problem)) == page.traffic()
+    assert total_bytes(cli_sim(tileweave_bin, "--order", "chain_rows:1", problem=problem)) == page.traffic()
 
 
 def test_search_result_is_no_worse_than_named_orders(page, tileweave_bin):

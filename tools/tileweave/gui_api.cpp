@@ -381,18 +381,16 @@ std::string cli_line(const Problem& p, std::string& why) {
     }
     s += " --gemm " + std::to_string(p.m) + "x" + std::to_string(p.n) + "x" + std::to_string(p.k);
   } else {
-    // The CLI names FFN shapes by preset: find the one with these sizes.
+    // The CLI starts from a model preset of the same kind (gated or not) and overrides its sizes.
     std::string preset;
-    for (const std::string& name : model_preset_names()) {
-      const FfnShape f = model_preset(name, p.m);
-      if (f.d == p.k && f.f == p.n && f.gated == (p.kind == "ffn")) preset = name;
-    }
+    for (const std::string& name : model_preset_names())
+      if (preset.empty() && model_preset(name, p.m).gated == (p.kind == "ffn")) preset = name;
     if (preset.empty()) {
-      why = "the CLI knows FFN shapes only by preset (--model), and none has d=" + std::to_string(p.k) +
-            ", F=" + std::to_string(p.n);
+      why = "no CLI model preset is a " + p.kind;
       return "";
     }
-    s += " --model " + preset + " --m " + std::to_string(p.m);
+    s += " --model " + preset + " --m " + std::to_string(p.m) + " --d " + std::to_string(p.k) + " --ffn " +
+         std::to_string(p.n);
   }
   s += " --tile " + std::to_string(p.bm) + "x" + std::to_string(p.bn) + "x" + std::to_string(p.bk) + " --cache " +
        std::to_string(p.cache_bytes) + " --line " + std::to_string(p.line_bytes) + " --p " +
