@@ -106,7 +106,11 @@ Problem make_problem(const ProblemOptions& o) {
   p.cache.validate();
   if (o.split_k < 1 || o.split_k > 4096) throw InvalidArgument("split-k " + std::to_string(o.split_k) + " must be in [1, 4096]");
 
-  const std::string cache_text = fmt::format("cache {:.4g} MiB, {} B lines{}, P = {}", p.cache.capacity_bytes / 1048576.0,
+  const int64_t cap = p.cache.capacity_bytes;
+  const std::string cap_text = cap % (1 << 20) == 0 ? fmt::format("{} MiB", cap >> 20)
+                               : cap % 1024 == 0    ? fmt::format("{} KiB", cap >> 10)
+                                                    : fmt::format("{} B", cap);
+  const std::string cache_text = fmt::format("cache {}, {} B lines{}, P = {}", cap_text,
                                              p.cache.line_bytes, p.cache.sets > 1 ? fmt::format(", {} sets", p.cache.sets) : "",
                                              p.cache.in_flight);
   if (!o.gemm.empty()) {

@@ -13,7 +13,7 @@ namespace tw {
 
 struct ExactOptions {
   int max_tiles = 64;              // graphs with more tiles are refused
-  int64_t max_states = 20000000;   // memo entries before giving up (InvalidArgument)
+  int64_t max_states = 5000000;    // memo entries before giving up (InvalidArgument); ~250 B each
   double time_limit_s = 600;       // 0: none
   std::ostream* progress = nullptr;  // progress lines, e.g. &std::cerr
 };
