@@ -355,7 +355,7 @@ function render() {
   // across, K downwards) above it -- the textbook picture of C = A B^T. Operand panels are cut
   // into the cache model's blocks and coloured by what is in the cache after the last step.
   // Tiles are square where there is room; a decode GEMM (1 x 112 tiles) gets thin tall ones.
-  const depthOf = (op) => Math.max(12, Math.min(Math.ceil(op.k / op.bk) * 12, 120));  // pixels for K
+  const depthOf = (op) => Math.max(24, Math.min(Math.ceil(op.k / op.bk) * 22, 120));  // pixels for K
   const across = L.ops.reduce((sum, op) => sum + op.grid_n * Math.max(1, L.tensors[op.b].rows / op.n), 0);
   const fixed = L.ops.reduce((sum, op) => sum + depthOf(op) + 120, 0);
   const avail = Math.max(600, $("grid-wrap").clientWidth - 20);
