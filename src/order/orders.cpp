@@ -209,17 +209,31 @@ std::vector<int> chain_order(const TileGraph& g, int64_t rows_per_chunk, bool ha
 
 Schedule make_order(const TileGraph& g, const std::string& spec) {
   if (g.ops().empty()) throw InvalidArgument("order '" + spec + "': the graph has no ops");
-  const Spec s = parse_spec(spec);
   Schedule out{spec, {}};
-  if (s.name == "chain_rows" || s.name == "chain_half_rows") {
+  if (spec.rfind("chain_", 0) == 0) {
+    const Spec s = parse_spec(spec);
+    if (s.name != "chain_rows" && s.name != "chain_half_rows") unknown(spec);
     if (g.ops().size() < 2)
       throw InvalidArgument("order '" + spec + "' needs a chain of ops; this graph has one op");
     if (s.name == "chain_half_rows" && s.param) unknown(spec);
     out.order = s.name == "chain_rows" ? chain_order(g, s.param ? s.param : 1, false) : chain_order(g, 1, true);
   } else {
+    // One grid spec for every op, or one per op joined by '+'.
+    std::vector<std::string> per_op;
+    for (size_t at = 0;;) {
+      const size_t plus = spec.find('+', at);
+      per_op.push_back(spec.substr(at, plus == std::string::npos ? std::string::npos : plus - at));
+      if (plus == std::string::npos) break;
+      at = plus + 1;
+    }
+    const int nops = static_cast<int>(g.ops().size());
+    if (per_op.size() != 1 && static_cast<int>(per_op.size()) != nops)
+      throw InvalidArgument("order '" + spec + "' gives " + std::to_string(per_op.size()) + " grid orders for " +
+                            std::to_string(nops) + " ops");
     out.order.reserve(g.num_tiles());
-    for (int op = 0; op < static_cast<int>(g.ops().size()); ++op)
-      for (const Cell& c : grid_order(spec, g.op(op).grid_m, g.op(op).grid_n)) append_cell(g, op, c, out.order);
+    for (int op = 0; op < nops; ++op)
+      for (const Cell& c : grid_order(per_op[per_op.size() == 1 ? 0 : op], g.op(op).grid_m, g.op(op).grid_n))
+        append_cell(g, op, c, out.order);
   }
   validate(g, out);
   return out;

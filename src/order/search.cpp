@@ -388,6 +388,69 @@ HeuristicResult heuristic_search(const TileGraph& g, const CacheConfig& c, const
   r.traffic = r.seed_traffic;
   const int n = g.num_tiles();
   if (n < 2) return r;
+  auto out_of_time = [&] {
+    return (o.time_limit_s > 0 && seconds_since(t0) >= o.time_limit_s) ||
+           (o.time_limit_s == 0 && o.max_evaluations == 0) || (o.max_evaluations > 0 && r.evaluations >= o.max_evaluations);
+  };
+  auto try_spec = [&](const std::string& spec) {
+    Schedule s = make_order(g, spec);
+    const int64_t cost = traffic_of(g, s, quiet);
+    ++r.evaluations;
+    if (cost < r.traffic) r.traffic = cost, r.best = std::move(s);
+    return cost;
+  };
+
+  // Phase 1, parameter sweep: one grid order per op, chosen op by op (coordinate descent) from the
+  // named grid orders and the swizzle widths / group heights that fit the op's grid; for chains also
+  // chain_rows:k for every k. Cheap, and on large grids it finds far more than local moves can.
+  {
+    const int nops = static_cast<int>(g.ops().size());
+    std::vector<std::string> spec(nops, "row_major");
+    int64_t spec_cost = std::numeric_limits<int64_t>::max();
+    for (const auto& info : order_catalog())
+      if (!info.chain_only) {
+        if (out_of_time()) break;
+        const int64_t cost = try_spec(info.spec);
+        if (cost < spec_cost) spec_cost = cost, spec.assign(nops, info.spec);
+      }
+    auto joined = [&] {
+      std::string s;
+      for (const auto& x : spec) s += (s.empty() ? "" : "+") + x;
+      return s;
+    };
+    for (int op = 0; op < nops && nops > 1; ++op) {
+      std::vector<std::string> candidates;
+      for (const auto& info : order_catalog())
+        if (!info.chain_only) candidates.push_back(info.spec);
+      for (int64_t v = 2; v <= std::max(g.op(op).grid_m, g.op(op).grid_n) && v <= 64; v += (v < 8 ? 1 : v / 4)) {
+        if (v <= g.op(op).grid_m) candidates.push_back("grouped:" + std::to_string(v));
+        if (v <= g.op(op).grid_n) candidates.push_back("swizzle:" + std::to_string(v));
+      }
+      for (const auto& c : candidates) {
+        if (out_of_time()) break;
+        const std::string keep = spec[op];
+        if (c == keep) continue;
+        spec[op] = c;
+        const int64_t cost = try_spec(joined());
+        if (cost < spec_cost)
+          spec_cost = cost;
+        else
+          spec[op] = keep;
+      }
+    }
+    if (nops == 1) {
+      const Op& op = g.op(0);
+      for (int64_t v = 2; v <= std::max(op.grid_m, op.grid_n) && v <= 64 && !out_of_time(); ++v) {
+        if (v <= op.grid_m) try_spec("grouped:" + std::to_string(v));
+        if (v <= op.grid_n && !out_of_time()) try_spec("swizzle:" + std::to_string(v));
+      }
+    } else {
+      for (int64_t k = 1; k <= g.op(0).grid_m && k <= 64 && !out_of_time(); ++k) try_spec("chain_rows:" + std::to_string(k));
+    }
+    if (o.progress)
+      *o.progress << "search: parameter sweep done after " << r.evaluations << " orders, best " << r.best.name << " "
+                  << r.traffic << " B\n";
+  }
 
   // Consumers of every tile, for the move checks.
   std::vector<std::vector<int>> consumers(n);
@@ -407,11 +470,8 @@ HeuristicResult heuristic_search(const TileGraph& g, const CacheConfig& c, const
   const double t_start = 0.01 * double(r.seed_traffic) / std::max(1, n);  // a few tiles' worth of bytes
   auto last_progress = Clock::now();
   const int max_span = std::max(2, std::min(n, 64));
-  while (true) {
+  while (!out_of_time()) {
     const double elapsed = seconds_since(t0);
-    if (o.time_limit_s > 0 && elapsed >= o.time_limit_s) break;
-    if (o.time_limit_s == 0 && o.max_evaluations == 0) break;
-    if (o.max_evaluations > 0 && r.evaluations >= o.max_evaluations) break;
     if (o.progress && seconds_since(last_progress) >= 1.0) {
       *o.progress << "search: " << static_cast<int>(elapsed) << " s, " << r.evaluations << " orders simulated, best "
                   << r.traffic << " B (" << r.seed_order << ": " << r.seed_traffic << " B)\n";

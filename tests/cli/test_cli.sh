@@ -45,7 +45,7 @@ expect_ok "pebble:gemm" bounds --gemm 4096x4096x4096 --cache 1MiB
 expect_ok "optimal orders" search --gemm 48x48x16 --tile 16x16x16 --cache 1536 --p 1 --quiet
 expect_ok "heuristic search" search --gemm 512x512x128 --tile 64x64x64 --cache 512KiB --p 8 --time-limit 1 --quiet \
   --save "$tmp/found.json"
-expect_ok "search" sim --gemm 512x512x128 --tile 64x64x64 --cache 512KiB --p 8 --order-file "$tmp/found.json"
+expect_ok "x bound" sim --gemm 512x512x128 --tile 64x64x64 --cache 512KiB --p 8 --order-file "$tmp/found.json"
 expect_json sim --gemm 256x256x64 --tile 64x64x64 --json --trace
 expect_json search --gemm 48x48x16 --tile 16x16x16 --cache 2048 --p 1 --json --quiet
 expect_json bounds --json

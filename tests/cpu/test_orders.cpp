@@ -98,6 +98,15 @@ TEST(MakeOrder, ChainRowsInterleaveRowBlocks) {
                                           hg.tile_id(0, 0, 2), hg.tile_id(0, 0, 3), hg.tile_id(1, 0, 0, 1)}));
 }
 
+TEST(MakeOrder, OneGridOrderPerOp) {
+  const FfnGraph f = build_ffn_graph({32, 32, 32, false}, {{16, 16, 16, 1}, {16, 16, 16, 1}});
+  const auto& g = f.graph;
+  const Schedule s = make_order(g, "col_major+row_major");
+  EXPECT_EQ(s.order, (std::vector<int>{0, 2, 1, 3, 4, 5, 6, 7}));
+  EXPECT_THROW(make_order(g, "col_major+row_major+snake"), InvalidArgument);
+  EXPECT_THROW(make_order(g, "col_major+zigzag"), InvalidArgument);
+}
+
 TEST(MakeOrder, UnknownSpecsAreNamed) {
   const GemmGraph g = build_gemm_graph(64, 64, 64, {16, 16, 16, 1});
   for (const std::string bad : {"zigzag", "swizzle:0", "grouped:x", "row_major:3", "hilbert:", "chain_rows:1"}) {

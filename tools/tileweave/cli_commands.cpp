@@ -83,7 +83,7 @@ void print_grid(const TileGraph& g, const Schedule& s) {
   for (size_t i = 0; i < s.order.size(); ++i) ticket[s.order[i]] = static_cast<int>(i);
   for (int op = 0; op < static_cast<int>(g.ops().size()); ++op) {
     const Op& o = g.op(op);
-    if (o.grid_n > 40 || o.grid_m > 40) {
+    if (o.grid_n > 20 || o.grid_m > 20) {
       fmt::print("  op {} ({}x{} tiles): too large to draw\n", o.name, o.grid_m, o.grid_n);
       continue;
     }
@@ -192,10 +192,11 @@ void run_search(const SearchOptions& o) {
     found = r.best;
     traffic = r.traffic;
     extra = {{"method", "heuristic"}, {"seed_order", r.seed_order}, {"seed_traffic", r.seed_traffic}, {"evaluations", r.evaluations}};
-    summary = fmt::format("heuristic search: {} ({} B) after {} simulations, started from {} ({})", human_bytes(r.traffic),
-                          r.traffic, r.evaluations, r.seed_order, human_bytes(r.seed_traffic));
+    summary = fmt::format("heuristic search: {} ({} B), order {}, after {} simulations; best named order {} ({})",
+                          human_bytes(r.traffic), r.traffic, r.best.name, r.evaluations, r.seed_order,
+                          human_bytes(r.seed_traffic));
   }
-  found.name = exact ? "exact" : "search";
+  if (exact) found.name = "exact";  // the heuristic names its result: a spec, or "search" after local moves
   if (!o.save.empty()) {
     std::ofstream out(o.save);
     if (!out) throw InvalidArgument("cannot write '" + o.save + "'");
