@@ -313,9 +313,27 @@ const GRID_STYLE = `
   .tile.done { fill: #cfe0fb; } .tile.last { fill: #f7c65b; }
   .block { stroke: #c5cad5; stroke-width: 0.5; fill: #fff; } .block.cached { fill: #2e9d5b; } .block.dirty { fill: #8e44ad; } .block.tiny { stroke: none; }
   .stepno { font-size: 10px; text-anchor: middle; dominant-baseline: central; pointer-events: none; }
+  .out-block { pointer-events: none; } .out-block.cached { fill: #2e9d5b; } .out-block.dirty { fill: #8e44ad; }
   .path { stroke: #d9480f; stroke-width: 1; fill: none; pointer-events: none; }
   .arrow { stroke: #d9480f; stroke-width: 1.6; fill: none; marker-end: url(#arrowhead); pointer-events: none; }
 `;
+
+// The output tensor's blocks that are in the cache, as a bar along the bottom of each block (the
+// tile colours already say what ran): purple while written and not yet back in DRAM.
+function drawOutputResidency(parent, ti, x, y, w, h) {
+  const T = state.layout.tensors[ti];
+  const res = state.sim && state.sim.resident ? state.sim.resident[ti] : null;
+  if (!res) return;
+  for (let r = 0; r < T.num_rows; r++)
+    for (let c = 0; c < T.num_cols; c++) {
+      if (!res[r][c]) continue;
+      const y1 = y + h * Math.min(T.rows, (r + 1) * T.block_rows) / T.rows;
+      const x0 = x + w * (c * T.block_cols) / T.cols, x1 = x + w * Math.min(T.cols, (c + 1) * T.block_cols) / T.cols;
+      const bar = Math.max(2, Math.min(5, (y1 - y) / T.num_rows / 5));
+      el("rect", { x: x0 + 1, y: y1 - bar - 1, width: Math.max(1, x1 - x0 - 2), height: bar,
+                   class: `out-block ${res[r][c] === 2 ? "dirty" : "cached"}` }, parent);
+    }
+}
 
 // Cache state of a block, as /api/simulate reports it: 0 absent, 1 clean, 2 dirty (written, not
 // yet back in DRAM). Draws tensor `ti` cut into the cache model's blocks inside the box (x, y, w, h); `across`
@@ -392,6 +410,7 @@ function render() {
         r.addEventListener("click", () => runTile(id));
         centers[id] = [gx + (tn + 0.5) * cw, gy + (tm + 0.5) * ch];
       }
+    drawOutputResidency(g, op.c, gx, gy, gw, gh);
     x0 = Math.max(gx + Math.max(gw, bw + 60) + 50, x0 + 380);  // room for the title too
     height = Math.max(height, gy + gh + 24);
   });
@@ -400,12 +419,20 @@ function render() {
   // Tiny tiles get a plain line through the path: arrowheads would hide them.
   if (cell < 10 && state.order.length > 1)
     el("polyline", { points: state.order.map((id) => centers[id].join(",")).join(" "), class: "path" }, svg);
+  // Neighbour steps are straight arrows; jumps bend, so that they do not hide the tiles they pass.
   const shorten = Math.min(cell * 0.35, 10);
   for (let i = 1; i < state.order.length && cell >= 10; i++) {
     const [ax, ay] = centers[state.order[i - 1]], [bx, by] = centers[state.order[i]];
     const len = Math.hypot(bx - ax, by - ay) || 1;
     const ux = (bx - ax) / len, uy = (by - ay) / len;
-    el("line", { x1: ax + ux * shorten, y1: ay + uy * shorten, x2: bx - ux * shorten, y2: by - uy * shorten, class: "arrow" }, svg);
+    const x1 = ax + ux * shorten, y1 = ay + uy * shorten, x2 = bx - ux * shorten, y2 = by - uy * shorten;
+    if (len <= 1.5 * Math.max(cw, ch)) {
+      el("line", { x1, y1, x2, y2, class: "arrow" }, svg);
+    } else {
+      const bend = Math.min(0.2 * len, 40);
+      const cx = (x1 + x2) / 2 - uy * bend, cy = (y1 + y2) / 2 + ux * bend;
+      el("path", { d: `M${x1},${y1} Q${cx},${cy} ${x2},${y2}`, class: "arrow" }, svg);
+    }
   }
   if (cell >= 14)
     state.order.forEach((id, i) => {
@@ -466,8 +493,11 @@ function drawChart() {
     .axis { stroke: #8d96a8; } .grid { stroke: #eceef2; } .bound { stroke-dasharray: 5 4; stroke-width: 1.3; }`;
   el("rect", { x: 0, y: 0, width: W, height: H, fill: "#fff" }, svg);
   const series = (state.compare ? state.compare.series : []).map((s, i) => ({ ...s, color: SERIES_COLORS[i % SERIES_COLORS.length] }));
-  if (state.sim && state.sim.steps.length)
-    series.push({ name: `current (${state.orderLabel})`, cumulative: state.sim.steps.map((s) => s.cumulative_bytes), color: "#111", width: 2.5 });
+  if (state.sim && state.sim.steps.length) {
+    const cumulative = state.sim.steps.map((s) => s.cumulative_bytes);
+    if (state.sim.complete) cumulative[cumulative.length - 1] = state.sim.total_bytes;  // with the final write-back, as simulate()
+    series.push({ name: `current (${state.orderLabel})`, cumulative, color: "#111", width: 2.5 });
+  }
   const steps = L.tiles.length;
   const bounds = L.lower_bound_bytes === L.compulsory_bytes
     ? [["compulsory = lower bound", L.compulsory_bytes, "#b3261e"]]

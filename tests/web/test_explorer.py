@@ -91,7 +91,7 @@ def test_named_order_step_and_play(page, tileweave_bin):
     page.wait(lambda d: page.steps() == 16, timeout=30)
     assert page.traffic() == total_bytes(cli_sim(tileweave_bin, "--order", "hilbert"))
     # The path is drawn: one arrow between consecutive tiles, a step number on every tile.
-    assert len(page.d.find_elements("css selector", "#grid line.arrow")) == 15
+    assert len(page.d.find_elements("css selector", "#grid .arrow")) == 15
     assert sorted(int(t.text) for t in page.d.find_elements("css selector", "#grid text.stepno")) == list(range(1, 17))
     page.screenshot("gemm-4x4-hilbert")
 
