@@ -466,6 +466,7 @@ function renderStatus() {
   $("traffic").dataset.bytes = String(total);
   $("compulsory").textContent = formatBytes(L.compulsory_bytes);
   $("lower-bound").textContent = L.lower_bound_bytes === null ? "–" : formatBytes(L.lower_bound_bytes);
+  $("lower-bound").title = L.bounds.map((b) => `${b.name}: ${b.bytes.toLocaleString("en-US")} B — ${b.note}`).join("\n");
   $("undo").disabled = !state.order.length;
   $("redo").disabled = $("step").disabled = $("to-end").disabled = !state.redo.length;
 }
