@@ -90,7 +90,7 @@ int TileGraph::add_gemm(std::string name, int a, int b, int c, Tiling t) {
     throw InvalidArgument("op '" + o.name + "': split_k " + std::to_string(t.split_k) + " leaves empty K slices (K=" +
                           std::to_string(o.k) + ", BK=" + std::to_string(t.bk) + ")");
   if (t.split_k > 1)
-    o.workspace = add_tensor(o.name + ".partials", t.split_k * o.m, o.n, 4, TensorRole::Workspace);
+    o.workspace = add_tensor(o.name + ".partials", o.m, o.n, 4, TensorRole::Workspace);
   o.grid_m = ceil_div(o.m, t.bm);
   o.grid_n = ceil_div(o.n, t.bn);
   o.first_tile = num_tiles();
@@ -107,7 +107,7 @@ int TileGraph::add_gemm(std::string name, int a, int b, int c, Tiling t) {
         const int64_t c0 = tn * t.bn, c1 = std::min(o.n, c0 + t.bn);
         tile.reads.push_back({a, r0, r1, tile.k0, tile.k1});
         tile.reads.push_back({b, c0, c1, tile.k0, tile.k1});
-        if (t.split_k > 1) tile.writes.push_back({o.workspace, ks * o.m + r0, ks * o.m + r1, c0, c1});
+        if (t.split_k > 1) tile.writes.push_back({o.workspace, r0, r1, c0, c1});
         tile.writes.push_back({c, r0, r1, c0, c1});
         tile.flops = 2.0 * (r1 - r0) * (c1 - c0) * (tile.k1 - tile.k0);
         tiles_.push_back(std::move(tile));
@@ -139,9 +139,9 @@ int TileGraph::add_gemm_silu_mul(std::string name, int a, int b, int c, Tiling t
   if (ceil_div(o.k, slice) != t.split_k)
     throw InvalidArgument("op '" + o.name + "': split_k " + std::to_string(t.split_k) + " leaves empty K slices (K=" +
                           std::to_string(o.k) + ", BK=" + std::to_string(t.bk) + ")");
-  // Split-K partial sums are kept before the activation: gate in columns [0, N), up in [N, 2N).
+  // Split-K partial sums are accumulated before the activation: gate in columns [0, N), up in [N, 2N).
   if (t.split_k > 1)
-    o.workspace = add_tensor(o.name + ".partials", t.split_k * o.m, 2 * o.n, 4, TensorRole::Workspace);
+    o.workspace = add_tensor(o.name + ".partials", o.m, 2 * o.n, 4, TensorRole::Workspace);
   o.grid_m = ceil_div(o.m, t.bm);
   o.grid_n = ceil_div(o.n, t.bn);
   o.first_tile = num_tiles();
@@ -160,8 +160,8 @@ int TileGraph::add_gemm_silu_mul(std::string name, int a, int b, int c, Tiling t
         tile.reads.push_back({b, c0, c1, tile.k0, tile.k1});               // gate rows
         tile.reads.push_back({b, o.n + c0, o.n + c1, tile.k0, tile.k1});   // up rows
         if (t.split_k > 1) {
-          tile.writes.push_back({o.workspace, ks * o.m + r0, ks * o.m + r1, c0, c1});
-          tile.writes.push_back({o.workspace, ks * o.m + r0, ks * o.m + r1, o.n + c0, o.n + c1});
+          tile.writes.push_back({o.workspace, r0, r1, c0, c1});
+          tile.writes.push_back({o.workspace, r0, r1, o.n + c0, o.n + c1});
         }
         tile.writes.push_back({c, r0, r1, c0, c1});
         tile.flops = 2.0 * 2.0 * (r1 - r0) * (c1 - c0) * (tile.k1 - tile.k0);

@@ -45,10 +45,11 @@ Schedule op_by_op_column_order(const TileGraph& g) {
   return s;
 }
 
-Schedule dataflow_order(const TileGraph& g, const Schedule& base) {
+Schedule dataflow_order(const TileGraph& g, const Schedule& base, int lag) {
   validate(g, base);
+  if (lag < 0) throw InvalidArgument("dataflow order: lag must be >= 0, got " + std::to_string(lag));
   const int n = g.num_tiles();
-  std::vector<int> missing(n);
+  std::vector<int> missing(n), ready_at(n, 0);
   std::vector<std::vector<int>> consumers(n);
   for (int t = 0; t < n; ++t) {
     missing[t] = static_cast<int>(g.tile(t).deps.size());
@@ -56,23 +57,48 @@ Schedule dataflow_order(const TileGraph& g, const Schedule& base) {
   }
   std::vector<int> pos(n);
   for (int i = 0; i < n; ++i) pos[base.order[i]] = i;
-  // A tile becomes ready when its last dependency is emitted; ready consumers are emitted right
-  // after it, in base order. Tiles with no dependencies are emitted in base order.
-  Schedule s{"dataflow(" + base.name + ")", {}};
+  // Consumers whose producers are all emitted wait in `pending` (by base position) until the
+  // output has grown `lag` past their last producer; tiles with no dependencies keep base order.
+  Schedule s{lag ? "dataflow(" + base.name + ", lag " + std::to_string(lag) + ")" : "dataflow(" + base.name + ")", {}};
   s.order.reserve(n);
-  std::vector<char> emitted(n, 0);
-  std::vector<int> ready;
-  auto emit = [&](auto&& self, int t) -> void {
+  std::vector<int> pending;  // a min-heap on base position
+  auto by_pos = [&](int a, int b) { return pos[a] > pos[b]; };
+  auto emit = [&](int t) {
     s.order.push_back(t);
-    emitted[t] = 1;
-    std::vector<int> now;
     for (int c : consumers[t])
-      if (--missing[c] == 0) now.push_back(c);
-    std::sort(now.begin(), now.end(), [&](int a, int b) { return pos[a] < pos[b]; });
-    for (int c : now) self(self, c);
+      if (--missing[c] == 0) {
+        ready_at[c] = static_cast<int>(s.order.size()) + lag;
+        pending.push_back(c);
+        std::push_heap(pending.begin(), pending.end(), by_pos);
+      }
   };
-  for (int t : base.order)
-    if (!emitted[t] && missing[t] == 0) emit(emit, t);
+  auto flush = [&](bool all) {
+    // Emit every pending consumer whose lag has passed, earliest base position first.
+    for (bool progress = true; progress;) {
+      progress = false;
+      std::vector<int> later;
+      while (!pending.empty()) {
+        std::pop_heap(pending.begin(), pending.end(), by_pos);
+        const int c = pending.back();
+        pending.pop_back();
+        if (all || ready_at[c] <= static_cast<int>(s.order.size())) {
+          emit(c);
+          progress = true;
+        } else {
+          later.push_back(c);
+        }
+      }
+      for (int c : later) {
+        pending.push_back(c);
+        std::push_heap(pending.begin(), pending.end(), by_pos);
+      }
+    }
+  };
+  for (int t : base.order) {
+    flush(false);
+    if (missing[t] == 0 && g.tile(t).deps.empty()) emit(t);
+  }
+  flush(true);
   return s;
 }
 

@@ -87,3 +87,22 @@ TEST(Schedule, DataflowOrderPutsConsumersRightAfterTheirProducers) {
     for (int i = last + 1; i < pos[t]; ++i) EXPECT_FALSE(G.tile(s.order[i]).deps.empty());
   }
 }
+
+TEST(Schedule, DataflowLagKeepsConsumersBehindTheirProducers) {
+  FfnGraph g = build_ffn_graph({16, 1024, 2816, true}, {{16, 32, 64, 2}, {16, 64, 64, 4}});
+  const auto& G = g.graph;
+  for (int lag : {1, 7, 50}) {
+    const Schedule s = dataflow_order(G, op_by_op_column_order(G), lag);
+    validate(G, s);
+    std::vector<int> pos(G.num_tiles());
+    for (int i = 0; i < G.num_tiles(); ++i) pos[s.order[i]] = i;
+    const int n_producers = G.op(g.op_gate_up).num_tiles;
+    for (int t = 0; t < G.num_tiles(); ++t) {
+      int last = -1;
+      for (int d : G.tile(t).deps) last = std::max(last, pos[d]);
+      // Only the tail (after every producer is out) may come closer than the lag.
+      if (!G.tile(t).deps.empty() && pos[t] < n_producers) EXPECT_GE(pos[t] - last, lag) << "tile " << t;
+    }
+  }
+  EXPECT_THROW(dataflow_order(G, op_by_op_order(G), -1), InvalidArgument);
+}

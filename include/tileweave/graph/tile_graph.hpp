@@ -56,7 +56,8 @@ struct Op {
   int64_t m = 0, n = 0, k = 0;
   Tiling tiling;
   int a = -1, b = -1, c = -1;  // tensor ids
-  int workspace = -1;          // fp32 partial sums [split_k * M, N] when split_k > 1
+  int workspace = -1;          // fp32 split-K accumulator [M, N] ([M, 2N] gate|up) when split_k > 1:
+                               // every slice adds into it; the last slice to finish writes C
   int64_t grid_m = 0, grid_n = 0;
   int first_tile = 0, num_tiles = 0;  // tiles [first_tile, first_tile + num_tiles) belong to this op
 };

@@ -46,6 +46,9 @@ class FusedFfn {
   void run_two_kernels(const __nv_bfloat16* x, const __nv_bfloat16* w_gate_up, const __nv_bfloat16* w_down,
                        __nv_bfloat16* y, cudaStream_t stream, cudaStream_t consumer_stream) const;
 
+  // After a launch that aborted on a bounded wait (plan().error() != 0): zero counters and accumulators.
+  void reset();
+
   const FfnGraph& graph() const { return g_; }
   const Schedule& schedule() const { return sched_; }
   const runtime::DevicePlan& plan() const { return *plan_; }
@@ -64,8 +67,8 @@ class FusedFfn {
   Schedule sched_;
   std::unique_ptr<runtime::DevicePlan> plan_;
   __nv_bfloat16* h_ = nullptr;
-  float* ws_ = nullptr;  // split-K partials of both GEMMs
-  size_t ws_down_offset_ = 0;
+  float* ws_ = nullptr;  // split-K accumulators of both GEMMs
+  size_t ws_down_offset_ = 0, ws_bytes_ = 0;
   int grid_ = 0, act_rows_ = 0;
   int fit_per_sm_ = 0, sms_ = 0;
   uint32_t spin_limit_ = 0, delay_ns_ = 0;

@@ -28,6 +28,8 @@ Schedule op_by_op_column_order(const TileGraph& g);
 // Dataflow: every tile moved to just after the last of its dependencies, otherwise keeping the
 // order of `base` (stable). In an FFN the down-projection tiles of a K slice then follow the
 // gate/up tiles that produce that slice, instead of waiting for the whole first GEMM.
-Schedule dataflow_order(const TileGraph& g, const Schedule& base);
+// With lag L > 0 a consumer comes at least L positions after its last producer: on a GPU running
+// L tiles at once, a consumer placed closer would only wait for producers still in flight.
+Schedule dataflow_order(const TileGraph& g, const Schedule& base, int lag = 0);
 
 }  // namespace tw
