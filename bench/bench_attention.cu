@@ -11,6 +11,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "harness.cuh"
@@ -32,6 +33,8 @@ __global__ void fill_noise(bf16* p, size_t n, uint64_t seed) {
   }
 }
 
+__global__ void empty_kernel() {}
+
 void noise(bf16* p, size_t n, uint64_t seed) {
   fill_noise<<<1024, 256>>>(p, n, seed);
   TW_CUDA_CHECK_LAUNCH();
@@ -49,10 +52,15 @@ struct Case {
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   const auto gpu = tw::bench::current_gpu();
+  tw::bench::measure_floor(gpu);  // once to bring the clocks up: a cold first pass reads low
   const auto floor = tw::bench::measure_floor(gpu);
   std::printf("%s: floor %.3f TB/s (bulk %.3f, 16-byte loads %.3f)\n", gpu.prop.name, floor.tbps(), floor.bulk_tbps,
               floor.vec_tbps);
   tw::bench::ResultFile result("bench_attention", gpu, floor);
+  // The fixed cost of one graph-replayed launch (empty kernel, 256 blocks): the latency floor.
+  const double empty_us = tw::bench::time_us([](int, cudaStream_t st) { empty_kernel<<<256, 128, 0, st>>>(); }, 1);
+  std::printf("empty kernel, graph replay: %.2f us\n", empty_us);
+  result.doc["empty_launch_us"] = empty_us;
   constexpr int kHq = 32, kHkv = 8, kD = 128;
   result.doc["shape"] = {{"num_q_heads", kHq}, {"num_kv_heads", kHkv}, {"head_dim", kD}, {"dtype", "bf16"},
                          {"rope", true}, {"append", true}};
@@ -68,8 +76,8 @@ int main(int argc, char** argv) {
 
   size_t free_bytes = 0, total_bytes = 0;
   TW_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  std::printf("%6s %7s %-10s %6s %7s %10s %9s %8s %7s\n", "B", "L", "layout", "sets", "splits", "time_us", "TB/s",
-              "floor%", "tok/spl");
+  std::printf("%6s %7s %-10s %6s %7s %10s %9s %8s %7s  %s\n", "B", "L", "layout", "sets", "splits", "time_us", "TB/s",
+              "floor%", "tok/spl", "variants (us)");
   for (const Case& c : cases) {
     const int64_t tokens = int64_t(c.batch) * c.len;
     const int64_t set_elems = tokens * kHkv * kD;  // per K (or V)
@@ -120,10 +128,23 @@ int main(int argc, char** argv) {
     };
     tw::DecodeAttention op(shape, std::vector<int>(c.batch, c.len), table);
     const double us = time_with(op);
-    // The planner's choice against fixed split sizes, on the latency-bound and mid-size cases.
+    // Every K/V loader x split layout on the same data (the op's default is `us` above).
+    nlohmann::json variants = nlohmann::json::object();
+    for (const tw::KvLoad load : {tw::KvLoad::CpAsync, tw::KvLoad::Bulk})
+      for (const tw::SplitLayout split : {tw::SplitLayout::Contiguous, tw::SplitLayout::Interleaved}) {
+        if (load == tw::KvLoad::Bulk && gpu.prop.major < 9) continue;
+        tw::DecodeAttentionShape v = shape;
+        v.kv_load = load;
+        v.split_layout = split;
+        const tw::DecodeAttention op_v(v, std::vector<int>(c.batch, c.len), table);
+        const bool same = op_v.bulk_copy() == op.bulk_copy() && op_v.interleaved() == op.interleaved();
+        const std::string name = std::string(load == tw::KvLoad::Bulk ? "bulk" : "cp_async") +
+                                 (split == tw::SplitLayout::Interleaved ? "_interleaved" : "_contiguous");
+        variants[name] = same ? us : time_with(op_v);
+      }
+    // The planner's choice against fixed split sizes, on the latency-bound case.
     nlohmann::json sweep = nlohmann::json::array();
-    const bool sweep_case = c.layout == tw::KvLayout::Contiguous && !quick &&
-                            ((c.batch == 1 && c.len <= 32768) || (c.batch == 16 && c.len == 4096));
+    const bool sweep_case = c.layout == tw::KvLayout::Contiguous && !quick && c.batch == 1 && c.len == 4096;
     for (int chunk = 64; sweep_case && chunk <= c.len; chunk *= 2) {
       if (tw::kernels::decode_num_splits(c.len, chunk) > tw::kernels::kDecodeMaxSplits) continue;
       tw::DecodeAttentionShape fixed = shape;
@@ -136,8 +157,8 @@ int main(int argc, char** argv) {
     const double tbps = double(op.kv_bytes()) / us * 1e-6;
     const double pct = 100.0 * tbps / floor.tbps();
     const char* layout = c.layout == tw::KvLayout::Contiguous ? "contiguous" : "paged";
-    std::printf("%6d %7d %-10s %6d %7d %10.2f %9.3f %7.1f%% %7d\n", c.batch, c.len, layout, sets, op.max_splits(), us,
-                tbps, pct, op.split_tokens());
+    std::printf("%6d %7d %-10s %6d %7d %10.2f %9.3f %7.1f%% %7d  %s\n", c.batch, c.len, layout, sets, op.max_splits(),
+                us, tbps, pct, op.split_tokens(), variants.dump().c_str());
     std::fflush(stdout);
     result.add({{"B", c.batch},
                 {"L", c.len},
@@ -147,7 +168,10 @@ int main(int argc, char** argv) {
                 {"kv_bytes", op.kv_bytes()},
                 {"split_tokens", op.split_tokens()},
                 {"splits", op.max_splits()},
+                {"kv_load", op.bulk_copy() ? "bulk" : "cp.async"},
                 {"time_us", us},
+                {"interleaved_splits", op.interleaved()},
+                {"variants_us", variants},
                 {"tbps", tbps},
                 {"floor_us", double(op.kv_bytes()) / (floor.tbps() * 1e6)},
                 {"pct_floor", pct},

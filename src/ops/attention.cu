@@ -1,12 +1,12 @@
-// The standalone decode-attention op: host-side validation and split planning, and one kernel in
-// which every block runs a partial tile and the last split block of each (batch, kv head) merges.
+// The standalone decode-attention op: host-side validation, split planning and the launch of the
+// kernel in attention_kernel.cuh.
 #include "tileweave/ops/attention.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <string>
 
-#include "tileweave/kernels/attention/decode.cuh"
+#include "attention_kernel.cuh"
 #include "tileweave/util/cuda_check.hpp"
 
 namespace tw {
@@ -15,49 +15,14 @@ using kernels::DecodeParams;
 
 namespace {
 
-template <int D, int G, bool kPaged>
-__global__ void __launch_bounds__(kernels::kDecodeThreads, 2)
-    decode_attention_kernel(const __grid_constant__ DecodeParams p) {
-  extern __shared__ __align__(16) char smem[];
-  __shared__ int is_last;
-  const int split = blockIdx.x, hkv = blockIdx.y, b = blockIdx.z;
-  const int n = kernels::decode_num_splits(p.seq_lens[b], p.split_tokens);
-  if (split >= n) return;
-  kernels::decode_partial_tile<D, G, kPaged>(p, b, hkv, split, smem);
-  if (n == 1) return;
-  // The last split block of (b, hkv) to finish merges (fence, count, fence): no second kernel.
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int* count = p.merge_count + b * p.num_kv_heads + hkv;
-    is_last = atomicAdd(count, 1) == n - 1;
-    if (is_last) *count = 0;  // ready for the next launch
-  }
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  kernels::decode_merge_tile<D, G>(p, b, hkv, smem);
-}
+// KvLoad::Auto on sm_90: bulk copies (true) or cp.async (false), from bench_attention's comparison.
+constexpr bool kAutoBulk = false;
+// SplitLayout::Auto: interleaved (true) or contiguous splits, likewise.
+constexpr bool kAutoInterleave = false;
 
-using KernelFn = void (*)(DecodeParams);
-
-template <int D, bool kPaged>
-KernelFn pick_group(int g) {
-  switch (g) {
-    case 1: return decode_attention_kernel<D, 1, kPaged>;
-    case 2: return decode_attention_kernel<D, 2, kPaged>;
-    case 3: return decode_attention_kernel<D, 3, kPaged>;
-    case 4: return decode_attention_kernel<D, 4, kPaged>;
-    case 5: return decode_attention_kernel<D, 5, kPaged>;
-    case 6: return decode_attention_kernel<D, 6, kPaged>;
-    case 7: return decode_attention_kernel<D, 7, kPaged>;
-    default: return decode_attention_kernel<D, 8, kPaged>;
-  }
-}
-
-KernelFn pick_kernel(int d, int g, bool paged) {
-  if (d == 64) return paged ? pick_group<64, true>(g) : pick_group<64, false>(g);
-  return paged ? pick_group<128, true>(g) : pick_group<128, false>(g);
+// The kernel for a shape (instantiated in attention_d64.cu / attention_d128.cu).
+detail::DecodeKernel pick_kernel(int d, int g, bool paged, bool bulk) {
+  return d == 64 ? detail::decode_kernel_d64(g, paged, bulk) : detail::decode_kernel_d128(g, paged, bulk);
 }
 
 int smem_bytes(int d) { return d == 64 ? kernels::decode_smem_bytes<64>() : kernels::decode_smem_bytes<128>(); }
@@ -132,7 +97,9 @@ std::vector<float> rope_inv_freq(int head_dim, float theta) {
 
 int plan_split_tokens(const std::vector<int>& seq_lens, int num_kv_heads, int slots) {
   constexpr int kUnit = kernels::kDecodeStageTokens * kernels::kDecodeWarps;
-  constexpr int64_t kTileOverhead = 64;  // tokens' worth of a tile's start, prologue and merge share
+  // Measured on the H200 (bench_attention's split sweep): a tile costs ~64 tokens' worth beyond its
+  // tokens, and each split of the longest sequence ~12 more on the merge's critical path.
+  constexpr int64_t kTileOverhead = 64, kMergePerSplit = 12;
   const int max_len = *std::max_element(seq_lens.begin(), seq_lens.end());
   const int top = (max_len + kUnit - 1) / kUnit * kUnit;
   int lo = (kernels::decode_num_splits(max_len, kernels::kDecodeMaxSplits) + kUnit - 1) / kUnit * kUnit;
@@ -144,7 +111,7 @@ int plan_split_tokens(const std::vector<int>& seq_lens, int num_kv_heads, int sl
     for (int len : seq_lens) tiles += kernels::decode_num_splits(len, chunk);
     tiles *= num_kv_heads;
     const int64_t waves = (tiles + slots - 1) / slots;
-    const int64_t cost = waves * (chunk + kTileOverhead);
+    const int64_t cost = waves * (chunk + kTileOverhead) + kMergePerSplit * kernels::decode_num_splits(max_len, chunk);
     if (cost <= best_cost) {  // ties: the larger chunk (fewer merges)
       best_cost = cost;
       best = chunk;
@@ -160,10 +127,16 @@ DecodeAttention::DecodeAttention(const DecodeAttentionShape& shape, std::vector<
   group_ = shape_.num_q_heads / shape_.num_kv_heads;
   if (shape_.rope_theta > 0) inv_freq_ = rope_inv_freq(shape_.head_dim, shape_.rope_theta);
 
-  int dev = 0, sms = 0, per_sm = 0;
+  int dev = 0, sms = 0, per_sm = 0, major = 0;
   TW_CUDA_CHECK(cudaGetDevice(&dev));
   TW_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  const KernelFn fn = pick_kernel(shape_.head_dim, group_, shape_.layout == KvLayout::Paged);
+  TW_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  if (shape_.kv_load == KvLoad::Bulk && major < 9)
+    bad("kv_load Bulk needs sm_90 (Hopper); this device is sm_" + std::to_string(major) + "x");
+  bulk_ = shape_.kv_load == KvLoad::Bulk || (shape_.kv_load == KvLoad::Auto && major >= 9 && kAutoBulk);
+  interleave_ = shape_.split_layout == SplitLayout::Interleaved ||
+                (shape_.split_layout == SplitLayout::Auto && kAutoInterleave);
+  const detail::DecodeKernel fn = pick_kernel(shape_.head_dim, group_, shape_.layout == KvLayout::Paged, bulk_);
   const int smem = smem_bytes(shape_.head_dim);
   TW_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   TW_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kernels::kDecodeThreads, smem));
@@ -219,6 +192,7 @@ kernels::DecodeParams DecodeAttention::device_params(const DecodeAttentionTensor
   p.num_kv_heads = shape_.num_kv_heads;
   p.split_tokens = split_tokens_;
   p.max_splits = max_splits_;
+  p.interleave = interleave_;
   const float scale = shape_.scale > 0 ? shape_.scale : 1.f / std::sqrt(float(shape_.head_dim));
   p.scale_log2 = scale * 1.4426950408889634f;
   p.rope = shape_.rope_theta > 0;
@@ -228,7 +202,7 @@ kernels::DecodeParams DecodeAttention::device_params(const DecodeAttentionTensor
 
 void DecodeAttention::run(const DecodeAttentionTensors& t, cudaStream_t stream) const {
   const DecodeParams p = device_params(t);
-  const KernelFn fn = pick_kernel(shape_.head_dim, group_, shape_.layout == KvLayout::Paged);
+  const detail::DecodeKernel fn = pick_kernel(shape_.head_dim, group_, shape_.layout == KvLayout::Paged, bulk_);
   const dim3 grid(max_splits_, shape_.num_kv_heads, shape_.batch);
   fn<<<grid, kernels::kDecodeThreads, smem_bytes(shape_.head_dim), stream>>>(p);
   TW_CUDA_CHECK_LAUNCH();

@@ -133,7 +133,6 @@ void run_case(const AttnCase& c) {
   d_kn.upload(k_new.bits);
   d_vn.upload(v_new.bits);
 
-  DecodeAttention op(shape, c.lens, table);
   DecodeAttentionTensors t{d_q.ptr, d_kn.ptr, d_vn.ptr, d_k.ptr, d_v.ptr, d_out.ptr};
 
   // Reference (double), with the appended rows as the op defines them.
@@ -177,18 +176,38 @@ void run_case(const AttnCase& c) {
     }
   }
 
-  // Twice: the second launch checks that the merge counters were left at zero.
-  for (int launch = 0; launch < 2; ++launch) {
-    d_out.poison();
-    op.run(t, nullptr);
-    TW_CUDA_CHECK(cudaDeviceSynchronize());
-    const double err = tw::test::rel_error(d_out.download(), ref);
-    EXPECT_LT(err, 1e-2) << "launch " << launch << ", split_tokens " << op.split_tokens() << ", max_splits "
-                         << op.max_splits();
-  }
+  // Both K/V loaders (bulk copies on sm_90 only) x both split layouts, each launched twice: the second launch checks
+  // that the merge counters were left at zero. Before each loader the appended rows get their
+  // stale contents back, so each one must overwrite them (and use the new row, not the stale one).
+  int major = 0;
+  TW_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  std::vector<tw::KvLoad> loads = {tw::KvLoad::CpAsync};
+  if (major >= 9) loads.push_back(tw::KvLoad::Bulk);
+  for (const tw::KvLoad load : loads)
+  for (const tw::SplitLayout split : {tw::SplitLayout::Contiguous, tw::SplitLayout::Interleaved}) {
+    SCOPED_TRACE(load == tw::KvLoad::Bulk ? "bulk copies" : "cp.async");
+    SCOPED_TRACE(split == tw::SplitLayout::Interleaved ? "interleaved splits" : "contiguous splits");
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < c.hkv; ++h) {
+        const size_t src = size_t(c.lens[b] - 1) * D, bytes = D * sizeof(bf16);
+        const int64_t r = row(b, h, c.lens[b] - 1);
+        TW_CUDA_CHECK(cudaMemcpy(d_k.ptr + r, kc[b * c.hkv + h].data() + src, bytes, cudaMemcpyHostToDevice));
+        TW_CUDA_CHECK(cudaMemcpy(d_v.ptr + r, vc[b * c.hkv + h].data() + src, bytes, cudaMemcpyHostToDevice));
+      }
+    shape.kv_load = load;
+    shape.split_layout = split;
+    DecodeAttention op(shape, c.lens, table);
+    for (int launch = 0; launch < 2; ++launch) {
+      d_out.poison();
+      op.run(t, nullptr);
+      TW_CUDA_CHECK(cudaDeviceSynchronize());
+      const double err = tw::test::rel_error(d_out.download(), ref);
+      EXPECT_LT(err, 1e-2) << "launch " << launch << ", split_tokens " << op.split_tokens() << ", max_splits "
+                           << op.max_splits();
+    }
 
-  // The appended rows: roped k (within a bf16 rounding step of the reference) and v exactly.
-  if (c.append) {
+    // The appended rows: roped k (within a bf16 rounding step of the reference) and v exactly.
+    if (!c.append) continue;
     int bad_k = 0, bad_v = 0;
     std::vector<bf16> kr(D), vr(D);
     for (int b = 0; b < B; ++b)

@@ -16,6 +16,11 @@
 namespace tw {
 
 enum class KvLayout { Contiguous, Paged };
+// How K/V stream into shared memory: 16-byte cp.async (sm_80+) or Hopper bulk copies (sm_90).
+enum class KvLoad { Auto, CpAsync, Bulk };
+// Which tokens a split reads: a contiguous range, or every n-th 64-token block (n = splits of the
+// sequence), so that all splits of a sequence stream one dense window of the cache together.
+enum class SplitLayout { Auto, Contiguous, Interleaved };
 
 struct DecodeAttentionShape {
   int batch = 1;
@@ -30,6 +35,8 @@ struct DecodeAttentionShape {
   float rope_theta = 10000.f;              // rotate-half RoPE base; <= 0: no RoPE
   bool append = true;                      // false: the cache already holds all seq_lens[b] tokens
   int split_tokens = 0;                    // tokens per split (a multiple of 64); 0: planned
+  KvLoad kv_load = KvLoad::Auto;
+  SplitLayout split_layout = SplitLayout::Auto;
 };
 
 struct DecodeAttentionTensors {
@@ -81,12 +88,15 @@ class DecodeAttention {
   int max_splits() const { return max_splits_; }
   int num_splits(int b) const { return kernels::decode_num_splits(seq_lens_.at(b), split_tokens_); }
   int64_t kv_bytes() const;  // K and V bytes the launch reads
+  bool bulk_copy() const { return bulk_; }  // the KvLoad chosen
+  bool interleaved() const { return interleave_; }  // the SplitLayout chosen
   const DecodeAttentionShape& shape() const { return shape_; }
 
  private:
   DecodeAttentionShape shape_;
   std::vector<int> seq_lens_, page_table_;
   int group_ = 1, split_tokens_ = 0, max_splits_ = 0;
+  bool bulk_ = false, interleave_ = false;
   int* d_seq_lens_ = nullptr;
   int* d_page_table_ = nullptr;
   float* d_o_part_ = nullptr;

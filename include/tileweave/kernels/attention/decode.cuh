@@ -1,6 +1,6 @@
 // Split-KV decode attention tiles (flash-decoding with GQA), callable from a standalone kernel or
 // from the persistent executor:
-//   decode_partial_tile(p, b, hkv, split): one split of one sequence's KV head for all G query heads
+//   decode_partial_tile<D, G, paged, bulk>(p, b, hkv, split): one split of one sequence's KV head for all G query heads
 //     of the group (one pass over K/V), with the fused prologue (RoPE on q; the split holding the new
 //     token ropes k_new and appends k_new/v_new to the cache, and uses that row from smem). Writes a
 //     normalised partial output + LSE, or the final output when the sequence has one split.
@@ -9,7 +9,9 @@
 // decode_smem_bytes<D>() bytes of shared memory; the caller syncs before reusing that memory.
 //
 // Inside a tile each of the 4 warps streams its own 16-token stages (stage w, w+4, ...) through a
-// private cp.async ring, so the main loop has no block barrier. QK^T and PV run on mma.sync
+// private smem ring, so the main loop has no block barrier. The ring is filled either by 16-byte
+// cp.async (any sm_80+; swizzled, zero-filled tails) or, with `bulk`, by one lane's Hopper bulk
+// copies completing on a per-slot mbarrier (sm_90). QK^T and PV run on mma.sync
 // m16n8k16 with the group's heads as rows 0..7 (rows 8..15 are zero): tensor cores keep the FMA
 // and register cost of G = 8 heads off the memory stream. The K and V fragments are read with
 // 16-byte loads by permuting the head dimension (the dot product and the output columns do not care
@@ -35,6 +37,7 @@ struct DecodeSmem {
   alignas(16) __nv_bfloat16 v_new[D];
   float m[kDecodeWarps][kDecodeMaxGroup];
   float l[kDecodeWarps][kDecodeMaxGroup];
+  uint64_t bar[kDecodeWarps][kStages];  // bulk-copy variant: one mbarrier per ring slot
 };
 
 template <int D>
@@ -53,6 +56,54 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_b
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes)
                : "memory");
 }
+// Hopper bulk copies (the TMA engine, no tensor map) completing on an mbarrier: one lane moves a
+// whole stage, no per-thread requests.
+__device__ __forceinline__ void bar_init(uint64_t* bar) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void bar_inval(uint64_t* bar) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+#endif
+}
+__device__ __forceinline__ void bar_expect_tx(uint64_t* bar, uint32_t bytes) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
+#if __CUDA_ARCH__ >= 900
+  uint32_t done = 0;
+  while (!done)
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+#else
+  __trap();  // the host never picks the bulk variant below sm_90
+#endif
+}
+// Orders this thread's generic smem writes before later async-proxy (bulk copy) writes there.
+__device__ __forceinline__ void fence_proxy_async() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -158,7 +209,7 @@ __device__ __forceinline__ void store_bf16x4(__nv_bfloat16* dst, float4 v) {
 
 }  // namespace decode_detail
 
-template <int D, int G, bool kPaged>
+template <int D, int G, bool kPaged, bool kBulk>
 __device__ void decode_partial_tile(const DecodeParams& p, int b, int hkv, int split, char* smem) {
   static_assert(D == 64 || D == 128, "head dim 64 or 128");
   static_assert(G >= 1 && G <= kDecodeMaxGroup, "1..8 query heads per KV head");
@@ -173,35 +224,69 @@ __device__ void decode_partial_tile(const DecodeParams& p, int b, int hkv, int s
 
   const int len = p.seq_lens[b];
   const int pos = len - 1;  // the new token
-  const int t0 = split * p.split_tokens, t1 = min(len, t0 + p.split_tokens);
-  const bool appends = p.k_new != nullptr && t0 <= pos && pos < t1;
+  // The split's tokens in 64-token blocks (one 16-token stage per warp). Contiguous splits take
+  // blocks [split * split_tokens / 64, ...); interleaved splits take blocks split, split + n,
+  // split + 2n, ... so that the n tiles of a sequence read one dense window that slides through
+  // the cache together (DRAM page locality, as the floor kernel deals its chunks).
+  constexpr int kBlock = kDecodeStageTokens * kDecodeWarps;
+  const int n = decode_num_splits(len, p.split_tokens);
+  int first, step, end;  // this warp's first stage token, stride between its stages, end of its tokens
+  if (p.interleave) {
+    first = split * kBlock + warp * kDecodeStageTokens;
+    step = n * kBlock;
+    end = len;
+  } else {
+    first = split * p.split_tokens + warp * kDecodeStageTokens;
+    step = kBlock;
+    end = min(len, (split + 1) * p.split_tokens);
+  }
+  const int my_stages = first < end ? (end - 1 - first) / step + 1 : 0;
+  auto stage_token = [&](int k) { return first + k * step; };
+  const bool appends = p.k_new != nullptr && (p.interleave ? (pos / kBlock) % n == split
+                                                           : pos / p.split_tokens == split);
 
-  const int num_stages = (t1 - t0 + kDecodeStageTokens - 1) / kDecodeStageTokens;
-  const int my_stages = num_stages > warp ? (num_stages - warp + kDecodeWarps - 1) / kDecodeWarps : 0;
-  auto stage_token = [&](int k) { return t0 + (warp + k * kDecodeWarps) * kDecodeStageTokens; };
+  // Smem position of 16-byte chunk ch of token row tok: swizzled for cp.async; the bulk copy keeps
+  // the global layout (2-way conflicts on K reads, 4-way on V reads).
+  auto chunk_at = [](int ch, int tok) { return kBulk ? ch : swizzle_chunk(ch, tok); };
+  uint64_t* bars = sm.bar[warp];
+  if constexpr (kBulk) {
+    if (lane == 0)
+      for (int i = 0; i < kStages; ++i) bar_init(&bars[i]);
+    __syncwarp();
+  }
 
   // Stage k of this warp -> ring slot k % kStages. Stages start at multiples of 16 tokens and pages
   // hold multiples of 16, so a stage is one contiguous run of K (and of V).
   auto issue = [&](int k) {
     if (k < my_stages) {
       const int tok0 = stage_token(k);
-      const int valid = min(kDecodeStageTokens, t1 - tok0);
+      const int valid = min(kDecodeStageTokens, end - tok0);
       const int64_t base = kv_offset<kPaged, D>(p, b, hkv, tok0);
       const __nv_bfloat16* kg = p.k_cache + base;
       const __nv_bfloat16* vg = p.v_cache + base;
       __nv_bfloat16* ks = sm.ring[warp][k % kStages][0];
       __nv_bfloat16* vs = sm.ring[warp][k % kStages][1];
+      if constexpr (kBulk) {
+        // Only the valid rows: rows past them keep stale data, masked in the math below.
+        if (lane == 0) {
+          const uint32_t bytes = uint32_t(valid) * D * 2;
+          bar_expect_tx(&bars[k % kStages], 2 * bytes);
+          bulk_copy(ks, kg, bytes, &bars[k % kStages]);
+          bulk_copy(vs, vg, bytes, &bars[k % kStages]);
+        }
+      } else {
 #pragma unroll
-      for (int i = 0; i < kDecodeStageTokens * kChunks / 32; ++i) {
-        const int c = lane + 32 * i, tok = c / kChunks, ch = c % kChunks;
-        const int dst = tok * D + swizzle_chunk(ch, tok) * 8;
-        const bool ok = tok < valid;
-        const int src = ok ? tok * D + ch * 8 : 0;
-        cp_async16(ks + dst, kg + src, ok ? 16 : 0);
-        cp_async16(vs + dst, vg + src, ok ? 16 : 0);
+        for (int i = 0; i < kDecodeStageTokens * kChunks / 32; ++i) {
+          const int c = lane + 32 * i, tok = c / kChunks, ch = c % kChunks;
+          const int dst = tok * D + chunk_at(ch, tok) * 8;
+          const bool ok = tok < valid;
+          const int src = ok ? tok * D + ch * 8 : 0;
+          cp_async16(ks + dst, kg + src, ok ? 16 : 0);  // zero-fills rows past the split
+          cp_async16(vs + dst, vg + src, ok ? 16 : 0);
+        }
       }
     }
-    cp_async_commit();  // empty groups keep the group count uniform
+    if constexpr (!kBulk) cp_async_commit();  // empty groups keep the group count uniform
   };
 
   // o[j]: output columns of n-tile j = 8q + e; this thread's c0, c1 hold head g at
@@ -228,19 +313,24 @@ __device__ void decode_partial_tile(const DecodeParams& p, int b, int hkv, int s
 
   for (int k = 0; k < my_stages; ++k) {
     issue(k + kStages - 1);
-    cp_async_wait<kStages - 1>();
-    __syncwarp();
+    if constexpr (kBulk) {
+      bar_wait(&bars[k % kStages], (k / kStages) & 1);
+    } else {
+      cp_async_wait<kStages - 1>();
+      __syncwarp();
+    }
     __nv_bfloat16* ks = sm.ring[warp][k % kStages][0];
     __nv_bfloat16* vs = sm.ring[warp][k % kStages][1];
     const int tok0 = stage_token(k);
-    const int valid = min(kDecodeStageTokens, t1 - tok0);
+    const int valid = min(kDecodeStageTokens, end - tok0);
     if (appends && pos - tok0 < kDecodeStageTokens) {  // this stage holds the new token: patch its row
       const int r = pos - tok0;
       for (int c = lane; c < kChunks; c += 32) {
-        const int dst = r * D + swizzle_chunk(c, r) * 8;
+        const int dst = r * D + chunk_at(c, r) * 8;
         *reinterpret_cast<uint4*>(ks + dst) = *reinterpret_cast<const uint4*>(&sm.k_new[c * 8]);
         *reinterpret_cast<uint4*>(vs + dst) = *reinterpret_cast<const uint4*>(&sm.v_new[c * 8]);
       }
+      if constexpr (kBulk) fence_proxy_async();  // before a bulk copy refills this slot
       __syncwarp();
     }
 
@@ -252,7 +342,7 @@ __device__ void decode_partial_tile(const DecodeParams& p, int b, int hkv, int s
       const int tok = 8 * nt + g;
 #pragma unroll
       for (int j = 0; j < D / 32; ++j) {
-        const uint4 kv = lds128(ks + tok * D + swizzle_chunk(t + 4 * j, tok) * 8);
+        const uint4 kv = lds128(ks + tok * D + chunk_at(t + 4 * j, tok) * 8);
         mma_bf16(s[nt], qa[2 * j][0], 0u, qa[2 * j][1], 0u, kv.x, kv.y);
         mma_bf16(s[nt], qa[2 * j + 1][0], 0u, qa[2 * j + 1][1], 0u, kv.z, kv.w);
       }
@@ -295,10 +385,17 @@ __device__ void decode_partial_tile(const DecodeParams& p, int b, int hkv, int s
 #pragma unroll
     for (int q = 0; q < D / 64; ++q) {
       const int ch = g + 8 * q;
-      const uint4 v0 = lds128(vs + (2 * t) * D + swizzle_chunk(ch, 2 * t) * 8);
-      const uint4 v1 = lds128(vs + (2 * t + 1) * D + swizzle_chunk(ch, 2 * t + 1) * 8);
-      const uint4 v2 = lds128(vs + (2 * t + 8) * D + swizzle_chunk(ch, 2 * t + 8) * 8);
-      const uint4 v3 = lds128(vs + (2 * t + 9) * D + swizzle_chunk(ch, 2 * t + 9) * 8);
+      uint4 v0 = lds128(vs + (2 * t) * D + chunk_at(ch, 2 * t) * 8);
+      uint4 v1 = lds128(vs + (2 * t + 1) * D + chunk_at(ch, 2 * t + 1) * 8);
+      uint4 v2 = lds128(vs + (2 * t + 8) * D + chunk_at(ch, 2 * t + 8) * 8);
+      uint4 v3 = lds128(vs + (2 * t + 9) * D + chunk_at(ch, 2 * t + 9) * 8);
+      if constexpr (kBulk) {  // stale rows past `valid` may hold NaN, and 0 * NaN is NaN
+        const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+        if (2 * t >= valid) v0 = zero;
+        if (2 * t + 1 >= valid) v1 = zero;
+        if (2 * t + 8 >= valid) v2 = zero;
+        if (2 * t + 9 >= valid) v3 = zero;
+      }
       const uint32_t w0[4] = {v0.x, v0.y, v0.z, v0.w}, w1[4] = {v1.x, v1.y, v1.z, v1.w};
       const uint32_t w2[4] = {v2.x, v2.y, v2.z, v2.w}, w3[4] = {v3.x, v3.y, v3.z, v3.w};
 #pragma unroll
@@ -311,7 +408,13 @@ __device__ void decode_partial_tile(const DecodeParams& p, int b, int hkv, int s
     }
     __syncwarp();  // the slot is refilled by the next issue
   }
-  cp_async_wait<0>();
+  if constexpr (kBulk) {
+    __syncwarp();
+    if (lane == 0)
+      for (int i = 0; i < kStages; ++i) bar_inval(&bars[i]);
+  } else {
+    cp_async_wait<0>();
+  }
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
 
@@ -331,7 +434,6 @@ __device__ void decode_partial_tile(const DecodeParams& p, int b, int hkv, int s
     }
   }
   tile_sync();
-  const int num_splits = decode_num_splits(len, p.split_tokens);
   const int64_t head0 = (int64_t(b) * p.num_kv_heads + hkv) * G;
   const int64_t slot = (int64_t(b) * p.num_kv_heads + hkv) * p.max_splits + split;
   for (int i = threadIdx.x; i < G * D / 4; i += kDecodeThreads) {
@@ -353,13 +455,14 @@ __device__ void decode_partial_tile(const DecodeParams& p, int b, int hkv, int s
     }
     const float inv = 1.f / sum;
     acc = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
-    if (num_splits == 1) {
+    if (n == 1) {
       store_bf16x4(p.out + (head0 + gg) * D + d, acc);
     } else {
       *reinterpret_cast<float4*>(&p.o_part[(slot * G + gg) * D + d]) = acc;
       if (d == 0) p.lse_part[slot * G + gg] = mmax + log2f(sum);
     }
   }
+  fence_proxy_async();  // this tile's generic smem writes before the next tile's bulk copies
 }
 
 // Merges the partial outputs of (b, hkv); a no-op for a sequence with one split. The partial tiles'
@@ -402,6 +505,7 @@ __device__ void decode_merge_tile(const DecodeParams& p, int b, int hkv, char* s
     }
     store_bf16x4(p.out + (head0 + gg) * D + d, acc);
   }
+  fence_proxy_async();
 }
 
 }  // namespace tw::kernels

@@ -38,7 +38,8 @@ struct DecodeParams {
   int batch = 0, num_kv_heads = 0;
   int split_tokens = 0;  // tokens per split, a multiple of kDecodeStageTokens * kDecodeWarps
   int max_splits = 0;    // splits of the longest sequence (workspace stride)
-  float scale_log2 = 0;  // softmax scale * log2(e)
+  bool interleave = false;  // splits take every n-th 64-token block instead of a contiguous range
+  float scale_log2 = 0;    // softmax scale * log2(e)
   bool rope = false;
   float inv_freq[64] = {};  // RoPE (rotate-half): angle_i = float(pos) * inv_freq[i], i < D/2
 };

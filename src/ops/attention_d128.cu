@@ -1,0 +1,6 @@
+// Decode-attention kernels for head dim 128 (see attention_kernel.cuh).
+#include "attention_kernel.cuh"
+
+namespace tw::detail {
+DecodeKernel decode_kernel_d128(int g, bool paged, bool bulk) { return pick_kernel<128>(g, paged, bulk); }
+}  // namespace tw::detail

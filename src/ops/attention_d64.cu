@@ -1,0 +1,6 @@
+// Decode-attention kernels for head dim 64 (see attention_kernel.cuh).
+#include "attention_kernel.cuh"
+
+namespace tw::detail {
+DecodeKernel decode_kernel_d64(int g, bool paged, bool bulk) { return pick_kernel<64>(g, paged, bulk); }
+}  // namespace tw::detail
