@@ -52,7 +52,6 @@ struct Case {
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   const auto gpu = tw::bench::current_gpu();
-  tw::bench::measure_floor(gpu);  // once to bring the clocks up: a cold first pass reads low
   const auto floor = tw::bench::measure_floor(gpu);
   std::printf("%s: floor %.3f TB/s (bulk %.3f, 16-byte loads %.3f)\n", gpu.prop.name, floor.tbps(), floor.bulk_tbps,
               floor.vec_tbps);
