@@ -25,10 +25,9 @@ struct GuiOptions {
 };
 
 const char* content_type(const std::string& path) {
-  auto ends = [&](const char* ext) { return path.size() >= std::strlen(ext) && path.ends_with(ext); };
-  if (ends(".html")) return "text/html; charset=utf-8";
-  if (ends(".js")) return "text/javascript; charset=utf-8";
-  if (ends(".css")) return "text/css; charset=utf-8";
+  if (path.ends_with(".html")) return "text/html; charset=utf-8";
+  if (path.ends_with(".js")) return "text/javascript; charset=utf-8";
+  if (path.ends_with(".css")) return "text/css; charset=utf-8";
   return "application/octet-stream";
 }
 

@@ -7,5 +7,5 @@ namespace CLI {
 class App;
 }
 
-// Adds the `gui` subcommand (options: --host, --port, --web-dir, --open-limit...) to the CLI.
+// Adds the `gui` subcommand (--host, default 127.0.0.1; --port, 0 = any free one; --web-dir) to the CLI.
 void register_gui_command(CLI::App& app);

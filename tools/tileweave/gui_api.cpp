@@ -1,6 +1,7 @@
 #include "gui_api.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <numeric>
 
@@ -47,13 +48,14 @@ json to_json(const Problem& p) {
 int64_t int_field(const json& j, const char* key, int64_t fallback, int64_t lo, int64_t hi, const char* why = "") {
   if (!j.contains(key)) return fallback;
   const json& v = j.at(key);
-  if (!v.is_number_integer()) {
-    if (v.is_number_float() && v.get<double>() == static_cast<double>(static_cast<int64_t>(v.get<double>())) &&
-        std::abs(v.get<double>()) < 9e15)
-      return int_field(json{{key, static_cast<int64_t>(v.get<double>())}}, key, fallback, lo, hi, why);
+  int64_t x = 0;
+  if (v.is_number_integer()) {
+    x = v.get<int64_t>();
+  } else if (v.is_number_float() && v.get<double>() == std::floor(v.get<double>()) && std::abs(v.get<double>()) < 9e15) {
+    x = static_cast<int64_t>(v.get<double>());  // 256.0 is 256 (JavaScript has one number type)
+  } else {
     throw bad(std::string(key) + " must be an integer, got " + (v.is_string() ? "'" + v.get<std::string>() + "'" : v.dump()));
   }
-  const int64_t x = v.get<int64_t>();
   if (x < lo || x > hi)
     throw bad(std::string(key) + " = " + std::to_string(x) + " is outside [" + std::to_string(lo) + ", " +
               std::to_string(hi) + "]" + why);
