@@ -85,6 +85,18 @@ CacheModel::CacheModel(const TileGraph& g, const CacheConfig& c) : g_(&g), cfg_(
         blocks_[first_block_[t] + br * bg.num_cols + bc] = {t, bytes};
       }
   }
+  plan_begin_.push_back(0);
+  for (const Tile& t : g.tiles()) {
+    for (const Region& r : t.reads) {
+      const BlockGrid& bg = grids_[r.tensor];
+      const int64_t br0 = r.r0 / bg.block_rows, bc0 = r.c0 / bg.block_cols;
+      const int64_t cols = (r.c1 - 1) / bg.block_cols - bc0 + 1;
+      // Step edges are block edges (the grid includes them), so a step is a whole number of block columns.
+      const int64_t per_step = t.step_cols > 0 && t.step_cols < r.cols() ? t.step_cols / bg.block_cols : cols;
+      plans_.push_back({block_id(r.tensor, br0, bc0), (r.r1 - 1) / bg.block_rows - br0 + 1, bg.num_cols, cols, per_step});
+    }
+    plan_begin_.push_back(static_cast<int>(plans_.size()));
+  }
   set_capacity_ = cfg_.capacity_bytes / cfg_.sets;
   reset();
 }
@@ -223,21 +235,18 @@ int CacheModel::num_steps(int tile) const {
 
 template <class F>
 void CacheModel::visit_step(int tile, int s, F&& f) const {
-  const Tile& t = g_->tile(tile);
-  for (const Region& r : t.reads) {
-    if (t.step_cols <= 0) {
-      for_blocks(r, [&](int64_t id) { f(id, false); });
-      continue;
-    }
-    Region part = r;
-    part.c0 = r.c0 + s * t.step_cols;
-    part.c1 = std::min(r.c1, part.c0 + t.step_cols);
-    if (part.c0 < part.c1) for_blocks(part, [&](int64_t id) { f(id, false); });
+  for (int i = plan_begin_[tile]; i < plan_begin_[tile + 1]; ++i) {
+    const ReadPlan& p = plans_[i];
+    const int64_t c0 = s * p.per_step, c1 = std::min(p.cols, c0 + p.per_step);
+    for (int64_t r = 0; r < p.rows; ++r)
+      for (int64_t c = c0; c < c1; ++c) f(p.first_block + r * p.row_stride + c, false);
   }
 }
 
-// Split-K: every slice stores its fp32 partial; the last slice of an output block to finish reads
-// the other slices' partials and writes the output block once.
+// Split-K (as the executor does it): every slice adds its partial sums into one fp32 accumulator
+// block with reductions performed at L2 (a read-modify-write there: a miss fills the block from
+// DRAM, and it becomes dirty); the last slice of an output block to finish reads the sums, writes
+// the output block once and zeroes the accumulator for the next launch (dirty again).
 template <class F>
 void CacheModel::visit_finish(int tile, bool reduces, F&& f) const {
   const Tile& t = g_->tile(tile);
@@ -247,15 +256,14 @@ void CacheModel::visit_finish(int tile, bool reduces, F&& f) const {
     return;
   }
   for (const Region& w : t.writes)
-    if (w.tensor == op.workspace) for_blocks(w, [&](int64_t id) { f(id, true); });
+    if (w.tensor == op.workspace) for_blocks(w, [&](int64_t id) { f(id, false), f(id, true); });
   if (!reduces) return;
-  for (int64_t ks = 0; ks < op.tiling.split_k; ++ks) {
-    if (ks == t.ks) continue;
-    for (const Region& w : g_->tile(g_->tile_id(t.op, t.tm, t.tn, ks)).writes)
-      if (w.tensor == op.workspace) for_blocks(w, [&](int64_t id) { f(id, false); });
-  }
+  for (const Region& w : t.writes)
+    if (w.tensor == op.workspace) for_blocks(w, [&](int64_t id) { f(id, false); });
   for (const Region& w : t.writes)
     if (w.tensor != op.workspace) for_blocks(w, [&](int64_t id) { f(id, true); });
+  for (const Region& w : t.writes)
+    if (w.tensor == op.workspace) for_blocks(w, [&](int64_t id) { f(id, true); });
 }
 
 TileResult CacheModel::step(int tile, int s) {

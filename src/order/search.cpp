@@ -21,11 +21,9 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 // ---- exact search ----
 //
 // With one tile in flight the future cost depends only on which tiles are done and on the cache
-// contents in LRU order. Every written block is written back exactly once whatever the order (it is
-// written by one tile, and its write-back happens at eviction or at the final flush), so only read
-// misses vary; dirty bits can be left out of the state. Blocks no remaining tile will read ("dead")
-// matter only through their size, so they enter the key as their size: orders that differ only in
-// which dead block sits where share a state.
+// contents in LRU order (with dirty bits), so a memo over that state is exact. Blocks no remaining
+// tile touches ("dead") matter only through their size and dirty bit, so they enter the key as that:
+// orders that differ only in which dead block sits where share a state.
 class ExactSearch {
  public:
   ExactSearch(const TileGraph& g, const CacheConfig& c, const ExactOptions& o)
@@ -33,13 +31,19 @@ class ExactSearch {
     const int n = g.num_tiles();
     readers_.assign(model_.num_blocks(), 0);
     writers_.assign(model_.num_blocks(), 0);
+    read_first_.assign(model_.num_blocks(), false);
     for (int t = 0; t < n; ++t) {
       deps_mask_.push_back(0);
       for (int d : g.tile(t).deps) deps_mask_[t] |= uint64_t{1} << d;
       for (bool reduces : {false, true}) {
         accesses_[reduces].push_back(model_.tile_accesses(t, reduces));
+        std::vector<bool> written(model_.num_blocks(), false);
         for (const auto& a : accesses_[reduces].back()) {
           (a.write ? writers_ : readers_)[a.block] |= uint64_t{1} << t;
+          if (a.write) written[a.block] = true;
+          // A block this tile reads before writing it (a split-K accumulator) is filled from DRAM
+          // when not cached, even if tiles still to run write it.
+          if (!a.write && !written[a.block]) read_first_[a.block] = true;
         }
       }
       // The other split-K slices of the same output block: the last of them to finish reduces.
@@ -50,6 +54,10 @@ class ExactSearch {
         if (ks != tile.ks) siblings |= uint64_t{1} << g.tile_id(tile.op, tile.tm, tile.tn, ks);
       siblings_.push_back(op.workspace >= 0 ? siblings : 0);
     }
+    // Only blocks that some tile both reads first and writes are filled before a write; a block that
+    // consumers read after its producer wrote it (h) is not.
+    for (int64_t b = 0; b < model_.num_blocks(); ++b)
+      if (read_first_[b] && !(readers_[b] & writers_[b])) read_first_[b] = false;
     full_ = n == 64 ? ~uint64_t{0} : (uint64_t{1} << n) - 1;
     for (int64_t b = 0; b < model_.num_blocks(); ++b) bytes_.push_back(model_.block_bytes(b));
     detect_symmetry();
@@ -73,14 +81,14 @@ class ExactSearch {
     symmetric_ = true;
   }
 
-  // upper_bound: read-miss bytes of a known order (it prunes; a wrong one only costs a second pass).
+  // upper_bound: DRAM bytes of a known order (it prunes; a wrong one only costs a second pass).
   ExactResult run(int64_t upper_bound) {
     t0_ = last_progress_ = Clock::now();
-    std::vector<int64_t> lru;
+    Lru lru;
     Entry root = solve(0, lru, upper_bound);
     if (!root.exact()) root = solve(0, lru, std::numeric_limits<int64_t>::max());
     ExactResult r;
-    r.traffic = root.cost + write_bytes_total();
+    r.traffic = root.cost;
     r.num_optimal = root.count;
     r.count_saturated = root.count == std::numeric_limits<uint64_t>::max();
     r.states = static_cast<int64_t>(memo_.size());
@@ -93,16 +101,15 @@ class ExactSearch {
       for (int t = 0; t < g_.num_tiles(); ++t) {
         const uint64_t bit = uint64_t{1} << t;
         if ((done & bit) || (deps_mask_[t] & ~done)) continue;
-        std::vector<int64_t> next = lru;
+        Lru next = lru;
         const int64_t here = apply(t, done, next);
         if (here > left) continue;
         const Entry e = solve(done | bit, next, left - here);
         if (!e.exact() || here + e.cost != left) continue;
-        const int64_t rest = e.cost;
         r.best.order.push_back(t);
         lru = std::move(next);
         done |= bit;
-        left = rest;
+        left = e.cost;
         break;
       }
     }
@@ -111,26 +118,23 @@ class ExactSearch {
 
  private:
   struct Entry {
-    int64_t cost;    // read-miss bytes from here to the end, minimal (a lower bound if count == 0)
+    int64_t cost;    // DRAM bytes from here to the end (final flush included), minimal; a lower bound if count == 0
     uint64_t count;  // number of orders of the remaining tiles reaching it; 0: cut, cost inexact
     bool exact() const { return count > 0; }
   };
+  struct Slot {
+    int64_t block;
+    bool dirty;
+  };
+  using Lru = std::vector<Slot>;  // most recent first
 
-  int64_t write_bytes_total() const {
-    int64_t w = 0;
-    std::vector<bool> seen(bytes_.size(), false);
-    for (const auto& list : accesses_[1])
-      for (const auto& a : list)
-        if (a.write && !seen[a.block]) seen[a.block] = true, w += bytes_[a.block];
-    return w;
-  }
+  bool live(int64_t b, uint64_t done) const { return ((readers_[b] | writers_[b]) & ~done) != 0; }
 
-  std::string key(uint64_t done, const std::vector<int64_t>& lru) const {
+  std::string key(uint64_t done, const Lru& lru) const {
     if (symmetric_) return symmetric_key(done, lru);
     std::string k(reinterpret_cast<const char*>(&done), sizeof done);
-    for (int64_t b : lru) {
-      const bool live = (readers_[b] & ~done) != 0;
-      const int64_t v = live ? b : -1 - bytes_[b];
+    for (const Slot& s : lru) {
+      const int64_t v = 2 * (live(s.block, done) ? s.block : -1 - bytes_[s.block]) + s.dirty;
       k.append(reinterpret_cast<const char*>(&v), sizeof v);
     }
     return k;
@@ -140,12 +144,12 @@ class ExactSearch {
   // state to one with the same future, so states are keyed after relabelling rows and columns:
   // those in the cache by recency, the others by their pattern of done tiles. Not a full canonical
   // form, but any relabelling is sound; this one merges most symmetric states.
-  std::string symmetric_key(uint64_t done, const std::vector<int64_t>& lru) const {
+  std::string symmetric_key(uint64_t done, const Lru& lru) const {
     std::vector<int> row_label(gm_, -1), col_label(gn_, -1);
     int rows = 0, cols = 0;
-    for (int64_t b : lru) {
-      if (!((readers_[b] & ~done) != 0)) continue;
-      const Role& r = role_[b];
+    for (const Slot& s : lru) {
+      if (!live(s.block, done)) continue;
+      const Role& r = role_[s.block];
       if (r.kind == 0 && row_label[r.index] < 0) row_label[r.index] = rows++;
       if (r.kind == 1 && col_label[r.index] < 0) col_label[r.index] = cols++;
     }
@@ -178,46 +182,61 @@ class ExactSearch {
       for (int tn = 0; tn < gn_; ++tn)
         if (is_done(tm, tn)) mask |= uint64_t{1} << (row_label[tm] * gn_ + col_label[tn]);
     std::string k(reinterpret_cast<const char*>(&mask), sizeof mask);
-    for (int64_t b : lru) {
-      const Role& r = role_[b];
+    for (const Slot& s : lru) {
+      const Role& r = role_[s.block];
       int64_t v;
-      if (!((readers_[b] & ~done) != 0))
-        v = -1 - bytes_[b];
+      if (!live(s.block, done))
+        v = -1 - bytes_[s.block];
       else
         v = (int64_t{r.kind} << 56) | (int64_t{r.kind == 0 ? row_label[r.index] : col_label[r.index]} << 40) | r.sub;
+      v = 2 * v + s.dirty;
       k.append(reinterpret_cast<const char*>(&v), sizeof v);
     }
     return k;
   }
 
-  // Runs tile t on the LRU list (most recent first); returns its read-miss bytes. Mirrors
-  // CacheModel's policy: hits move to the front, misses and writes insert at the front after
-  // evicting from the back; a block larger than the cache streams through.
-  int64_t apply(int t, uint64_t done, std::vector<int64_t>& lru) const {
+  // Runs tile t on the LRU list; returns the DRAM bytes it causes (read misses and write-backs of
+  // evicted dirty blocks). Mirrors CacheModel: hits move to the front, misses and writes insert at
+  // the front after evicting from the back, writes mark dirty; a block larger than the cache
+  // streams through (a write of one goes straight to DRAM).
+  int64_t apply(int t, uint64_t done, Lru& lru) const {
     const bool reduces = siblings_[t] && (siblings_[t] & ~done) == 0;
-    int64_t misses = 0, used = 0;
-    for (int64_t b : lru) used += bytes_[b];
+    int64_t cost = 0, used = 0;
+    for (const Slot& s : lru) used += bytes_[s.block];
     for (const auto& a : accesses_[reduces][t]) {
-      auto it = std::find(lru.begin(), lru.end(), a.block);
+      auto it = std::find_if(lru.begin(), lru.end(), [&](const Slot& s) { return s.block == a.block; });
       if (it != lru.end()) {
+        it->dirty = it->dirty || a.write;
         std::rotate(lru.begin(), it, it + 1);
         continue;
       }
       const int64_t bytes = bytes_[a.block];
-      if (!a.write) misses += bytes;
-      if (bytes > capacity_) continue;
-      while (used + bytes > capacity_) used -= bytes_[lru.back()], lru.pop_back();
-      lru.insert(lru.begin(), a.block);
+      if (!a.write) cost += bytes;
+      if (bytes > capacity_) {
+        if (a.write) cost += bytes;
+        continue;
+      }
+      while (used + bytes > capacity_) {
+        used -= bytes_[lru.back().block];
+        if (lru.back().dirty) cost += bytes_[lru.back().block];
+        lru.pop_back();
+      }
+      lru.insert(lru.begin(), Slot{a.block, a.write});
       used += bytes;
     }
-    return misses;
+    return cost;
   }
 
-  // The least read-miss bytes of completing `done` from cache state `lru`, and how many orders
-  // reach it (exact), if that least cost is <= budget. Otherwise an inexact entry whose cost is a
-  // lower bound > budget: the branch is cut, and its memo entry cuts it again under smaller budgets.
-  Entry solve(uint64_t done, const std::vector<int64_t>& lru, int64_t budget) {
-    if (done == full_) return {0, 1};
+  // The least DRAM bytes of completing `done` from cache state `lru` (final flush included), and how
+  // many orders reach it (exact), if that least cost is <= budget. Otherwise an inexact entry whose
+  // cost is a lower bound > budget: the branch is cut, and its memo entry cuts it again under smaller
+  // budgets.
+  Entry solve(uint64_t done, const Lru& lru, int64_t budget) {
+    if (done == full_) {
+      int64_t flush = 0;
+      for (const Slot& s : lru) flush += s.dirty ? bytes_[s.block] : 0;
+      return {flush, 1};
+    }
     std::string k = key(done, lru);
     auto it = memo_.find(k);
     if (it != memo_.end() && (it->second.exact() || it->second.cost > budget)) return it->second;
@@ -228,15 +247,15 @@ class ExactSearch {
     const Outlook look = outlook(done, lru);
     Entry best{std::numeric_limits<int64_t>::max(), 0};
     if (look.no_evictions) {
-      best = {look.min_misses, linear_extensions(done)};
-    } else if (look.min_misses > budget) {
-      best = {look.min_misses, 0};
+      best = {look.min_cost, linear_extensions(done)};
+    } else if (look.min_cost > budget) {
+      best = {look.min_cost, 0};
     } else {
       int64_t cut_bound = std::numeric_limits<int64_t>::max();  // least lower bound among cut branches
       for (int t = 0; t < g_.num_tiles(); ++t) {
         const uint64_t bit = uint64_t{1} << t;
         if ((done & bit) || (deps_mask_[t] & ~done)) continue;
-        std::vector<int64_t> next = lru;
+        Lru next = lru;
         const int64_t here = apply(t, done, next);
         // Ties with the best so far must still be counted, hence <= best.cost, not <.
         const int64_t allowed = std::min(budget, best.cost);
@@ -280,24 +299,27 @@ class ExactSearch {
     return count;
   }
 
-  // Blocks the remaining tiles still need to read from DRAM at least once (not cached and not to be
-  // written by a remaining tile first) bound the remaining cost from below. When every block the
-  // remaining tiles touch fits beside what is cached, nothing is evicted any more: that bound is
-  // then exact for every order of the rest, and all of them are optimal.
+  // A lower bound on the remaining DRAM bytes: blocks still to be read at least once (not cached,
+  // and either not written by a remaining tile first or filled before being written), plus every
+  // block that is dirty now or will be written (each is written back at least once). When every
+  // block the remaining tiles touch fits beside what is cached, nothing is evicted any more: the
+  // bound is then exact for every order of the rest, and all of them are optimal.
   struct Outlook {
-    int64_t min_misses = 0;
+    int64_t min_cost = 0;
     bool no_evictions = false;
   };
-  Outlook outlook(uint64_t done, const std::vector<int64_t>& lru) const {
+  Outlook outlook(uint64_t done, const Lru& lru) const {
     int64_t used = 0;
-    std::vector<bool> cached(bytes_.size(), false);
-    for (int64_t b : lru) used += bytes_[b], cached[b] = true;
+    std::vector<uint8_t> cached(bytes_.size(), 0);  // 1 clean, 2 dirty
+    for (const Slot& s : lru) used += bytes_[s.block], cached[s.block] = s.dirty ? 2 : 1;
     Outlook o;
     int64_t fresh = 0;
     for (size_t b = 0; b < bytes_.size(); ++b) {
-      if (cached[b] || !((readers_[b] | writers_[b]) & ~done)) continue;
+      const bool read_later = readers_[b] & ~done, written_later = writers_[b] & ~done;
+      if (cached[b] == 2 || written_later) o.min_cost += bytes_[b];
+      if (cached[b] || !(read_later || written_later)) continue;
       fresh += bytes_[b];
-      if ((readers_[b] & ~done) && !(writers_[b] & ~done)) o.min_misses += bytes_[b];
+      if (read_later && (!written_later || read_first_[b])) o.min_cost += bytes_[b];
     }
     o.no_evictions = used + fresh <= capacity_;
     return o;
@@ -321,6 +343,7 @@ class ExactSearch {
   int64_t capacity_;
   uint64_t full_ = 0;
   std::vector<uint64_t> deps_mask_, readers_, writers_, siblings_;
+  std::vector<bool> read_first_;
   std::unordered_map<uint64_t, uint64_t> extensions_;
   std::vector<std::vector<CacheModel::Access>> accesses_[2];  // [reduces][tile]
   std::vector<int64_t> bytes_;
@@ -351,7 +374,7 @@ ExactResult exact_search(const TileGraph& g, const CacheConfig& c, const ExactOp
   if (g.num_tiles() == 0) throw InvalidArgument("exact search: the graph has no tiles");
   int64_t upper_bound = std::numeric_limits<int64_t>::max();
   for (const std::string& name : named_orders(g))
-    upper_bound = std::min(upper_bound, simulate(g, make_order(g, name), c).dram_read);
+    upper_bound = std::min(upper_bound, simulate(g, make_order(g, name), c).dram_total());
   return ExactSearch(g, c, o).run(upper_bound);
 }
 

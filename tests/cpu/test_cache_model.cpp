@@ -125,15 +125,17 @@ TEST(CacheModel, RunConcurrentMatchesSimulate) {
   EXPECT_EQ(m.report().dram_total(), simulate(g.graph, s, c).dram_total());
 }
 
-TEST(CacheModel, SplitKReducesOnce) {
-  // 1x1 output block, K split in 2: each slice writes a 16x16 fp32 partial (1 KiB); the last reads
-  // the other's partial and writes C once.
+TEST(CacheModel, SplitKAccumulatesInTheCache) {
+  // 1x1 output block, K split in 2. Each slice adds into one 16x16 fp32 accumulator (1 KiB): the
+  // first add fills it from DRAM, the second hits; the last slice reads the sums (hit), writes C and
+  // zeroes the accumulator, which is written back once at the end.
   const GemmGraph g = build_gemm_graph(16, 16, 32, {16, 16, 16, 2});
-  CacheConfig big = blocks(1000);
-  const TrafficReport r = simulate(g.graph, make_order(g.graph, "row_major"), big);
-  EXPECT_EQ(r.dram_read, 4 * kBlock);                  // A and B, two K slices each
-  EXPECT_EQ(r.dram_write, kBlock + 2 * 2 * kBlock);    // C once + both partials written back
+  const int ws = g.graph.op(g.op).workspace;
+  const TrafficReport r = simulate(g.graph, make_order(g.graph, "row_major"), blocks(1000));
+  EXPECT_EQ(r.dram_read, 4 * kBlock + 2 * kBlock);  // A and B (two K slices each) + one accumulator fill
+  EXPECT_EQ(r.dram_write, kBlock + 2 * kBlock);     // C once + the accumulator once
   EXPECT_EQ(r.per_tensor[g.c].dram_write, kBlock);
+  EXPECT_EQ(r.per_tensor[ws].hit_bytes, 2 * 2 * kBlock);  // second add + the final read
 }
 
 TEST(CacheModel, PerTensorAddsUp) {

@@ -81,8 +81,9 @@ class CacheModel {
   CacheModel(const TileGraph& g, const CacheConfig& c);
   void reset();
 
-  // Runs one tile by itself: its K-steps in order, then its writes (and the split-K reduction if it
-  // is the last slice of its output block to finish).
+  // Runs one tile by itself: its K-steps in order, then its writes. A split-K slice adds into its
+  // accumulator block (a read-modify-write at the cache); the last slice of an output block to
+  // finish reads the sums, writes the output and zeroes the accumulator.
   TileResult run_tile(int tile);
   // Runs tiles side by side: step s of every tile, then step s+1, ...; a tile writes when its own
   // steps end. Results in the order given.
@@ -132,6 +133,17 @@ class CacheModel {
   void insert(int64_t id, TileResult& res);
   void unlink(int64_t id);
   int set_of(int64_t id) const;
+
+  // Each read region of each tile as block-index ranges, so a K-step costs no divisions.
+  struct ReadPlan {
+    int64_t first_block;  // block id of the region's top-left block
+    int64_t rows;         // block rows it spans
+    int64_t row_stride;   // blocks per block row of the tensor
+    int64_t cols;         // block columns it spans
+    int64_t per_step;     // block columns per K-step
+  };
+  std::vector<ReadPlan> plans_;
+  std::vector<int> plan_begin_;  // by tile, into plans_ (num_tiles + 1 entries)
 
   const TileGraph* g_;
   CacheConfig cfg_;
