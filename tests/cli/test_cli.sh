@@ -60,6 +60,7 @@ expect_error "abc" sim --m abc
 expect_error "M must be positive, got 0" sim --gemm 0x16x16
 expect_error "10x10" sim --gemm 10x10
 expect_error "absurd" sim --gemm 2000000000x64x64
+expect_error "K-steps is absurd" sim --gemm 1048576x1048576x1048576 --tile 1024x1024x1024
 expect_error "BM 128 is larger than M 64" sim --gemm 64x64x64 --tile 128x16x16
 expect_error "smaller than one line" sim --cache 16
 expect_error "12XB" sim --cache 12XB

@@ -84,10 +84,14 @@ Tiling make_tiling(const ProblemOptions& o, int64_t m, int64_t n, int64_t k) {
   return t;
 }
 
-void check_tile_count(int64_t m, int64_t n, const Tiling& t, int64_t split_k) {
+// Refuses problems the simulator would take minutes on (it does ~40 M block reads a second).
+void check_work(int64_t m, int64_t n, int64_t k, const Tiling& t, int64_t split_k) {
   const int64_t tiles = ((m + t.bm - 1) / t.bm) * ((n + t.bn - 1) / t.bn) * split_k;
   if (tiles > kMaxTiles)
     throw InvalidArgument(fmt::format("{} tiles is absurd (max {}): use larger tiles", tiles, kMaxTiles));
+  const double steps = double(tiles / split_k) * double((k + t.bk - 1) / t.bk);
+  if (steps > 5e8)
+    throw InvalidArgument(fmt::format("{:.3g} tile K-steps is absurd (max 5e8): use larger tiles", steps));
 }
 
 }  // namespace
@@ -119,7 +123,7 @@ Problem make_problem(const ProblemOptions& o) {
     check_dim(v[0], "M"), check_dim(v[1], "N"), check_dim(v[2], "K");
     Tiling t = make_tiling(o, v[0], v[1], v[2]);
     t.split_k = o.split_k;
-    check_tile_count(v[0], v[1], t, t.split_k);
+    check_work(v[0], v[1], v[2], t, t.split_k);
     p.graph = build_gemm_graph(v[0], v[1], v[2], t).graph;
     p.description = fmt::format("GEMM {}x{}x{}, tiles {}x{}x{}{}; {} ({})", v[0], v[1], v[2], t.bm, t.bn, t.bk,
                                 t.split_k > 1 ? fmt::format(", split-K {}", t.split_k) : "", cache_text, o.gpu);
@@ -130,8 +134,8 @@ Problem make_problem(const ProblemOptions& o) {
   if (o.ffn) check_dim(o.ffn, "intermediate size --ffn"), s.f = o.ffn;
   Tiling t0 = make_tiling(o, s.m, s.f, s.d), t1 = make_tiling(o, s.m, s.d, s.f);
   t1.split_k = o.split_k;
-  check_tile_count(s.m, s.gated ? s.f : s.f, t0, 1);
-  check_tile_count(s.m, s.d, t1, t1.split_k);
+  check_work(s.m, s.f, s.d, t0, 1);
+  check_work(s.m, s.d, s.f, t1, t1.split_k);
   p.graph = build_ffn_graph(s, {t0, t1}).graph;
   p.description = fmt::format("{} FFN (d {}, ffn {}{}), M = {}, tiles {}x{}x{}{}; {} ({})", o.model, s.d, s.f,
                               s.gated ? ", gated" : ", plain chain", s.m, t0.bm, t0.bn, t0.bk,
