@@ -1,7 +1,8 @@
 // FFN benchmark: the fused executor (several orders / sync policies) against (a) unfused cuBLASLt
 // GEMMs + an elementwise SiLU*mul and (b) the CuSync-style two-kernel version, with the
 // streaming-read floor measured in the same run. Weights are rotated so L2 holds none of them.
-//   bench_ffn [--models 8b,70b,chain] [--ms 1,4,16,64,128,256] [--reps 100]
+//   bench_ffn [--models 8b,70b,chain] [--ms 1,4,16,64,128,256] [--reps 100] [--variants spec,...]
+//   a variant spec is order/sync[/bk[/split_gate_up[/split_down[/blocks_per_sm]]]] (0 = default)
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -73,12 +74,17 @@ double rel_diff(const bf16* a_dev, const bf16* b_dev, size_t n) {
 int main(int argc, char** argv) {
   std::string models_arg = "8b,70b,chain", ms_arg = "1,4,16,64,128,256";
   int reps = 100;
+  // Row sync needs an order that finishes the gate/up row first (dataflow/row is refused).
+  std::vector<std::string> variant_specs = {"dataflow/tile/64", "op_by_op_column/tile/64", "op_by_op_column/row/64",
+                                            "dataflow/tile/128", "op_by_op_column/row/128"};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--models") && i + 1 < argc) models_arg = argv[++i];
     else if (!std::strcmp(argv[i], "--ms") && i + 1 < argc) ms_arg = argv[++i];
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--variants") && i + 1 < argc) variant_specs = split_csv(argv[++i]);
     else {
-      std::fprintf(stderr, "bench_ffn: unknown argument '%s'\nusage: bench_ffn [--models 8b,70b,chain] [--ms 1,16] [--reps 100]\n", argv[i]);
+      std::fprintf(stderr, "bench_ffn: unknown argument '%s'\nusage: bench_ffn [--models 8b,70b,chain] [--ms 1,16] [--reps 100]\n"
+                   "                 [--variants order/sync/bk/split_gate_up/split_down/blocks_per_sm,...]\n", argv[i]);
       return 2;
     }
   }
@@ -158,13 +164,19 @@ int main(int argc, char** argv) {
         FfnOptions opt;
       };
       std::vector<Variant> variants;
-      // Row sync needs an order that finishes the gate/up row first (dataflow/row is refused).
-      for (const auto& [order, sync] : std::vector<std::pair<std::string, std::string>>{
-               {"dataflow", "tile"}, {"op_by_op_column", "tile"}, {"op_by_op_column", "row"}}) {
+      for (const auto& spec : variant_specs) {
+        // order/sync/bk/split_gate_up/split_down/blocks_per_sm
+        std::vector<std::string> f;
+        std::stringstream ss(spec);
+        for (std::string t; std::getline(ss, t, '/');) f.push_back(t);
         FfnOptions o;
-        o.order = order;
-        o.sync.policy = parse_sync_policy(sync);
-        variants.push_back({order + "/" + sync, o});
+        o.order = f.at(0);
+        o.sync.policy = parse_sync_policy(f.at(1));
+        if (f.size() > 2) o.bk = std::atoi(f[2].c_str());
+        if (f.size() > 3) o.split_gate_up = std::atoi(f[3].c_str());
+        if (f.size() > 4) o.split_down = std::atoi(f[4].c_str());
+        if (f.size() > 5) o.blocks_per_sm = std::atoi(f[5].c_str());
+        variants.push_back({spec, o});
       }
       double best = 1e30;
       std::string best_name;

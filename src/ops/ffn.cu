@@ -29,7 +29,7 @@ struct ChainParams {
 
 __device__ __forceinline__ float silu(float v) { return v / (1.f + __expf(-v)); }
 
-template <int NT>
+template <int NT, int BK>
 __device__ void run_tile(const runtime::ExecParams& ep, runtime::BlockSlots& slots, const GemmOpDesc& o,
                          const DeviceTile& t, char* smem) {
   constexpr int R = 8 * NT;
@@ -44,12 +44,12 @@ __device__ void run_tile(const runtime::ExecParams& ep, runtime::BlockSlots& slo
   if (o.silu_mul) {
     // Warp w's 16 rows: gate rows c0+8w..+7, then the matching up rows, so each thread holds a
     // gate value and its up partner (acc[j][e] and acc[j][e+2]) and the epilogue needs no shuffle.
-    ok = sm80::weight_tile_mainloop<NT>(acc, a, [&](int r) -> int64_t {
+    ok = sm80::weight_tile_mainloop<NT, BK>(acc, a, [&](int r) -> int64_t {
       const int64_t col = c0 + 8 * (r / 16) + (r % 8);
       return col < o.n ? ((r % 16) < 8 ? col : o.n + col) : -1;
     }, wait, smem);
   } else {
-    ok = sm80::weight_tile_mainloop<NT>(acc, a, [&](int r) -> int64_t { return c0 + r < o.n ? c0 + r : -1; }, wait, smem);
+    ok = sm80::weight_tile_mainloop<NT, BK>(acc, a, [&](int r) -> int64_t { return c0 + r < o.n ? c0 + r : -1; }, wait, smem);
   }
   if (!ok) return;  // aborted wait: publish nothing, the launch is failing
 
@@ -114,14 +114,14 @@ __device__ void run_tile(const runtime::ExecParams& ep, runtime::BlockSlots& slo
   runtime::signal_done(ep, t);
 }
 
-template <int NT>
+template <int NT, int BK>
 __global__ void __launch_bounds__(sm80::kThreads) ffn_kernel(const runtime::ExecParams ep, const ChainParams cp) {
   extern __shared__ __align__(128) char smem[];
   __shared__ runtime::BlockSlots slots;
   runtime::begin_launch(ep, slots);
-  for (int32_t id; (id = runtime::next_tile(ep, slots)) >= 0;) {
-    const DeviceTile t = ep.tiles[id];
-    run_tile<NT>(ep, slots, cp.ops[t.op], t, smem);
+  while (runtime::next_tile(ep, slots) >= 0) {
+    const DeviceTile t = slots.cur;
+    run_tile<NT, BK>(ep, slots, cp.ops[t.op], t, smem);
   }
   runtime::end_launch(ep, slots);
 }
@@ -130,21 +130,32 @@ using KernelFn = void (*)(const runtime::ExecParams, const ChainParams);
 
 int nt_for(int64_t m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8; }
 
-KernelFn kernel_for(int nt) {
+template <int BK>
+KernelFn kernel_for_bk(int nt) {
   switch (nt) {
-    case 1: return ffn_kernel<1>;
-    case 2: return ffn_kernel<2>;
-    case 4: return ffn_kernel<4>;
-    default: return ffn_kernel<8>;
+    case 1: return ffn_kernel<1, BK>;
+    case 2: return ffn_kernel<2, BK>;
+    case 4: return ffn_kernel<4, BK>;
+    default: return ffn_kernel<8, BK>;
   }
 }
-int smem_for(int nt) {
+KernelFn kernel_for(int nt, int bk) { return bk == 128 ? kernel_for_bk<128>(nt) : kernel_for_bk<64>(nt); }
+
+template <int BK>
+int smem_for_bk(int nt) {
   switch (nt) {
-    case 1: return sm80::TileShape<1>::smem_bytes;
-    case 2: return sm80::TileShape<2>::smem_bytes;
-    case 4: return sm80::TileShape<4>::smem_bytes;
-    default: return sm80::TileShape<8>::smem_bytes;
+    case 1: return sm80::TileShape<1, BK>::smem_bytes;
+    case 2: return sm80::TileShape<2, BK>::smem_bytes;
+    case 4: return sm80::TileShape<4, BK>::smem_bytes;
+    default: return sm80::TileShape<8, BK>::smem_bytes;
   }
+}
+int smem_for(int nt, int bk) { return bk == 128 ? smem_for_bk<128>(nt) : smem_for_bk<64>(nt); }
+
+int bk_for(const FfnOptions& opt) {
+  if (opt.bk != 0 && opt.bk != 64 && opt.bk != 128)
+    throw InvalidArgument("FFN: bk must be 64 or 128 (or 0 for the default), got " + std::to_string(opt.bk));
+  return opt.bk ? opt.bk : 64;
 }
 
 // K slices: about 1024 columns each at M <= 16 (64 weight rows x 1024 x 2 B = 128 KiB per tile), so
@@ -154,9 +165,9 @@ int auto_split(int64_t k, int64_t m) {
   const int64_t target = 1024 * std::max<int64_t>(1, m / 16);
   return static_cast<int>(std::max<int64_t>(1, (k + target / 2) / target));
 }
-int normalise_split(int64_t k, int split) {
+int normalise_split(int64_t k, int split, int bk) {
   // Slices are whole BK steps; recompute the count so no slice is empty.
-  const int64_t slice = ((k + split - 1) / split + sm80::kBK - 1) / sm80::kBK * sm80::kBK;
+  const int64_t slice = ((k + split - 1) / split + bk - 1) / bk * bk;
   return static_cast<int>((k + slice - 1) / slice);
 }
 
@@ -182,11 +193,12 @@ FfnTiling FusedFfn::tiling_for(const FfnShape& s, const FfnOptions& opt) {
   if (opt.split_gate_up < 0) throw InvalidArgument("FFN: split_gate_up must be >= 0, got " + std::to_string(opt.split_gate_up));
   if (opt.split_down < 0) throw InvalidArgument("FFN: split_down must be >= 0, got " + std::to_string(opt.split_down));
   const int64_t rows = 8 * nt_for(s.m);
-  const int sg = normalise_split(s.d, opt.split_gate_up ? opt.split_gate_up : auto_split(s.d, s.m));
-  const int sd = normalise_split(s.f, opt.split_down ? opt.split_down : auto_split(s.f, s.m));
+  const int bk = bk_for(opt);
+  const int sg = normalise_split(s.d, opt.split_gate_up ? opt.split_gate_up : auto_split(s.d, s.m), bk);
+  const int sd = normalise_split(s.f, opt.split_down ? opt.split_down : auto_split(s.f, s.m), bk);
   FfnTiling t;
-  t.gate_up = {rows, s.gated ? 32 : 64, sm80::kBK, sg};
-  t.down = {rows, 64, sm80::kBK, sd};
+  t.gate_up = {rows, s.gated ? 32 : 64, bk, sg};
+  t.down = {rows, 64, bk, sd};
   return t;
 }
 
@@ -201,8 +213,9 @@ void FusedFfn::init(const FfnOptions& opt, const Schedule* order) {
 
   const int nt = nt_for(shape_.m);
   act_rows_ = 8 * nt;
-  const KernelFn k = kernel_for(nt);
-  const int smem = smem_for(nt);
+  bk_ = bk_for(opt);
+  const KernelFn k = kernel_for(nt, bk_);
+  const int smem = smem_for(nt, bk_);
   TW_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int dev = 0, sms = 0, fit = 0;
   TW_CUDA_CHECK(cudaGetDevice(&dev));
@@ -275,8 +288,8 @@ FusedFfn::Launch FusedFfn::prepare(const bf16* x, const bf16* w_gate_up, const b
                              static_cast<int32_t>(gu.tiling.split_k), shape_.gated ? 1 : 0};
   l.cp.ops[g_.op_down] = {h_, w_down, y, ws_ + ws_down_offset_, shape_.m, shape_.d, shape_.f, sl_dn,
                           static_cast<int32_t>(dn.tiling.split_k), 0};
-  l.kernel = kernel_for(act_rows_ / 8);
-  l.smem = smem_for(act_rows_ / 8);
+  l.kernel = kernel_for(act_rows_ / 8, bk_);
+  l.smem = smem_for(act_rows_ / 8, bk_);
   return l;
 }
 

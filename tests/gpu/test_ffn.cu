@@ -201,11 +201,12 @@ TEST(FusedFfn, BadInputIsRefusedBeforeLaunch) {
     EXPECT_NE(std::string(e.what()).find("before its dependency"), std::string::npos) << e.what();
   }
   // Row sync waits for whole rows of gate/up tiles; the dataflow order puts down tiles before the
-  // end of that row, which could deadlock: refused before launch.
+  // end of that row (when there are more gate/up tiles than blocks in flight), which could
+  // deadlock: refused before launch.
   FfnOptions row_dataflow;
   row_dataflow.sync.policy = SyncPolicy::Row;
   try {
-    FusedFfn f(s, row_dataflow);
+    FusedFfn f({16, 4096, 14336, true}, row_dataflow);
     FAIL() << "row sync with the dataflow order accepted";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("later position"), std::string::npos) << e.what();
@@ -219,4 +220,21 @@ TEST(FusedFfn, BadInputIsRefusedBeforeLaunch) {
                InvalidArgument);  // dataflow order interleaves the ops
 }
 
+}  // namespace
+
+namespace {
+TEST(FusedFfn, Bk128MatchesReference) {
+  TW_REQUIRE_GPU();
+  for (auto [m, d, f] : std::vector<std::tuple<int, int, int>>{{1, 520, 1000}, {16, 1024, 2816}, {37, 520, 1000}, {255, 1024, 2816}}) {
+    FfnData data({m, d, f, true});
+    FfnOptions opt;
+    opt.bk = 128;
+    opt.spin_limit = kSpinLimit;
+    FusedFfn ffn(data.s, opt);
+    EXPECT_LT(data.check(ffn), kTol) << "bk=128 M=" << m << " d=" << d << " F=" << f;
+  }
+  FfnOptions bad;
+  bad.bk = 96;
+  EXPECT_THROW(FusedFfn({16, 1024, 2816, true}, bad), InvalidArgument);
+}
 }  // namespace

@@ -24,6 +24,7 @@ struct FfnOptions {
   int split_gate_up = 0;           // K slices of the first GEMM; 0 = from the shape
   int split_down = 0;              // K slices of the down GEMM; 0 = from the shape
   int blocks_per_sm = 0;           // 0 = as many as fit
+  int bk = 0;                      // K per pipeline stage: 64 or 128; 0 = default
   uint32_t spin_limit = 0;         // > 0: waits abort after this many polls (tests)
   uint32_t delay_ns = 0;           // > 0: producers sleep up to this long before signalling (stress)
 };
@@ -69,7 +70,7 @@ class FusedFfn {
   __nv_bfloat16* h_ = nullptr;
   float* ws_ = nullptr;  // split-K accumulators of both GEMMs
   size_t ws_down_offset_ = 0, ws_bytes_ = 0;
-  int grid_ = 0, act_rows_ = 0;
+  int grid_ = 0, act_rows_ = 0, bk_ = 64;
   int fit_per_sm_ = 0, sms_ = 0;
   uint32_t spin_limit_ = 0, delay_ns_ = 0;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;

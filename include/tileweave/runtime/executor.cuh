@@ -27,8 +27,8 @@ namespace tw::runtime {
 
 // Shared-memory slots of the block-level runtime (kept in static shared memory).
 struct BlockSlots {
-  int32_t tile;       // current tile id, -1 when done
-  int32_t next_tile;  // prefetched ticket's tile
+  DeviceTile cur, next;    // descriptors of the current and the prefetched tile
+  int32_t cur_id, next_id; // tile ids, -1 when the schedule is exhausted
   uint32_t epoch;
   int32_t flag;
 };
@@ -46,34 +46,44 @@ __device__ __forceinline__ int32_t draw_ticket(const ExecParams& p) {
 }
 }  // namespace detail
 
+// Thread 0: draws the next ticket and loads its tile's descriptor into the slots.
+__device__ __forceinline__ void prefetch_next(const ExecParams& p, BlockSlots& s) {
+  s.next_id = detail::draw_ticket(p);
+  if (s.next_id >= 0) s.next = p.tiles[s.next_id];
+}
+
 // Called once by all threads at kernel start: reads the epoch and draws the first ticket.
 __device__ __forceinline__ void begin_launch(const ExecParams& p, BlockSlots& s) {
   if (threadIdx.x == 0) {
     s.epoch = cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(p.state->epoch).load(cuda::memory_order_relaxed);
     atomicAdd(&p.state->started, 1u);
-    s.next_tile = detail::draw_ticket(p);
+    prefetch_next(p, s);
   }
 }
 
-// All threads: moves to the prefetched ticket and draws the one after it, so the atomic's
-// round trip overlaps the current tile. Returns -1 when the schedule is exhausted (or aborted).
+// All threads: moves to the prefetched tile (its descriptor is in s.cur afterwards). Returns -1
+// when the schedule is exhausted (or the launch aborted). The ticket after it is drawn later, in
+// wait_dependencies, while the tile's first weight loads are in flight: the atomic's and the
+// descriptor's round trips then hide under the pipeline fill instead of stalling the block.
 __device__ __forceinline__ int32_t next_tile(const ExecParams& p, BlockSlots& s) {
   __syncthreads();  // everyone is done with the previous tile's shared memory and slots
   if (threadIdx.x == 0) {
-    int32_t t = s.next_tile;
+    int32_t t = s.next_id;
     if (t >= 0 && p.spin_limit && *(volatile uint32_t*)&p.state->error) t = -1;
-    s.tile = t;
-    if (t >= 0) s.next_tile = detail::draw_ticket(p);
+    s.cur_id = t;
+    s.cur = s.next;
   }
   __syncthreads();
-  return s.tile;
+  return s.cur_id;
 }
 
-// Thread 0 polls the tile's producer counters; the barrier then orders every thread's later
-// reads after the acquire. Readers must still bypass L1 for produced data (ld.cg / cp.async.cg):
+// Called exactly once per tile by all threads, after the tile's weight prologue is issued.
+// Thread 0 prefetches the next ticket, then polls the tile's producer counters; the barrier then
+// orders every thread's later reads after the acquire. Readers must still bypass L1 for produced data (ld.cg / cp.async.cg):
 // L1 is not coherent with other SMs' writes. Returns false if a bounded wait expired.
 __device__ __forceinline__ bool wait_dependencies(const ExecParams& p, BlockSlots& s, const DeviceTile& t) {
   if (threadIdx.x == 0) {
+    prefetch_next(p, s);
     int32_t ok = 1;
     for (int32_t i = t.wait_begin; i < t.wait_end && ok; ++i) {
       const WaitEntry w = p.waits[i];

@@ -15,26 +15,40 @@ namespace tw::kernels::sm80 {
 
 constexpr int kThreads = 128;     // 4 warps, 16 weight rows each
 constexpr int kWeightRows = 64;
-constexpr int kBK = 64;           // K per stage: 128-byte rows, 8 chunks of 16 bytes
 constexpr int kStages = 4;
 
-template <int NT>  // activation rows per tile = 8 * NT
+// NT: activation rows per tile = 8 * NT. BK: K per stage (64 or 128: 128- or 256-byte rows).
+template <int NT, int BK>
 struct TileShape {
+  static_assert(BK == 64 || BK == 128, "BK is 64 or 128");
   static constexpr int act_rows = 8 * NT;
-  static constexpr int w_bytes = kWeightRows * kBK * 2;
-  static constexpr int x_bytes = act_rows * kBK * 2;
+  static constexpr int chunks_per_row = BK / 8;  // 16-byte chunks
+  static constexpr int w_bytes = kWeightRows * BK * 2;
+  static constexpr int x_bytes = act_rows * BK * 2;
   static constexpr int stage_bytes = w_bytes + x_bytes;
   static constexpr int smem_bytes = kStages * stage_bytes;
 };
 
-// Byte offset of 16-byte chunk `c` of row `r` in a [rows x 64] bf16 stage. The XOR swizzle puts
+// Byte offset of 16-byte chunk `c` of row `r` in a [rows x BK] bf16 stage. The XOR swizzle puts
 // the 8 rows an ldmatrix phase reads into 8 different bank groups (no conflicts).
-__device__ __forceinline__ uint32_t swizzle(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+template <int BK>
+__device__ __forceinline__ uint32_t swizzle(int r, int c) { return r * (BK * 2) + ((c ^ (r & 7)) << 4); }
 
+// .cg: L2 only. Activations may have been written by other SMs in this launch, and L1 is not
+// coherent with them; weights are read once, so L1 would not help them either.
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  // .cg: L2 only. Activations may have been written by other SMs in this launch, and L1 is not
-  // coherent with them; weights are read once, so L1 would not help them either.
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+// Weights are streamed once: evict-first keeps them from pushing activations and split-K
+// accumulators (which are re-read) out of L2.
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ void cp_async16_stream(uint32_t dst, const void* src, bool valid, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0), "l"(policy));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -70,50 +84,53 @@ struct WeightTileArgs {
 // Computes acc = W[rows(r), k0:k1] . X[m0:m0+8NT, k0:k1]^T for this block's 64 tile rows.
 // `row_of(r)` maps tile row -> weight row (or -1); `wait()` is called by all threads after the
 // weight prologue is in flight and must return false to abort (nothing more is read then).
-template <int NT, class RowOf, class Wait>
+template <int NT, int BK, class RowOf, class Wait>
 __device__ __forceinline__ bool weight_tile_mainloop(float (&acc)[NT][4], const WeightTileArgs& a, RowOf row_of,
                                                      Wait wait, char* smem) {
-  using S = TileShape<NT>;
+  using S = TileShape<NT, BK>;
+  constexpr int CPR = S::chunks_per_row;
+  constexpr int WL = kWeightRows * CPR / kThreads;  // weight chunks per thread per stage
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const int nk = static_cast<int>((a.k1 - a.k0 + kBK - 1) / kBK);
+  const int nk = static_cast<int>((a.k1 - a.k0 + BK - 1) / BK);
+  const uint64_t stream_policy = evict_first_policy();
 
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
 
-  // Each thread loads the same 4 weight rows' chunks in every stage: resolve the rows once.
-  const __nv_bfloat16* wrow[4];
-  bool wvalid[4];
+  // Each thread loads the same weight rows' chunks in every stage: resolve the rows once.
+  const __nv_bfloat16* wrow[WL];
+  bool wvalid[WL];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int r = (tid + i * kThreads) / 8;
+  for (int i = 0; i < WL; ++i) {
+    const int r = (tid + i * kThreads) / CPR;
     const int64_t gr = row_of(r);
     wvalid[i] = gr >= 0;
     wrow[i] = a.w + (gr >= 0 ? gr : 0) * a.ldw;
   }
   auto load_w = [&](int s, int kt) {
-    const int64_t kb = a.k0 + int64_t(kt) * kBK;
+    const int64_t kb = a.k0 + int64_t(kt) * BK;
     const uint32_t base = smem_base + s * S::stage_bytes;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int idx = tid + i * kThreads, r = idx / 8, c = idx % 8;
+    for (int i = 0; i < WL; ++i) {
+      const int idx = tid + i * kThreads, r = idx / CPR, c = idx % CPR;
       const int64_t k = kb + c * 8;
       const bool ok = wvalid[i] && k < a.k1;
-      cp_async16(base + swizzle(r, c), ok ? wrow[i] + k : a.w, ok);
+      cp_async16_stream(base + swizzle<BK>(r, c), ok ? wrow[i] + k : a.w, ok, stream_policy);
     }
   };
   auto load_x = [&](int s, int kt) {
-    const int64_t kb = a.k0 + int64_t(kt) * kBK;
+    const int64_t kb = a.k0 + int64_t(kt) * BK;
     const uint32_t base = smem_base + s * S::stage_bytes + S::w_bytes;
-    constexpr int chunks = S::act_rows * 8;
+    constexpr int chunks = S::act_rows * CPR;
 #pragma unroll
     for (int i = 0; i < (chunks + kThreads - 1) / kThreads; ++i) {
       const int idx = tid + i * kThreads;
       if (chunks % kThreads == 0 || idx < chunks) {
-        const int r = idx / 8, c = idx % 8;
+        const int r = idx / CPR, c = idx % CPR;
         const int64_t row = a.m0 + r, k = kb + c * 8;
         const bool ok = row < a.m && k < a.k1;
-        cp_async16(base + swizzle(r, c), ok ? a.x + row * a.ldx + k : a.x, ok);
+        cp_async16(base + swizzle<BK>(r, c), ok ? a.x + row * a.ldx + k : a.x, ok);
       }
     }
   };
@@ -151,19 +168,19 @@ __device__ __forceinline__ bool weight_tile_mainloop(float (&acc)[NT][4], const 
     const uint32_t w_base = smem_base + (kt % kStages) * S::stage_bytes;
     const uint32_t x_base = w_base + S::w_bytes;
 #pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) {
+    for (int kk = 0; kk < BK / 16; ++kk) {
       uint32_t af[4];
-      ldmatrix_x4(w_base + swizzle(warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2), kk * 2 + lane / 16), af[0], af[1],
+      ldmatrix_x4(w_base + swizzle<BK>(warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2), kk * 2 + lane / 16), af[0], af[1],
                   af[2], af[3]);
       if constexpr (NT == 1) {
         uint32_t b0, b1;
-        ldmatrix_x2(x_base + swizzle(lane % 8, kk * 2 + (lane / 8) % 2), b0, b1);
+        ldmatrix_x2(x_base + swizzle<BK>(lane % 8, kk * 2 + (lane / 8) % 2), b0, b1);
         mma_bf16(acc[0], af, b0, b1);
       } else {
 #pragma unroll
         for (int j = 0; j < NT; j += 2) {
           uint32_t b0, b1, b2, b3;
-          ldmatrix_x4(x_base + swizzle(8 * (j + lane / 16) + lane % 8, kk * 2 + (lane / 8) % 2), b0, b1, b2, b3);
+          ldmatrix_x4(x_base + swizzle<BK>(8 * (j + lane / 16) + lane % 8, kk * 2 + (lane / 8) % 2), b0, b1, b2, b3);
           mma_bf16(acc[j], af, b0, b1);
           mma_bf16(acc[j + 1], af, b2, b3);
         }
