@@ -35,7 +35,7 @@ TrafficBounds traffic_bounds(const TileGraph& g, const CacheConfig& c) {
   out.compulsory_write = once.dram_write;
   out.bounds.push_back({"compulsory", out.compulsory(),
                         "inputs and weights read once; every written block (outputs, intermediates, split-K "
-                        "partials) written back once"});
+                        "accumulators) written back once"});
 
   std::vector<bool> produced(g.tensors().size(), false);
   for (const Tile& t : g.tiles())

@@ -37,7 +37,8 @@ std::string known_orders() {
 
 [[noreturn]] void unknown(const std::string& spec) {
   throw InvalidArgument("unknown order '" + spec + "' (known: " + known_orders() +
-                        "; swizzle:<W>, grouped:<G>, chain_rows:<k> take any positive W, G, k)");
+                        "; swizzle:<W>, grouped:<G>, chain_rows:<k> take any positive W, G, k; "
+                        "<grid>+<grid> gives one grid order per op; dataflow:<lag>/<spec>)");
 }
 
 int64_t floor_div2(int64_t v) { return v >= 0 ? v / 2 : -((-v + 1) / 2); }
@@ -97,6 +98,8 @@ const std::vector<OrderInfo>& order_catalog() {
       {"chain_rows:2", "2 row blocks of GEMM0, then the GEMM1 tiles they complete", true},
       {"chain_rows:4", "4 row blocks of GEMM0, then the GEMM1 tiles they complete", true},
       {"chain_half_rows", "half a row block of GEMM0, then the GEMM1 tiles it completes", true},
+      {"dataflow/col_major", "column-major op by op, each tile moved up to just after its producers "
+                             "(the executor's FFN order; dataflow:<lag>/<spec> for others)", true},
   };
   return catalog;
 }
@@ -210,6 +213,16 @@ std::vector<int> chain_order(const TileGraph& g, int64_t rows_per_chunk, bool ha
 Schedule make_order(const TileGraph& g, const std::string& spec) {
   if (g.ops().empty()) throw InvalidArgument("order '" + spec + "': the graph has no ops");
   Schedule out{spec, {}};
+  if (spec.rfind("dataflow", 0) == 0) {
+    // dataflow[:<lag>]/<base spec>: the executor's dataflow order (schedule.hpp) over a named base.
+    const size_t slash = spec.find('/');
+    if (slash == std::string::npos || slash + 1 == spec.size()) unknown(spec);
+    const Spec head = parse_spec(spec.substr(0, slash));
+    if (head.name != "dataflow") unknown(spec);
+    Schedule s = dataflow_order(g, make_order(g, spec.substr(slash + 1)), static_cast<int>(head.param));
+    s.name = spec;
+    return s;
+  }
   if (spec.rfind("chain_", 0) == 0) {
     const Spec s = parse_spec(spec);
     if (s.name != "chain_rows" && s.name != "chain_half_rows") unknown(spec);

@@ -76,7 +76,13 @@ TEST(MakeOrder, EveryNamedOrderIsValidOnGemmAndChains) {
       std::sort(sorted.begin(), sorted.end());
       for (int i = 0; i < g->num_tiles(); ++i) ASSERT_EQ(sorted[i], i) << spec;
     }
-  EXPECT_EQ(named_orders(gemm.graph).size() + 4, named_orders(gated.graph).size());
+  EXPECT_EQ(named_orders(gemm.graph).size() + 5, named_orders(gated.graph).size());
+  const Schedule lagged = make_order(gated.graph, "dataflow:3/hilbert");
+  EXPECT_NO_THROW(validate(gated.graph, lagged));
+  EXPECT_EQ(lagged.name, "dataflow:3/hilbert");
+  EXPECT_THROW(make_order(gated.graph, "dataflow/"), InvalidArgument);
+  EXPECT_THROW(make_order(gated.graph, "dataflow:x/row_major"), InvalidArgument);
+  EXPECT_THROW(make_order(gated.graph, "dataflows/row_major"), InvalidArgument);
 }
 
 TEST(MakeOrder, ChainRowsInterleaveRowBlocks) {

@@ -59,12 +59,12 @@ void print_bounds(const TrafficBounds& b) {
 }
 
 void print_table(const std::vector<TrafficReport>& rs, int64_t bound) {
-  fmt::print("  {:<16} {:>12} {:>12} {:>12} {:>8} {:>8}\n", "order", "DRAM read", "DRAM write", "total", "x bound", "L2 hit");
+  fmt::print("  {:<20} {:>12} {:>12} {:>12} {:>8} {:>8}\n", "order", "DRAM read", "DRAM write", "total", "x bound", "L2 hit");
   int64_t best = -1;
   for (const auto& r : rs)
     if (best < 0 || r.dram_total() < best) best = r.dram_total();
   for (const auto& r : rs)
-    fmt::print("  {:<16} {:>12} {:>12} {:>12} {:>8.3f} {:>7.1f}%{}\n", r.order, human_bytes(r.dram_read),
+    fmt::print("  {:<20} {:>12} {:>12} {:>12} {:>8.3f} {:>7.1f}%{}\n", r.order, human_bytes(r.dram_read),
                human_bytes(r.dram_write), human_bytes(r.dram_total()), double(r.dram_total()) / double(bound),
                100.0 * r.hit_rate(), r.dram_total() == best ? "  <- best" : "");
 }

@@ -30,6 +30,8 @@ std::vector<Cell> grid_order(const std::string& grid_spec, int64_t grid_m, int64
 //   <grid spec>          ops one after another, each op's output cells in that grid order
 //                        (for a chain: GEMM0 then GEMM1); split-K slices of a cell are consecutive.
 //   <grid>+<grid>[+...]  ops one after another, one grid spec per op (e.g. grouped:16+hilbert).
+//   dataflow[:<lag>]/<spec>  dataflow_order (schedule.hpp) of the order <spec>: every tile moved up to
+//                        just after its producers (at least <lag> positions after them).
 //   chain_rows:<k>       k row blocks of the first op (row-major), then every tile of later ops whose
 //                        dependencies are now complete; repeat. k = 1 is "a GEMM0 row, then the
 //                        matching GEMM1 row".
