@@ -468,6 +468,9 @@ HeuristicResult heuristic_search(const TileGraph& g, const CacheConfig& c, const
         if (v <= op.grid_n && !out_of_time()) try_spec("swizzle:" + std::to_string(v));
       }
     } else {
+      // The best op-by-op spec with consumers pulled up to their producers (as the executor can run it).
+      for (const std::string& lag : {std::string(), ":" + std::to_string(c.in_flight)})
+        if (!out_of_time()) try_spec("dataflow" + lag + "/" + joined());
       for (int64_t k = 1; k <= g.op(0).grid_m && k <= 64 && !out_of_time(); ++k) try_spec("chain_rows:" + std::to_string(k));
     }
     if (o.progress)
