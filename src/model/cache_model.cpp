@@ -66,6 +66,11 @@ CacheModel::CacheModel(const TileGraph& g, const CacheConfig& c) : g_(&g), cfg_(
     nblocks += bg.num_rows * bg.num_cols;
   }
   first_block_[nt] = nblocks;
+  // Unaligned tile sizes (say BN 100 read in BK 64 steps) make tiny blocks; refuse a grid that would
+  // not fit in memory rather than thrash.
+  if (nblocks > (int64_t{1} << 27))
+    throw InvalidArgument("the tiles' edges cut the tensors into " + std::to_string(nblocks) +
+                          " blocks (max 2^27): use tile sizes that divide each other");
   blocks_.resize(nblocks);
   const int64_t line = cfg_.line_bytes;
   for (int t = 0; t < nt; ++t) {
