@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what tileweave needs on a fresh Debian machine (idempotent: installs only what is missing).
 set -euo pipefail
-pkgs=(cmake ninja-build g++ pkg-config libgtest-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev libfmt-dev libcpp-httplib-dev)
+pkgs=(cmake ninja-build g++ pkg-config python3 libgtest-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev libfmt-dev libcpp-httplib-dev)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
