@@ -13,9 +13,11 @@ int64_t TrafficBounds::best() const {
 }
 
 // I/O lower bound of the red-blue pebble game for C += A.B (m x k times k x n) with a fast memory of
-// s words: at least 2mnk/sqrt(s) - 2s words must be read. T. M. Smith, B. Lowery, J. Langou,
-// R. A. van de Geijn, "A Tight I/O Lower Bound for Matrix Multiplication", arXiv:1702.02017
-// (ACM TOMS, 2019); it sharpens Hong & Kung (STOC 1981) and Irony, Toledo & Tiskin (JPDC 2004).
+// s words: the reads have leading-order term 2mnk/sqrt(s) — T. M. Smith, B. Lowery, J. Langou,
+// R. A. van de Geijn, "A Tight I/O Lower Bound for Matrix Multiplication", arXiv:1702.02017, which
+// sharpens Hong & Kung (STOC 1981) and Irony, Toledo & Tiskin (JPDC 2004). The -2s takes off the
+// segment argument's lower-order terms (the fast memory's contents at each segment's start and end),
+// keeping the bound on the safe side.
 double gemm_read_lower_bound_elems(double m, double n, double k, double s) {
   if (!(s > 0)) throw InvalidArgument("fast memory size must be positive, got " + std::to_string(s));
   return std::max(0.0, 2.0 * m * n * k / std::sqrt(s) - 2.0 * s);
@@ -63,7 +65,7 @@ TrafficBounds traffic_bounds(const TileGraph& g, const CacheConfig& c) {
     const bool chain = g.ops().size() > 1;
     out.bounds.push_back(
         {(chain ? "chain:" : "pebble:") + op.name, operand_reads + other_reads + out.compulsory_write,
-         "red-blue pebble bound on " + op.name + "'s operand reads (2mnk/sqrt(S) - 2S, Smith et al. 2019)" +
+         "red-blue pebble bound on " + op.name + "'s operand reads (2mnk/sqrt(S) - 2S, Smith et al., arXiv:1702.02017)" +
              (chain ? " + the other ops' inputs once + every write once" : " + every write once")});
   }
   return out;
