@@ -2,16 +2,15 @@
 // stream-K balancing. The work is (weight tile of 128 rows) x (K stage) units, tile-major; CTA b of
 // G takes the contiguous unit range [b*U/G, (b+1)*U/G), so every CTA streams the same number of
 // weight bytes (+-1 stage) and the last wave does not idle. A tile cut by a CTA boundary is summed
-// in an fp32 workspace slot with vector atomics; the last of its contributors (counted on an
-// arrival counter) converts it to bf16, writes Y and re-zeroes the slot and counter for the next
-// launch, so launches need no memset and no second kernel.
+// in fp32: each contributor stores its partial to its own workspace slot, and the last of them
+// (counted on an arrival counter) adds the others' partials, writes Y and re-zeroes the counter
+// for the next launch, so launches need no memset and no second kernel.
 #include "tileweave/ops/gemm.hpp"
 
 #include <cuda.h>
 
 #include <mutex>
 #include <string>
-#include <vector>
 
 #include "tileweave/kernels/sm90/mainloop.cuh"
 #include "tileweave/util/cuda_check.hpp"
@@ -21,12 +20,20 @@ namespace {
 
 struct GemmParams {
   __nv_bfloat16* y;
-  float* ws;          // [G][kBW * kMPad] fp32, zero between launches
+  float* ws;          // [2 * G][kSlotFloats] fp32 split-K partials
   unsigned* cnt;      // [G] arrival counters, zero between launches
   int m, n;           // rows of this M slice (<= 256), weight rows
   int kst;            // K stages per tile
   long long units;    // tiles * kst
+  int stages;         // ring depth in use (<= Cfg::kStages)
+  bool w_evict_first; // L2 policy of the weight copies
+  bool skip_mma;      // diagnostic: consumers release stages without computing or storing
+  bool skip_epilogue; // diagnostic: consumers compute but store nothing
+  bool partials_first; // split segments before whole tiles (see Segments)
 };
+
+// Split-K partial slot: the largest fragment set, 128 fp32 per consumer thread x 256 threads.
+constexpr long long kSlotFloats = 128 * 256;
 
 #if TW_SM90_ENABLED
 // First unit of CTA i: CTAs own [bnd(i), bnd(i+1)).
@@ -37,6 +44,31 @@ __device__ __forceinline__ int owner(long long u, long long units, int g) {
   while (bnd(i, units, g) > u) --i;
   return i;
 }
+
+// The tiles a CTA touches, [u_begin, u_end) cut at tile boundaries. With partials_first, the (at
+// most two) split segments go first and the whole tiles after them, so a CTA's last piece of work
+// is a plain store rather than a split-K reduction chain (the launch's tail).
+struct Segment {
+  int t, k0, n;
+};
+struct Segments {
+  long long u0, u1;
+  int kst, t0, t1, count;
+  bool part0, part1;
+  __device__ Segments(long long ub, long long ue, int k, bool partials_first) : u0(ub), u1(ue), kst(k) {
+    t0 = int(ub / k);
+    t1 = int((ue - 1) / k);
+    count = t1 - t0 + 1;
+    part0 = partials_first && (ub > (long long)t0 * k || ue < (long long)(t0 + 1) * k);
+    part1 = partials_first && t1 != t0 && ue < (long long)(t1 + 1) * k;
+  }
+  __device__ Segment operator[](int i) const {
+    const int np = int(part0) + int(part1);
+    const int t = i < np ? (i == 0 && part0 ? t0 : t1) : t0 + int(part0) + (i - np);
+    const long long lo = max(u0, (long long)t * kst), hi = min(u1, (long long)(t + 1) * kst);
+    return {t, int(lo - (long long)t * kst), int(hi - lo)};
+  }
+};
 #endif
 
 template <class Cfg>
@@ -61,72 +93,88 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // Producer warpgroup: one thread issues every copy; the registers go to the consumers.
     setmaxnreg_dec<40>();
     if (threadIdx.x == 0) {
-      const StreamSrc src{&wmap, &xmap, l2_evict_first(), l2_evict_last()};
+      const StreamSrc src{&wmap, &xmap, p.w_evict_first ? l2_evict_first() : l2_evict_normal(), l2_evict_last()};
       PipeState<Cfg> ps;
-      for (long long u = u_begin; u < u_end;) {
-        const int t = int(u / p.kst), k0 = int(u - (long long)t * p.kst);
-        const int n = int(min(u_end - (long long)t * p.kst, (long long)p.kst)) - k0;
-        produce_tile(ring, ps, src, t * Cfg::kBW, 0, k0, n);
-        u += n;
+      ps.count = p.stages;
+      const Segments sg(u_begin, u_end, p.kst, p.partials_first);
+      for (int i = 0; i < sg.count; ++i) {
+        const Segment s = sg[i];
+        produce_tile(ring, ps, src, s.t * Cfg::kBW, 0, s.k0, s.n);
       }
     }
   } else {
     setmaxnreg_inc<232>();
     const int wg = warp / 4 - 1, tid = threadIdx.x % 128;
     PipeState<Cfg> ps;
+    ps.count = p.stages;
+    if (p.skip_mma) {  // diagnostic: the load stream alone, at the same ring protocol
+      for (long long j = u_begin; j < u_end; ++j) {
+        mbar_wait(&ring.full[ps.stage], ps.phase, "full");
+        if (threadIdx.x % 32 == 0) mbar_arrive(&ring.empty[ps.stage]);
+        ps.advance();
+      }
+      return;
+    }
     float acc[Cfg::kAcc];
-    for (long long u = u_begin; u < u_end;) {
-      const int t = int(u / p.kst), k0 = int(u - (long long)t * p.kst);
-      const int n = int(min(u_end - (long long)t * p.kst, (long long)p.kst)) - k0;
-      u += n;
+    const Segments sg(u_begin, u_end, p.kst, p.partials_first);
+    for (int si = 0; si < sg.count; ++si) {
+      const Segment seg = sg[si];
+      const int t = seg.t, n = seg.n;
       consume_tile(ring, ps, wg, n, acc);
+      if (p.skip_epilogue) continue;  // diagnostic
       const int w0 = t * Cfg::kBW;
       if (n == p.kst) {  // whole K range here: store bf16 directly
 #pragma unroll
         for (int i = 0; i < Cfg::kAcc; ++i) {
-          const AccCoord c = acc_coord(wg, tid, i);
+          const AccCoord c = acc_coord<Cfg>(wg, tid, i);
           if (w0 + c.w_row < p.n && c.act_row < p.m)
             p.y[(long long)c.act_row * p.n + w0 + c.w_row] = __float2bfloat16_rn(acc[i]);
         }
         continue;
       }
-      // Split tile: add the partial into the tile's slot, then the last contributor finishes it.
+      // Split tile. Each contributor stores its fp32 partial with plain coalesced stores into its
+      // own slot, in fragment order (register pair q of consumer thread ct at q*256 + ct: a warp
+      // writes 256 contiguous bytes), then arrives on the tile's counter; the last to arrive adds
+      // the others' slots to its registers and writes Y. (fp32 atomics into one shared slot were
+      // measured 15-75 us per split tile at M = 64..256: L2 atomic throughput.) A CTA has at most
+      // two split segments, its first and its last tile: slot 2*cta + (first ? 0 : 1).
       const long long tb = (long long)t * p.kst;
-      const int first = owner(tb, p.units, g);
-      const int contributors = owner(tb + p.kst - 1, p.units, g) - first + 1;
-      const int slot = first + 1;  // the CTA boundary inside this tile: unique per split tile
-      float* ws = p.ws + (long long)slot * (Cfg::kBW * Cfg::kMPad);
+      const int first = owner(tb, p.units, g), last = owner(tb + p.kst - 1, p.units, g);
+      const int ct = threadIdx.x - 128;
+      auto slot_of = [&](int cta) {
+        return p.ws + (2ll * cta + (bnd(cta, p.units, g) / p.kst == t ? 0 : 1)) * kSlotFloats;
+      };
+      float2* mine = reinterpret_cast<float2*>(slot_of(blockIdx.x));
 #pragma unroll
-      for (int i = 0; i < Cfg::kAcc; i += 2) {
-        const AccCoord c = acc_coord(wg, tid, i);  // i, i+1: act rows c, c+1 (adjacent in ws)
-        if (c.act_row < p.m) atomicAdd(reinterpret_cast<float2*>(ws + c.w_row * Cfg::kMPad + c.act_row),
-                                       make_float2(acc[i], acc[i + 1]));
-      }
-      // Release: the partials are visible GPU-wide before the arrival below (fence.acq_rel.gpu,
-      // not __threadfence's fence.sc).
+      for (int q = 0; q < Cfg::kAcc / 2; ++q) __stcg(mine + q * 256 + ct, make_float2(acc[2 * q], acc[2 * q + 1]));
+      // Release: the partial is visible GPU-wide before the arrival (fence.acq_rel, not fence.sc).
       asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
       named_bar_sync(1, 128 * Cfg::kConsumerWGs);
+      const int counter = first + 1;  // the CTA boundary inside this tile: unique per split tile
       if (threadIdx.x == 128) {
-        *ring.flag = atomicAdd(p.cnt + slot, 1u) == unsigned(contributors - 1);
+        *ring.flag = atomicAdd(p.cnt + counter, 1u) == unsigned(last - first);
         asm volatile("fence.acq_rel.gpu;\n" ::: "memory");  // acquire: the others' partials
       }
       named_bar_sync(1, 128 * Cfg::kConsumerWGs);
-      if (*reinterpret_cast<volatile uint32_t*>(ring.flag)) {
-        asm volatile("fence.acq_rel.gpu;\n" ::: "memory");  // acquire side of the arrival counter
+      if (!*reinterpret_cast<volatile uint32_t*>(ring.flag)) continue;
+      asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+      for (int c = first; c <= last; ++c) {
+        if (c == int(blockIdx.x)) continue;
+        const float2* other = reinterpret_cast<const float2*>(slot_of(c));
 #pragma unroll
-        for (int i = 0; i < Cfg::kAcc; i += 2) {
-          const AccCoord c = acc_coord(wg, tid, i);
-          if (c.act_row >= p.m) continue;
-          float2* a = reinterpret_cast<float2*>(ws + c.w_row * Cfg::kMPad + c.act_row);
-          const float2 v = __ldcg(a);  // L2: other SMs' atomics are not in this SM's L1
-          __stcg(a, make_float2(0.f, 0.f));
-          if (w0 + c.w_row < p.n) {
-            p.y[(long long)c.act_row * p.n + w0 + c.w_row] = __float2bfloat16_rn(v.x);
-            if (c.act_row + 1 < p.m) p.y[(long long)(c.act_row + 1) * p.n + w0 + c.w_row] = __float2bfloat16_rn(v.y);
-          }
+        for (int q = 0; q < Cfg::kAcc / 2; ++q) {
+          const float2 v = __ldcg(other + q * 256 + ct);  // L2: not this SM's stale L1
+          acc[2 * q] += v.x;
+          acc[2 * q + 1] += v.y;
         }
-        if (threadIdx.x == 128) p.cnt[slot] = 0;
       }
+#pragma unroll
+      for (int i = 0; i < Cfg::kAcc; ++i) {
+        const AccCoord c = acc_coord<Cfg>(wg, tid, i);
+        if (w0 + c.w_row < p.n && c.act_row < p.m)
+          p.y[(long long)c.act_row * p.n + w0 + c.w_row] = __float2bfloat16_rn(acc[i]);
+      }
+      if (threadIdx.x == 128) p.cnt[counter] = 0;  // ready for the next launch
     }
   }
 #elif defined(__CUDA_ARCH__)
@@ -145,11 +193,11 @@ struct DeviceState {
 
 DeviceState& device_state() {
   static std::mutex mu;
-  static std::vector<DeviceState> states;
+  static DeviceState states[64];  // fixed: references stay valid
   int dev = 0;
   TW_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64) throw CudaError("run_gemm: device index out of range");
   std::lock_guard<std::mutex> lock(mu);
-  if (states.size() <= size_t(dev)) states.resize(dev + 1);
   DeviceState& s = states[dev];
   if (s.sms == 0) {
     cudaDeviceProp prop{};
@@ -160,38 +208,58 @@ DeviceState& device_state() {
   return s;
 }
 
-constexpr int kMaxMPad = 256, kBW = 128;
+constexpr int kMaxMPad = 256;
+constexpr int kMaxCtasPerSm = 2;  // grid cap: one CTA fits per SM, so more only helps tests
 
-// Workspace for the largest slice (kMPad = 256) and up to `grid` slots; allocated once per device.
-void ensure_workspace(DeviceState& s, int grid) {
+// Workspace: 2 partial slots per CTA and one counter per CTA, for kMaxCtasPerSm CTAs per SM;
+// allocated once per device, counters zeroed (the kernel leaves them zero).
+void ensure_workspace(DeviceState& s) {
   static std::mutex mu;
   std::lock_guard<std::mutex> lock(mu);
   if (s.ws) return;
-  const int slots = std::max(grid, s.sms * 4);  // run_gemm clamps its grid to this
-  TW_CUDA_CHECK(cudaMalloc(&s.ws, size_t(slots) * kBW * kMaxMPad * sizeof(float)));
-  TW_CUDA_CHECK(cudaMalloc(&s.cnt, size_t(slots) * sizeof(unsigned)));
-  TW_CUDA_CHECK(cudaMemset(s.ws, 0, size_t(slots) * kBW * kMaxMPad * sizeof(float)));
-  TW_CUDA_CHECK(cudaMemset(s.cnt, 0, size_t(slots) * sizeof(unsigned)));
+  const size_t ctas = size_t(s.sms) * kMaxCtasPerSm;
+  TW_CUDA_CHECK(cudaMalloc(&s.ws, 2 * ctas * kSlotFloats * sizeof(float)));
+  TW_CUDA_CHECK(cudaMalloc(&s.cnt, ctas * sizeof(unsigned)));
+  TW_CUDA_CHECK(cudaMemset(s.cnt, 0, ctas * sizeof(unsigned)));
   TW_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
+struct Slice {
+  __nv_bfloat16* y;
+  const __nv_bfloat16* x;
+  const __nv_bfloat16* w;
+  int m, n, k;
+};
+
 template <class Cfg>
-void launch(const CUtensorMap& wmap, const CUtensorMap& xmap, const GemmParams& p, int grid, cudaStream_t st) {
+void run_cfg(const Slice& sl, const DeviceState& s, int grid_max, const GemmOptions& opt, cudaStream_t st) {
+  static_assert(Cfg::kAcc * 128 * Cfg::kConsumerWGs <= kSlotFloats, "workspace slot too small");
   static bool attr_set = [] {
     TW_CUDA_CHECK(cudaFuncSetAttribute(gemm_sm90_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        Cfg::kSmemBytes));
     return true;
   }();
   (void)attr_set;
+  const CUtensorMap wmap = sm90::make_tensor_map_bf16(sl.w, uint64_t(sl.n), uint64_t(sl.k), Cfg::kBW,
+                                                       opt.weights_promote_256);
+  const CUtensorMap xmap = sm90::make_tensor_map_bf16(sl.x, uint64_t(sl.m), uint64_t(sl.k), Cfg::kMPad);
+  GemmParams p{};
+  p.y = sl.y;
+  p.ws = s.ws;
+  p.cnt = s.cnt;
+  p.m = sl.m;
+  p.n = sl.n;
+  p.kst = (sl.k + Cfg::kBK - 1) / Cfg::kBK;
+  p.units = (long long)((sl.n + Cfg::kBW - 1) / Cfg::kBW) * p.kst;
+  p.stages = opt.stages > 0 ? std::min(opt.stages, Cfg::kStages) : Cfg::kStages;
+  p.w_evict_first = opt.weights_evict_first;
+  p.skip_mma = opt.skip_mma;
+  p.skip_epilogue = opt.skip_epilogue;
+  p.partials_first = opt.partials_first;
+  const int grid = int(std::min<long long>(grid_max, p.units));
   gemm_sm90_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, st>>>(wmap, xmap, p);
   TW_CUDA_CHECK_LAUNCH();
 }
-
-template <int kMPad>
-struct Dispatch {
-  template <int kKAtoms>
-  using Cfg = sm90::MainloopConfig<kMPad, kKAtoms>;
-};
 
 [[noreturn]] void bad(const std::string& what) { throw InvalidArgument("run_gemm: " + what); }
 
@@ -209,38 +277,45 @@ void run_gemm(__nv_bfloat16* Y, const __nv_bfloat16* X, const __nv_bfloat16* W, 
     bad("X and W must be 16-byte aligned");
   if (reinterpret_cast<uintptr_t>(Y) % 2) bad("Y must be 2-byte aligned");
   if (opt.k_atoms < 0 || opt.k_atoms > 2) bad("k_atoms must be 0, 1 or 2");
+  if (opt.tile_rows != 0 && opt.tile_rows != 128 && opt.tile_rows != 256) bad("tile_rows must be 0, 128 or 256");
+  if (opt.stages != 0 && opt.stages < 3) bad("stages must be 0 or >= 3");
   if (opt.grid < 0) bad("grid must be >= 0");
   DeviceState& s = device_state();
   if (!s.sm90) bad("needs an sm_90 GPU (H100/H200)");
-
-  const int tiles = (N + kBW - 1) / kBW;
-  // The workspace has 4 slots per SM; more CTAs than that buys nothing (one CTA fits per SM).
-  const int grid_max = opt.grid > 0 ? std::min(opt.grid, 4 * s.sms) : s.sms;
-  ensure_workspace(s, grid_max);
-  const CUtensorMap wmap = sm90::make_tensor_map_bf16(W, uint64_t(N), uint64_t(K), kBW);
+  ensure_workspace(s);
+  const int grid_max = opt.grid > 0 ? std::min(opt.grid, kMaxCtasPerSm * s.sms) : s.sms;
 
   for (int m0 = 0; m0 < M; m0 += kMaxMPad) {
-    const int m = std::min(M - m0, kMaxMPad);
-    const int mpad = m <= 8 ? 8 : m <= 16 ? 16 : m <= 32 ? 32 : m <= 64 ? 64 : m <= 128 ? 128 : 256;
-    // Measured default (bench_gemm sweeps k_atoms): see docs/sm90_mainloop.md.
-    const int katoms = mpad > 64 ? 1 : (opt.k_atoms ? opt.k_atoms : 1);
-    const int bk = 64 * katoms;
-    GemmParams p{Y + size_t(m0) * N, s.ws, s.cnt, m, N, (K + bk - 1) / bk, 0};
-    p.units = (long long)tiles * p.kst;
-    const int grid = int(std::min<long long>(grid_max, p.units));
-    const CUtensorMap xmap = sm90::make_tensor_map_bf16(X + size_t(m0) * K, uint64_t(m), uint64_t(K), mpad);
-    auto go = [&](auto cfg) { launch<decltype(cfg)>(wmap, xmap, p, grid, stream); };
+    const Slice sl{Y + size_t(m0) * N, X + size_t(m0) * K, W, std::min(M - m0, kMaxMPad), N, K};
+    const int mpad = sl.m <= 8 ? 8 : sl.m <= 16 ? 16 : sl.m <= 32 ? 32 : sl.m <= 64 ? 64 : sl.m <= 128 ? 128 : 256;
+    // Defaults: measured on the H200 (bench_gemm sweeps the knobs; docs/sm90_mainloop.md).
+    int rows = opt.tile_rows ? opt.tile_rows : 128;
+    if (mpad > 128) rows = 128;  // 256 rows x 256 activation rows would need 256 accumulators
+    int katoms = opt.k_atoms ? opt.k_atoms : 1;
+    if (mpad > 64 || rows == 256) katoms = 1;  // two atoms would leave < 4 stages
+    auto go = [&](auto cfg) { run_cfg<decltype(cfg)>(sl, s, grid_max, opt, stream); };
+    using namespace sm90;
+    if (rows == 256) {
+      switch (mpad) {
+        case 8: go(MainloopConfig<8, 1, 2>{}); break;
+        case 16: go(MainloopConfig<16, 1, 2>{}); break;
+        case 32: go(MainloopConfig<32, 1, 2>{}); break;
+        case 64: go(MainloopConfig<64, 1, 2>{}); break;
+        default: go(MainloopConfig<128, 1, 2>{}); break;
+      }
+      continue;
+    }
     switch (mpad * 4 + katoms) {
-      case 8 * 4 + 1: go(sm90::MainloopConfig<8, 1>{}); break;
-      case 8 * 4 + 2: go(sm90::MainloopConfig<8, 2>{}); break;
-      case 16 * 4 + 1: go(sm90::MainloopConfig<16, 1>{}); break;
-      case 16 * 4 + 2: go(sm90::MainloopConfig<16, 2>{}); break;
-      case 32 * 4 + 1: go(sm90::MainloopConfig<32, 1>{}); break;
-      case 32 * 4 + 2: go(sm90::MainloopConfig<32, 2>{}); break;
-      case 64 * 4 + 1: go(sm90::MainloopConfig<64, 1>{}); break;
-      case 64 * 4 + 2: go(sm90::MainloopConfig<64, 2>{}); break;
-      case 128 * 4 + 1: go(sm90::MainloopConfig<128, 1>{}); break;
-      default: go(sm90::MainloopConfig<256, 1>{}); break;
+      case 8 * 4 + 1: go(MainloopConfig<8, 1>{}); break;
+      case 8 * 4 + 2: go(MainloopConfig<8, 2>{}); break;
+      case 16 * 4 + 1: go(MainloopConfig<16, 1>{}); break;
+      case 16 * 4 + 2: go(MainloopConfig<16, 2>{}); break;
+      case 32 * 4 + 1: go(MainloopConfig<32, 1>{}); break;
+      case 32 * 4 + 2: go(MainloopConfig<32, 2>{}); break;
+      case 64 * 4 + 1: go(MainloopConfig<64, 1>{}); break;
+      case 64 * 4 + 2: go(MainloopConfig<64, 2>{}); break;
+      case 128 * 4 + 1: go(MainloopConfig<128, 1>{}); break;
+      default: go(MainloopConfig<256, 1>{}); break;
     }
   }
 }

@@ -66,7 +66,8 @@ void check(const Case& c, const tw::GemmOptions& opt = {}, int launches = 2) {
     TW_CUDA_CHECK(cudaDeviceSynchronize());
     const double err = tw::test::rel_error(dy.download(), ref);
     EXPECT_LT(err, 1e-2) << "M=" << c.M << " N=" << c.N << " K=" << c.K << " k_atoms=" << opt.k_atoms
-                         << " grid=" << opt.grid << " launch " << l;
+                         << " tile_rows=" << opt.tile_rows << " grid=" << opt.grid << " stages=" << opt.stages
+                         << " launch " << l;
   }
 }
 
@@ -88,13 +89,39 @@ TEST(GemmSm90, LlamaShapes) {
   check({64, 4096, 14336}, {}, 1);
 }
 
+static tw::GemmOptions knobs(int k_atoms, int tile_rows, int grid = 0, int stages = 0) {
+  tw::GemmOptions o;
+  o.k_atoms = k_atoms;
+  o.tile_rows = tile_rows;
+  o.grid = grid;
+  o.stages = stages;
+  return o;
+}
+
 TEST(GemmSm90, TuningKnobs) {
   TW_REQUIRE_SM90();
-  for (int M : {1, 16, 37, 64})
-    for (int ka : {1, 2}) check({M, 2048 + 128, 2048 + 64}, {ka, 0});
-  check({37, 3000, 520}, {2, 5});    // few CTAs: many tiles per CTA, ring wraps across tiles
-  check({256, 1024, 512}, {0, 1});   // one CTA does everything
-  check({5, 640, 4096}, {0, 500});   // more CTAs than tiles: all tiles split
+  for (int M : {1, 16, 37, 64}) {
+    for (int ka : {1, 2}) check({M, 2048 + 128, 2048 + 64}, knobs(ka, 128));
+    check({M, 2048 + 128, 2048 + 64}, knobs(0, 256));
+  }
+  check({128, 1000, 1032}, knobs(0, 256));
+  check({100, 4096 + 64, 1024}, knobs(0, 256));
+  check({37, 3000, 520}, knobs(2, 128, 5));   // few CTAs: many tiles per CTA, ring wraps across tiles
+  check({37, 3000, 520}, knobs(0, 256, 7, 3));  // shallowest ring
+  check({256, 1024, 512}, knobs(0, 0, 1));    // one CTA does everything
+  check({5, 640, 4096}, knobs(0, 0, 500));    // more CTAs than tiles (grid capped at 2/SM): all split
+  check({64, 256, 8192}, knobs(0, 128, 200)); // 2 tiles, ~100 contributors each
+  for (int rows : {128, 256}) {
+    tw::GemmOptions pf = knobs(0, rows, 11);
+    pf.partials_first = true;
+    check({45, 5000, 1000}, pf);  // ~2-4 tiles per CTA: split segments first, whole tiles after
+    pf.grid = 0;
+    check({3, 28672, 512}, pf);
+  }
+  tw::GemmOptions o;
+  o.weights_evict_first = false;
+  o.weights_promote_256 = true;
+  check({16, 2048, 2048}, o);
 }
 
 TEST(GemmSm90, EdgeShapes) {
@@ -119,7 +146,9 @@ TEST(GemmSm90, BadInputThrowsBeforeLaunch) {
   bad([&] { tw::run_gemm(y.ptr, a.ptr, nullptr, 4, 64, 64, nullptr); });
   bad([&] { tw::run_gemm(y.ptr, a.ptr + 1, b.ptr, 4, 64, 64, nullptr); });  // 2-byte aligned X
   bad([&] { tw::run_gemm(y.ptr, a.ptr, b.ptr + 4, 4, 64, 64, nullptr); });  // 8-byte aligned W
-  bad([&] { tw::run_gemm(y.ptr, a.ptr, b.ptr, 4, 64, 64, nullptr, {3, 0}); });
+  bad([&] { tw::run_gemm(y.ptr, a.ptr, b.ptr, 4, 64, 64, nullptr, knobs(3, 0)); });
+  bad([&] { tw::run_gemm(y.ptr, a.ptr, b.ptr, 4, 64, 64, nullptr, knobs(0, 64)); });
+  bad([&] { tw::run_gemm(y.ptr, a.ptr, b.ptr, 4, 64, 64, nullptr, knobs(0, 0, 0, 2)); });
 }
 
 namespace {
@@ -129,7 +158,7 @@ namespace {
 // fence.proxy.async + release a flag; every CTA's producer has already issued the weight copies of
 // its first stages and waits for the flag (acquire) before its TMA reads of the activations. A
 // missing acquire/proxy fence or an early activation copy reads poison (NaN) and fails the check.
-using DepCfg = tw::sm90::MainloopConfig<32, 1>;
+using DepCfg = tw::sm90::MainloopConfig<32, 1, 2>;  // 256-row tiles
 
 __global__ void __launch_bounds__(DepCfg::kThreads, 1)
     dep_gemm_kernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap,
@@ -175,7 +204,7 @@ __global__ void __launch_bounds__(DepCfg::kThreads, 1)
       consume_tile(ring, ps, wg, kst, acc);
 #pragma unroll
       for (int i = 0; i < Cfg::kAcc; ++i) {
-        const AccCoord c = acc_coord(wg, tid, i);
+        const AccCoord c = acc_coord<Cfg>(wg, tid, i);
         const int n = t * Cfg::kBW + c.w_row;
         if (n < N && c.act_row < M) y[size_t(c.act_row) * N + n] = __float2bfloat16_rn(acc[i]);
       }
@@ -188,7 +217,7 @@ __global__ void __launch_bounds__(DepCfg::kThreads, 1)
 
 TEST(GemmSm90, WeightsBeforeDependencyProtocol) {
   TW_REQUIRE_SM90();
-  const int M = 29, N = 128 * 40 + 17, K = 1536;
+  const int M = 29, N = 256 * 40 + 17, K = 1536;
   std::mt19937_64 rng(tw::test::fresh_seed());
   const HostBf16 x = tw::test::random_bf16(size_t(M) * K, rng);
   const HostBf16 w = tw::test::random_bf16(size_t(N) * K, rng, 0.05f);
@@ -202,7 +231,7 @@ TEST(GemmSm90, WeightsBeforeDependencyProtocol) {
   TW_CUDA_CHECK(cudaFuncSetAttribute(dep_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, DepCfg::kSmemBytes));
   int sms = 0;
   TW_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const int tiles = (N + 127) / 128, grid = std::min(tiles, sms);  // all CTAs resident: no deadlock
+  const int tiles = (N + DepCfg::kBW - 1) / DepCfg::kBW, grid = std::min(tiles, sms);  // all CTAs resident: no deadlock
   for (int rep = 0; rep < 3; ++rep) {
     dx.poison();
     dy.poison();

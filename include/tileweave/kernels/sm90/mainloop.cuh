@@ -1,13 +1,13 @@
-// The Hopper weight-streaming mainloop ("swap A/B"): for one output tile of kBW = 128 weight rows
-// x all M <= 256 activation rows, over a range of K, wgmma computes D[w_row][act_row] with the
-// WEIGHT tile as the 64-row A operand (one consumer warpgroup per 64 rows) and the activation
+// The Hopper weight-streaming mainloop ("swap A/B"): for one output tile of kBW = 128 or 256 weight
+// rows x all M <= 256 activation rows, over a range of K, wgmma computes D[w_row][act_row] with the
+// WEIGHT tile as the 64-row A operand (each consumer warpgroup owns 1 or 2 blocks of 64 rows) and the activation
 // slice as B with N = kMPad (M rounded up; the extra rows are zero-filled by TMA). So decode
 // batches of 1..256 use the tensor cores without padding M to 64, and the weight stream -- the
 // only large byte stream -- is read exactly once.
 //
 // Roles (one CTA = 1 producer warpgroup + 2 consumer warpgroups, __launch_bounds__(384, 1)):
 //   producer: one thread issues TMA copies into a ring of kStages shared-memory stages; each stage
-//     holds kKAtoms 64-column slices of the weight tile (128 x 64 bf16, 16 KiB each) and of the
+//     holds kKAtoms 64-column slices of the weight tile (kBW x 64 bf16, 16 or 32 KiB) and of the
 //     activation slice (kMPad x 64). full[s] completes when all bytes of stage s landed (one
 //     arrive.expect_tx of the whole stage + TMA complete_tx); empty[s] completes when every
 //     consumer warp has finished the wgmmas that read stage s.
@@ -34,6 +34,7 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "tileweave/kernels/sm90/arch.cuh"
 #include "tileweave/kernels/sm90/tma.cuh"
@@ -43,13 +44,17 @@ namespace tw::sm90 {
 
 constexpr int kMaxDynSmem = 232448;  // 227 KiB: the sm_90 per-block opt-in limit
 
-template <int kMPad_, int kKAtoms_, int kStagesMax_ = 16>
+template <int kMPad_, int kKAtoms_, int kMBlocks_ = 1, int kStagesMax_ = 16>
 struct MainloopConfig {
   static_assert(kMPad_ % 8 == 0 && kMPad_ >= 8 && kMPad_ <= 256, "wgmma N is 8..256 in steps of 8");
+  static_assert(kMBlocks_ == 1 || kMBlocks_ == 2, "64-row blocks per consumer warpgroup: 1 or 2");
   static constexpr int kMPad = kMPad_;    // wgmma N = activation rows per tile
   static constexpr int kKAtoms = kKAtoms_;  // 64-column swizzle atoms per stage
+  static constexpr int kMBlocks = kMBlocks_;  // 64-row weight blocks per consumer warpgroup
   static constexpr int kConsumerWGs = 2;
-  static constexpr int kBW = 64 * kConsumerWGs;  // weight rows per tile
+  // Weight rows per tile. 256 (kMBlocks = 2) halves the activation bytes read from L2 per weight
+  // byte -- each activation stage feeds twice the weight rows -- at the cost of 2x accumulators.
+  static constexpr int kBW = 64 * kConsumerWGs * kMBlocks;
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
   static constexpr int kConsumerWarps = 4 * kConsumerWGs;
   static constexpr int kBK = 64 * kKAtoms;  // K per stage
@@ -61,7 +66,9 @@ struct MainloopConfig {
   static constexpr int kStagesFit = (kMaxDynSmem - 1024 - 512) / kStageBytes;
   static constexpr int kStages = kStagesFit < kStagesMax_ ? kStagesFit : kStagesMax_;
   static_assert(kStages >= 3, "ring needs >= 3 stages");
-  static constexpr int kAcc = kMPad / 2;  // fp32 accumulators per consumer thread
+  static constexpr int kAccBlock = kMPad / 2;       // fp32 accumulators per thread per 64-row block
+  static constexpr int kAcc = kMBlocks * kAccBlock;  // per consumer thread
+  static_assert(kAcc <= 128, "accumulators must fit the consumers' 232 registers");
   // Dynamic shared memory to request: stages, barriers, slack to align the base to 1024 B.
   static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8 + 16;
 };
@@ -100,12 +107,14 @@ struct Ring {
 };
 
 // Position in the ring; producer and consumers each keep one and advance it identically.
+// `count` (<= kStages, the same on both sides) lets a caller run a shallower ring than fits.
 template <class Cfg>
 struct PipeState {
   int stage = 0;
   uint32_t phase = 0;
+  int count = Cfg::kStages;
   __device__ void advance() {
-    if (++stage == Cfg::kStages) {
+    if (++stage == count) {
       stage = 0;
       phase ^= 1;
     }
@@ -155,12 +164,14 @@ struct NoDeps {
 template <class Cfg, class WaitDeps = NoDeps>
 __device__ void produce_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, const StreamSrc& src, int w_row0, int x_row0,
                              int kst0, int n, WaitDeps&& wait_deps = {}) {
-  const int pre = n < Cfg::kStages ? n : Cfg::kStages;
+  const int pre = n < ps.count ? n : ps.count;
   const int s0 = ps.stage;
   for (int j = 0; j < pre; ++j) issue_w(ring, producer_acquire(ring, ps), src, w_row0, kst0 + j);
-  wait_deps();
-  ptx::fence_proxy_async(ptx::space_global);
-  for (int j = 0, s = s0; j < pre; ++j, s = (s + 1 == Cfg::kStages ? 0 : s + 1)) issue_x(ring, s, src, x_row0, kst0 + j);
+  if constexpr (!std::is_same_v<std::decay_t<WaitDeps>, NoDeps>) {
+    wait_deps();
+    ptx::fence_proxy_async(ptx::space_global);
+  }
+  for (int j = 0, s = s0; j < pre; ++j, s = (s + 1 == ps.count ? 0 : s + 1)) issue_x(ring, s, src, x_row0, kst0 + j);
   for (int j = pre; j < n; ++j) {
     const int s = producer_acquire(ring, ps);
     issue_w(ring, s, src, w_row0, kst0 + j);
@@ -170,8 +181,8 @@ __device__ void produce_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, const St
 
 // ---- consumers (each consumer warpgroup, all 128 threads) ----
 
-// acc = sum over n stages of W[64 rows of this warpgroup] * X^T (overwritten, not accumulated).
-// wg = consumer warpgroup index (0 or 1): which 64 rows of the 128-row tile.
+// acc = sum over n stages of W[this warpgroup's kMBlocks x 64 rows] * X^T (overwritten).
+// wg = consumer warpgroup index (0 or 1): which rows of the kBW-row tile.
 template <class Cfg>
 __device__ __forceinline__ void consume_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, int wg, int n,
                                              float (&acc)[Cfg::kAcc]) {
@@ -184,11 +195,15 @@ __device__ __forceinline__ void consume_tile(const Ring<Cfg>& ring, PipeState<Cf
     wgmma_fence();
 #pragma unroll
     for (int a = 0; a < Cfg::kKAtoms; ++a) {
-      const uint64_t da = make_desc_sw128(ring.w_atom(s, a) + wg * 64 * 128);
       const uint64_t db = make_desc_sw128(ring.x_atom(s, a));
 #pragma unroll
       for (int k = 0; k < 4; ++k)  // 4 x k16 = one 128-B swizzle row; +32 B per step
-        Wgmma<Cfg::kMPad>::mma(acc, desc_add(da, 32 * k), desc_add(db, 32 * k), (j | a | k) != 0);
+#pragma unroll
+        for (int mb = 0; mb < Cfg::kMBlocks; ++mb) {
+          const uint64_t da = make_desc_sw128(ring.w_atom(s, a) + (wg * Cfg::kMBlocks + mb) * 64 * 128);
+          Wgmma<Cfg::kMPad>::mma(*reinterpret_cast<float(*)[Cfg::kAccBlock]>(acc + mb * Cfg::kAccBlock),
+                                 desc_add(da, 32 * k), desc_add(db, 32 * k), (j | a | k) != 0);
+        }
     }
     wgmma_commit();
     fence_operands(acc);
@@ -204,17 +219,20 @@ __device__ __forceinline__ void consume_tile(const Ring<Cfg>& ring, PipeState<Cf
   if (release_lane) mbar_arrive(&ring.empty[prev]);
 }
 
-// Where accumulator i of consumer thread t (0..127 within its warpgroup) lives in the tile:
-// wgmma's m64nN fp32 fragment (warp w owns rows 16w..16w+15; per 8-column chunk j, registers
-// 4j..4j+3 hold (r, c), (r, c+1), (r+8, c), (r+8, c+1) with r = lane/4, c = 8j + 2*(lane%4)).
-// Registers i and i+1 (i even) are adjacent activation rows of the same weight row.
+// Where accumulator i of consumer thread t (0..127 within its warpgroup) lives in the tile.
+// acc[mb * kAccBlock + j] is 64-row block mb of the warpgroup; within a block, wgmma's m64nN fp32
+// fragment: warp w owns rows 16w..16w+15; per 8-column chunk q, registers 4q..4q+3 hold (r, c),
+// (r, c+1), (r+8, c), (r+8, c+1) with r = lane/4, c = 8q + 2*(lane%4). Registers i and i+1
+// (i even) are adjacent activation rows of the same weight row.
 struct AccCoord {
-  int w_row;    // 0..kBW-1 within the tile (already offset by the warpgroup's 64 rows)
+  int w_row;    // 0..kBW-1 within the tile
   int act_row;  // 0..kMPad-1
 };
+template <class Cfg>
 __device__ __forceinline__ AccCoord acc_coord(int wg, int t, int i) {
-  const int lane = t % 32, warp = t / 32;
-  return {wg * 64 + warp * 16 + lane / 4 + 8 * ((i >> 1) & 1), 8 * (i >> 2) + 2 * (lane % 4) + (i & 1)};
+  const int lane = t % 32, warp = t / 32, mb = i / Cfg::kAccBlock, j = i % Cfg::kAccBlock;
+  return {(wg * Cfg::kMBlocks + mb) * 64 + warp * 16 + lane / 4 + 8 * ((j >> 1) & 1),
+          8 * (j >> 2) + 2 * (lane % 4) + (j & 1)};
 }
 
 #endif  // TW_SM90_ENABLED

@@ -24,6 +24,11 @@ __device__ __forceinline__ uint64_t l2_evict_first() {
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
   return p;
 }
+__device__ __forceinline__ uint64_t l2_evict_normal() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
+}
 __device__ __forceinline__ uint64_t l2_evict_last() {
   uint64_t p;
   asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
@@ -52,7 +57,10 @@ __device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap* map) {
 // A row-major bf16 matrix [rows][cols] (cols contiguous, row stride = cols elements) read in boxes
 // of box_rows x 64 columns (128 B = one swizzle row). Requires: base 16-B aligned, cols % 8 == 0
 // (row stride a multiple of 16 B), 1 <= box_rows <= 256. Reads past rows/cols are zero-filled.
-inline CUtensorMap make_tensor_map_bf16(const void* base, uint64_t rows, uint64_t cols, uint32_t box_rows) {
+// promote_256: L2 fetch granularity for the box rows (256 B: the neighbouring 128 B, the next
+// K stage of the same rows, arrives with this one).
+inline CUtensorMap make_tensor_map_bf16(const void* base, uint64_t rows, uint64_t cols, uint32_t box_rows,
+                                        bool promote_256 = true) {
   using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                               const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
                               CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
@@ -70,7 +78,8 @@ inline CUtensorMap make_tensor_map_bf16(const void* base, uint64_t rows, uint64_
   const cuuint32_t elem_strides[2] = {1, 1};
   const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box,
                             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                            promote_256 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     throw CudaError("cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) + ") for a " + std::to_string(rows) +
                     "x" + std::to_string(cols) + " bf16 matrix, box rows " + std::to_string(box_rows));
