@@ -75,15 +75,19 @@ __device__ __forceinline__ void bar_expect_tx(uint64_t* bar, uint32_t bytes) {
                : "memory");
 #endif
 }
+// Bounded: a copy that never lands (a wrong byte count) traps within seconds instead of holding
+// the GPU for the rest of a device call.
 __device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
 #if __CUDA_ARCH__ >= 900
   uint32_t done = 0;
-  while (!done)
+  for (uint32_t polls = 0; !done; ++polls) {
+    if (polls == (1u << 22)) __trap();
     asm volatile(
         "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
         : "r"(smem_addr(bar)), "r"(parity)
         : "memory");
+  }
 #endif
 }
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
