@@ -215,9 +215,9 @@ TEST(FusedFfn, BadInputIsRefusedBeforeLaunch) {
   FusedFfn ffn(s);
   EXPECT_THROW(ffn.run(nullptr, data.wgu.ptr, data.wd.ptr, data.y.ptr, 0), InvalidArgument);
   EXPECT_THROW(ffn.run(data.x.ptr + 1, data.wgu.ptr, data.wd.ptr, data.y.ptr, 0), InvalidArgument);
-  FfnOptions two;
-  EXPECT_THROW(FusedFfn(s, two).run_two_kernels(data.x.ptr, data.wgu.ptr, data.wd.ptr, data.y.ptr, 0, 0),
-               InvalidArgument);  // dataflow order interleaves the ops
+  // The dataflow order interleaves the ops at this size (more gate/up tiles than blocks in flight).
+  FfnData big({16, 4096, 14336, true});
+  EXPECT_THROW(FusedFfn(big.s).run_two_kernels(big.x.ptr, big.wgu.ptr, big.wd.ptr, big.y.ptr, 0, 0), InvalidArgument);
 }
 
 }  // namespace

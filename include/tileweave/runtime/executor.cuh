@@ -46,7 +46,7 @@ __device__ __forceinline__ int32_t draw_ticket(const ExecParams& p) {
 }
 }  // namespace detail
 
-// Thread 0: draws the next ticket and loads its tile's descriptor into the slots.
+// One thread: draws the next ticket and loads its tile's descriptor into the slots.
 __device__ __forceinline__ void prefetch_next(const ExecParams& p, BlockSlots& s) {
   s.next_id = detail::draw_ticket(p);
   if (s.next_id >= 0) s.next = p.tiles[s.next_id];
@@ -78,28 +78,34 @@ __device__ __forceinline__ int32_t next_tile(const ExecParams& p, BlockSlots& s)
 }
 
 // Called exactly once per tile by all threads, after the tile's weight prologue is issued.
-// Thread 0 prefetches the next ticket, then polls the tile's producer counters; the barrier then
-// orders every thread's later reads after the acquire. Readers must still bypass L1 for produced data (ld.cg / cp.async.cg):
-// L1 is not coherent with other SMs' writes. Returns false if a bounded wait expired.
+// Warp 0 polls the tile's producer counters, one lane per counter (a consumer of many producer
+// tiles pays one round trip per poll, not one per counter); meanwhile thread 32 prefetches the
+// next ticket and its descriptor. The barrier then orders every thread's later reads after the
+// acquire. Readers must still bypass L1 for produced data (ld.cg / cp.async.cg): L1 is not
+// coherent with other SMs' writes. Returns false if a bounded wait expired.
 __device__ __forceinline__ bool wait_dependencies(const ExecParams& p, BlockSlots& s, const DeviceTile& t) {
-  if (threadIdx.x == 0) {
-    prefetch_next(p, s);
-    int32_t ok = 1;
-    for (int32_t i = t.wait_begin; i < t.wait_end && ok; ++i) {
-      const WaitEntry w = p.waits[i];
+  static_assert(sizeof(WaitEntry) == 8, "WaitEntry layout");
+  if (threadIdx.x == 32) prefetch_next(p, s);
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    bool ok = true;
+    for (int32_t base = t.wait_begin; base < t.wait_end && ok; base += 32) {
+      const int32_t i = base + lane;
+      const bool mine = i < t.wait_end;
+      const WaitEntry w = mine ? p.waits[i] : WaitEntry{0, 0};
       const uint32_t target = w.count * (s.epoch + 1);
       uint32_t polls = 0, backoff = 32;
-      while (!detail::reached(detail::load_acquire(&p.signals[w.counter]), target)) {
+      while (!__all_sync(0xffffffffu, !mine || detail::reached(detail::load_acquire(&p.signals[w.counter]), target))) {
         __nanosleep(backoff);
         backoff = min(backoff * 2, 256u);
         if (p.spin_limit && ++polls > p.spin_limit) {
-          atomicExch(&p.state->error, 1u);
-          ok = 0;
+          if (lane == 0) atomicExch(&p.state->error, 1u);
+          ok = false;
           break;
         }
       }
     }
-    s.flag = ok;
+    if (lane == 0) s.flag = ok;
   }
   __syncthreads();
   return s.flag != 0;

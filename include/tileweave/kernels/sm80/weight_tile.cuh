@@ -15,7 +15,6 @@ namespace tw::kernels::sm80 {
 
 constexpr int kThreads = 128;     // 4 warps, 16 weight rows each
 constexpr int kWeightRows = 64;
-constexpr int kStages = 4;
 
 // NT: activation rows per tile = 8 * NT. BK: K per stage (64 or 128: 128- or 256-byte rows).
 template <int NT, int BK>
@@ -23,10 +22,13 @@ struct TileShape {
   static_assert(BK == 64 || BK == 128, "BK is 64 or 128");
   static constexpr int act_rows = 8 * NT;
   static constexpr int chunks_per_row = BK / 8;  // 16-byte chunks
+  // 48 KiB of weights in flight per block either way: a block streaming alone (the last tiles of
+  // a launch) still moves ~30 GB/s, so the tail stays short.
+  static constexpr int stages = BK == 64 ? 6 : 3;
   static constexpr int w_bytes = kWeightRows * BK * 2;
   static constexpr int x_bytes = act_rows * BK * 2;
   static constexpr int stage_bytes = w_bytes + x_bytes;
-  static constexpr int smem_bytes = kStages * stage_bytes;
+  static constexpr int smem_bytes = stages * stage_bytes;
 };
 
 // Byte offset of 16-byte chunk `c` of row `r` in a [rows x BK] bf16 stage. The XOR swizzle puts
@@ -88,6 +90,7 @@ template <int NT, int BK, class RowOf, class Wait>
 __device__ __forceinline__ bool weight_tile_mainloop(float (&acc)[NT][4], const WeightTileArgs& a, RowOf row_of,
                                                      Wait wait, char* smem) {
   using S = TileShape<NT, BK>;
+  constexpr int kStages = S::stages;
   constexpr int CPR = S::chunks_per_row;
   constexpr int WL = kWeightRows * CPR / kThreads;  // weight chunks per thread per stage
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
