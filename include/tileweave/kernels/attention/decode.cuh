@@ -1,19 +1,20 @@
 // Split-KV decode attention tiles (flash-decoding with GQA), callable from a standalone kernel or
 // from the persistent executor:
-//   decode_partial_tile<D, G, paged, bulk>(p, b, hkv, split): one split of one sequence's KV head for all G query heads
-//     of the group (one pass over K/V), with the fused prologue (RoPE on q; the split holding the new
-//     token ropes k_new and appends k_new/v_new to the cache, and uses that row from smem). Writes a
-//     normalised partial output + LSE, or the final output when the sequence has one split.
-//   decode_merge_tile(p, b, hkv): LSE-weighted sum of the (b, hkv) partial outputs.
+//   decode_partial_tile<D, G, paged, bulk>(p, b, hkv, split): one split of one sequence's KV head
+//     for all G query heads of the group (one pass over K/V), with the fused prologue (RoPE on q;
+//     the split holding the new token ropes k_new, appends k_new/v_new to the cache and uses that
+//     row from smem). Writes a normalised partial output + LSE, or the final output when the
+//     sequence has one split.
+//   decode_merge_tile<D, G>(p, b, hkv): LSE-weighted sum of the (b, hkv) partial outputs.
 // Both run on threads 0 .. kDecodeThreads-1 of the block (others must skip them) and need
 // decode_smem_bytes<D>() bytes of shared memory; the caller syncs before reusing that memory.
 //
 // Inside a tile each of the 4 warps streams its own 16-token stages (stage w, w+4, ...) through a
 // private smem ring, so the main loop has no block barrier. The ring is filled either by 16-byte
 // cp.async (any sm_80+; swizzled, zero-filled tails) or, with `bulk`, by one lane's Hopper bulk
-// copies completing on a per-slot mbarrier (sm_90). QK^T and PV run on mma.sync
-// m16n8k16 with the group's heads as rows 0..7 (rows 8..15 are zero): tensor cores keep the FMA
-// and register cost of G = 8 heads off the memory stream. The K and V fragments are read with
+// copies completing on a per-slot mbarrier (sm_90). QK^T and PV run on mma.sync m16n8k16 with the
+// group's heads as rows 0..7 (rows 8..15 are zero): tensor cores keep the FMA and register cost of
+// G = 8 heads off the memory stream. The K and V fragments are read with
 // 16-byte loads by permuting the head dimension (the dot product and the output columns do not care
 // about order; the output is un-permuted on the way out).
 #pragma once
