@@ -1,7 +1,6 @@
 #include "tileweave/model/cache_model.hpp"
 
 #include <algorithm>
-#include <limits>
 #include <numeric>
 
 namespace tw {

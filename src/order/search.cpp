@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
-#include <optional>
 #include <ostream>
 #include <random>
 #include <unordered_map>
