@@ -32,10 +32,11 @@ for f in "${files[@]}"; do
     res=$(grep -A1 "Function ${fn}:" "$tmp/res" | tail -1)
     reg=$(sed -n 's/.*REG:\([0-9]*\).*/\1/p' <<<"$res"); stack=$(sed -n 's/.*STACK:\([0-9]*\).*/\1/p' <<<"$res")
     local_b=$(sed -n 's/.*LOCAL:\([0-9]*\).*/\1/p' <<<"$res")
-    short=$(sed -n 's/.*MainloopConfigILi\([0-9]*\)ELi\([0-9]*\)ELi[0-9]*.*/MPad=\1 k_atoms=\2/p' <<<"$fn"); short=${short:-$fn}
+    short=$(sed -n 's/.*MainloopConfigILi\([0-9]*\)ELi\([0-9]*\)ELi\([0-9]*\)ELi[0-9]*.*/MPad=\1 k_atoms=\2 mblocks=\3/p' <<<"$fn")
+    short=${short:-$fn}
     ok=ok
     if [ "$hg" -eq 0 ] || [ "$ll" -ne 0 ] || [ "${local_b:-0}" -ne 0 ] || [ "${stack:-0}" -ne 0 ]; then ok=FAIL; fail=1; fi
-    printf "%-4s %-26s HGMMA x%-3s %-14s LDL/STL %-3s regs %-4s stack %-3s local %s\n" "$ok" "$short" "$hg" "$shp" "$ll" \
+    printf "%-4s %-32s HGMMA x%-3s %-14s LDL/STL %-3s regs %-4s stack %-3s local %s\n" "$ok" "$short" "$hg" "$shp" "$ll" \
       "${reg:-?}" "${stack:-?}" "${local_b:-?}"
   done <"$tmp/facts"
 done

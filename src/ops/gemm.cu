@@ -288,10 +288,12 @@ void run_gemm(__nv_bfloat16* Y, const __nv_bfloat16* X, const __nv_bfloat16* W, 
   for (int m0 = 0; m0 < M; m0 += kMaxMPad) {
     const Slice sl{Y + size_t(m0) * N, X + size_t(m0) * K, W, std::min(M - m0, kMaxMPad), N, K};
     const int mpad = sl.m <= 8 ? 8 : sl.m <= 16 ? 16 : sl.m <= 32 ? 32 : sl.m <= 64 ? 64 : sl.m <= 128 ? 128 : 256;
-    // Defaults: measured on the H200 (bench_gemm sweeps the knobs; docs/sm90_mainloop.md).
+    // Defaults measured on the H200 (bench_gemm sweeps the knobs; bench/results/h200/gemm.json):
+    // 128-row tiles everywhere (256 was slower at every M once split-K stopped using atomics),
+    // two 64-column atoms per stage at M <= 64 (best in all 16 cases, 1-10% over one atom).
     int rows = opt.tile_rows ? opt.tile_rows : 128;
     if (mpad > 128) rows = 128;  // 256 rows x 256 activation rows would need 256 accumulators
-    int katoms = opt.k_atoms ? opt.k_atoms : 1;
+    int katoms = opt.k_atoms ? opt.k_atoms : (mpad <= 64 ? 2 : 1);
     if (mpad > 64 || rows == 256) katoms = 1;  // two atoms would leave < 4 stages
     auto go = [&](auto cfg) { run_cfg<decltype(cfg)>(sl, s, grid_max, opt, stream); };
     using namespace sm90;
