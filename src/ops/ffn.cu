@@ -29,13 +29,15 @@ struct ChainParams {
 
 __device__ __forceinline__ float silu(float v) { return v / (1.f + __expf(-v)); }
 
-template <int NT, int BK>
+template <int NT, int BK, int KS>
 __device__ void run_tile(const runtime::ExecParams& ep, runtime::BlockSlots& slots, const GemmOpDesc& o,
                          const DeviceTile& t, char* smem) {
   constexpr int R = 8 * NT;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
+  const int tid = threadIdx.x, lane = tid % 32, g = lane / 4, q = lane % 4;
+  const int warp = tid / 32 / KS;  // the warp's 16-row group; with KS > 1 only group leaders hold sums
+  const bool holds_result = (tid / 32) % KS == 0;
   const int64_t m0 = int64_t(t.tm) * R;
-  const int64_t cols = o.silu_mul ? 32 : 64;  // output columns of this tile
+  const int64_t cols = (o.silu_mul ? 32 : 64) / KS;  // output columns of this tile
   const int64_t c0 = int64_t(t.tn) * cols;
   sm80::WeightTileArgs a{o.w, o.k, o.x, o.k, m0, o.m, int64_t(t.ks) * o.slice, min(o.k, int64_t(t.ks + 1) * o.slice)};
   auto wait = [&] { return runtime::wait_dependencies(ep, slots, t); };
@@ -44,18 +46,18 @@ __device__ void run_tile(const runtime::ExecParams& ep, runtime::BlockSlots& slo
   if (o.silu_mul) {
     // Warp w's 16 rows: gate rows c0+8w..+7, then the matching up rows, so each thread holds a
     // gate value and its up partner (acc[j][e] and acc[j][e+2]) and the epilogue needs no shuffle.
-    ok = sm80::weight_tile_mainloop<NT, BK>(acc, a, [&](int r) -> int64_t {
+    ok = sm80::weight_tile_mainloop<NT, BK, KS>(acc, a, [&](int r) -> int64_t {
       const int64_t col = c0 + 8 * (r / 16) + (r % 8);
       return col < o.n ? ((r % 16) < 8 ? col : o.n + col) : -1;
     }, wait, smem);
   } else {
-    ok = sm80::weight_tile_mainloop<NT, BK>(acc, a, [&](int r) -> int64_t { return c0 + r < o.n ? c0 + r : -1; }, wait, smem);
+    ok = sm80::weight_tile_mainloop<NT, BK, KS>(acc, a, [&](int r) -> int64_t { return c0 + r < o.n ? c0 + r : -1; }, wait, smem);
   }
   if (!ok) return;  // aborted wait: publish nothing, the launch is failing
 
   if (o.split == 1) {
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
+    for (int j = 0; j < NT && holds_result; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int64_t m = m0 + 8 * j + 2 * q + e;
@@ -76,7 +78,7 @@ __device__ void run_tile(const runtime::ExecParams& ep, runtime::BlockSlots& slo
     // partials instead costs the last slice one L2 round trip per slice: measured 1.6x slower at M=16.)
     const int64_t ws_cols = o.silu_mul ? 2 * o.n : o.n;
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
+    for (int j = 0; j < NT && holds_result; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int64_t m = m0 + 8 * j + 2 * q + e;
@@ -114,14 +116,14 @@ __device__ void run_tile(const runtime::ExecParams& ep, runtime::BlockSlots& slo
   runtime::signal_done(ep, t);
 }
 
-template <int NT, int BK>
+template <int NT, int BK, int KS>
 __global__ void __launch_bounds__(sm80::kThreads) ffn_kernel(const runtime::ExecParams ep, const ChainParams cp) {
   extern __shared__ __align__(128) char smem[];
   __shared__ runtime::BlockSlots slots;
   runtime::begin_launch(ep, slots);
   while (runtime::next_tile(ep, slots) >= 0) {
     const DeviceTile t = slots.cur;
-    run_tile<NT, BK>(ep, slots, cp.ops[t.op], t, smem);
+    run_tile<NT, BK, KS>(ep, slots, cp.ops[t.op], t, smem);
   }
   runtime::end_launch(ep, slots);
 }
@@ -130,16 +132,20 @@ using KernelFn = void (*)(const runtime::ExecParams, const ChainParams);
 
 int nt_for(int64_t m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8; }
 
+// Instantiated variants: KS = 1 with BK 64/128 for every NT; KS = 4 (BK 64) for NT <= 2.
 template <int BK>
 KernelFn kernel_for_bk(int nt) {
   switch (nt) {
-    case 1: return ffn_kernel<1, BK>;
-    case 2: return ffn_kernel<2, BK>;
-    case 4: return ffn_kernel<4, BK>;
-    default: return ffn_kernel<8, BK>;
+    case 1: return ffn_kernel<1, BK, 1>;
+    case 2: return ffn_kernel<2, BK, 1>;
+    case 4: return ffn_kernel<4, BK, 1>;
+    default: return ffn_kernel<8, BK, 1>;
   }
 }
-KernelFn kernel_for(int nt, int bk) { return bk == 128 ? kernel_for_bk<128>(nt) : kernel_for_bk<64>(nt); }
+KernelFn kernel_for(int nt, int bk, int ks) {
+  if (ks == 4) return nt == 1 ? ffn_kernel<1, 64, 4> : ffn_kernel<2, 64, 4>;
+  return bk == 128 ? kernel_for_bk<128>(nt) : kernel_for_bk<64>(nt);
+}
 
 template <int BK>
 int smem_for_bk(int nt) {
@@ -150,7 +156,22 @@ int smem_for_bk(int nt) {
     default: return sm80::TileShape<8, BK>::smem_bytes;
   }
 }
-int smem_for(int nt, int bk) { return bk == 128 ? smem_for_bk<128>(nt) : smem_for_bk<64>(nt); }
+int smem_for(int nt, int bk, int ks) {
+  if (ks == 4) return nt == 1 ? sm80::TileShape<1, 64, 4>::smem_bytes : sm80::TileShape<2, 64, 4>::smem_bytes;
+  return bk == 128 ? smem_for_bk<128>(nt) : smem_for_bk<64>(nt);
+}
+
+// Warps per 16-row weight group: 4 (16-row tiles over 4x the K) where it is instantiated and
+// asked for or, by default, at M <= 16.
+int ks_for(const FfnOptions& opt, int64_t m) {
+  if (opt.k_split_warps != 0 && opt.k_split_warps != 1 && opt.k_split_warps != 4)
+    throw InvalidArgument("FFN: k_split_warps must be 1 or 4 (or 0 for the default), got " + std::to_string(opt.k_split_warps));
+  const int ks = opt.k_split_warps ? opt.k_split_warps : (m <= 16 && opt.bk != 128 ? 4 : 1);
+  if (ks == 4 && (m > 16 || (opt.bk != 0 && opt.bk != 64)))
+    throw InvalidArgument("FFN: k_split_warps 4 needs M <= 16 and bk 64 (M=" + std::to_string(m) + ", bk=" +
+                          std::to_string(opt.bk) + ")");
+  return ks;
+}
 
 int bk_for(const FfnOptions& opt) {
   if (opt.bk != 0 && opt.bk != 64 && opt.bk != 128)
@@ -158,11 +179,11 @@ int bk_for(const FfnOptions& opt) {
   return opt.bk ? opt.bk : 64;
 }
 
-// K slices: about 1024 columns each at M <= 16 (64 weight rows x 1024 x 2 B = 128 KiB per tile), so
-// tiles are small against a block's share of the stream and the last wave is short. Larger M has
-// more work per weight byte and more row blocks, so it needs fewer slices (and fewer reductions).
-int auto_split(int64_t k, int64_t m) {
-  const int64_t target = 1024 * std::max<int64_t>(1, m / 16);
+// K slices: 128 KiB of weights per tile at M <= 16 (64 rows x 1024 or 16 rows x 4096), so tiles
+// are small against a block's share of the stream and the last wave is short. Larger M has more
+// work per weight byte and more row blocks, so it needs fewer slices (and fewer reductions).
+int auto_split(int64_t k, int64_t m, int weight_rows) {
+  const int64_t target = (65536 / weight_rows) * std::max<int64_t>(1, m / 16);
   return static_cast<int>(std::max<int64_t>(1, (k + target / 2) / target));
 }
 int normalise_split(int64_t k, int split, int bk) {
@@ -193,12 +214,13 @@ FfnTiling FusedFfn::tiling_for(const FfnShape& s, const FfnOptions& opt) {
   if (opt.split_gate_up < 0) throw InvalidArgument("FFN: split_gate_up must be >= 0, got " + std::to_string(opt.split_gate_up));
   if (opt.split_down < 0) throw InvalidArgument("FFN: split_down must be >= 0, got " + std::to_string(opt.split_down));
   const int64_t rows = 8 * nt_for(s.m);
-  const int bk = bk_for(opt);
-  const int sg = normalise_split(s.d, opt.split_gate_up ? opt.split_gate_up : auto_split(s.d, s.m), bk);
-  const int sd = normalise_split(s.f, opt.split_down ? opt.split_down : auto_split(s.f, s.m), bk);
+  const int bk = bk_for(opt), ks = ks_for(opt, s.m);
+  const int wrows = 64 / ks, step = bk * ks;  // weight rows per tile, K per pipeline stage
+  const int sg = normalise_split(s.d, opt.split_gate_up ? opt.split_gate_up : auto_split(s.d, s.m, wrows), step);
+  const int sd = normalise_split(s.f, opt.split_down ? opt.split_down : auto_split(s.f, s.m, wrows), step);
   FfnTiling t;
-  t.gate_up = {rows, s.gated ? 32 : 64, bk, sg};
-  t.down = {rows, 64, bk, sd};
+  t.gate_up = {rows, (s.gated ? 32 : 64) / ks, step, sg};
+  t.down = {rows, 64 / ks, step, sd};
   return t;
 }
 
@@ -214,8 +236,9 @@ void FusedFfn::init(const FfnOptions& opt, const Schedule* order) {
   const int nt = nt_for(shape_.m);
   act_rows_ = 8 * nt;
   bk_ = bk_for(opt);
-  const KernelFn k = kernel_for(nt, bk_);
-  const int smem = smem_for(nt, bk_);
+  ks_ = ks_for(opt, shape_.m);
+  const KernelFn k = kernel_for(nt, bk_, ks_);
+  const int smem = smem_for(nt, bk_, ks_);
   TW_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int dev = 0, sms = 0, fit = 0;
   TW_CUDA_CHECK(cudaGetDevice(&dev));
@@ -288,8 +311,8 @@ FusedFfn::Launch FusedFfn::prepare(const bf16* x, const bf16* w_gate_up, const b
                              static_cast<int32_t>(gu.tiling.split_k), shape_.gated ? 1 : 0};
   l.cp.ops[g_.op_down] = {h_, w_down, y, ws_ + ws_down_offset_, shape_.m, shape_.d, shape_.f, sl_dn,
                           static_cast<int32_t>(dn.tiling.split_k), 0};
-  l.kernel = kernel_for(act_rows_ / 8, bk_);
-  l.smem = smem_for(act_rows_ / 8, bk_);
+  l.kernel = kernel_for(act_rows_ / 8, bk_, ks_);
+  l.smem = smem_for(act_rows_ / 8, bk_, ks_);
   return l;
 }
 

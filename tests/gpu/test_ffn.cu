@@ -223,12 +223,33 @@ TEST(FusedFfn, BadInputIsRefusedBeforeLaunch) {
 }  // namespace
 
 namespace {
+TEST(FusedFfn, TileShapesMatchReference) {
+  TW_REQUIRE_GPU();
+  // 16-row tiles with K split across warps (the M <= 16 default) and 64-row tiles, both ways.
+  for (int ks : {1, 4})
+    for (auto [m, d, f, gated] : std::vector<std::tuple<int, int, int, bool>>{
+             {1, 520, 1000, true}, {3, 1024, 2816, true}, {9, 520, 1000, true}, {16, 512, 1544, false}}) {
+      FfnData data({m, d, f, gated});
+      FfnOptions opt;
+      opt.k_split_warps = ks;
+      opt.spin_limit = kSpinLimit;
+      FusedFfn ffn(data.s, opt);
+      EXPECT_LT(data.check(ffn), kTol) << "k_split_warps=" << ks << " M=" << m << " d=" << d << " F=" << f;
+    }
+  FfnOptions bad;
+  bad.k_split_warps = 4;
+  EXPECT_THROW(FusedFfn({17, 1024, 2816, true}, bad), InvalidArgument);
+  bad.k_split_warps = 2;
+  EXPECT_THROW(FusedFfn({16, 1024, 2816, true}, bad), InvalidArgument);
+}
+
 TEST(FusedFfn, Bk128MatchesReference) {
   TW_REQUIRE_GPU();
   for (auto [m, d, f] : std::vector<std::tuple<int, int, int>>{{1, 520, 1000}, {16, 1024, 2816}, {37, 520, 1000}, {255, 1024, 2816}}) {
     FfnData data({m, d, f, true});
     FfnOptions opt;
     opt.bk = 128;
+    opt.k_split_warps = 1;
     opt.spin_limit = kSpinLimit;
     FusedFfn ffn(data.s, opt);
     EXPECT_LT(data.check(ffn), kTol) << "bk=128 M=" << m << " d=" << d << " F=" << f;

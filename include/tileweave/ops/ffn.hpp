@@ -24,7 +24,8 @@ struct FfnOptions {
   int split_gate_up = 0;           // K slices of the first GEMM; 0 = from the shape
   int split_down = 0;              // K slices of the down GEMM; 0 = from the shape
   int blocks_per_sm = 0;           // 0 = as many as fit
-  int bk = 0;                      // K per pipeline stage: 64 or 128; 0 = default
+  int bk = 0;                      // K per warp per pipeline stage: 64 or 128; 0 = default (64)
+  int k_split_warps = 0;           // 4: 16-row tiles, 4 warps split K (M <= 16); 1: 64-row tiles; 0 = by M
   uint32_t spin_limit = 0;         // > 0: waits abort after this many polls (tests)
   uint32_t delay_ns = 0;           // > 0: producers sleep up to this long before signalling (stress)
 };
@@ -70,7 +71,7 @@ class FusedFfn {
   __nv_bfloat16* h_ = nullptr;
   float* ws_ = nullptr;  // split-K accumulators of both GEMMs
   size_t ws_down_offset_ = 0, ws_bytes_ = 0;
-  int grid_ = 0, act_rows_ = 0, bk_ = 64;
+  int grid_ = 0, act_rows_ = 0, bk_ = 64, ks_ = 1;
   int fit_per_sm_ = 0, sms_ = 0;
   uint32_t spin_limit_ = 0, delay_ns_ = 0;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;

@@ -16,25 +16,33 @@ namespace tw::kernels::sm80 {
 constexpr int kThreads = 128;     // 4 warps, 16 weight rows each
 constexpr int kWeightRows = 64;
 
-// NT: activation rows per tile = 8 * NT. BK: K per stage (64 or 128: 128- or 256-byte rows).
-template <int NT, int BK>
+// NT: activation rows per tile = 8 * NT. BK: K per warp per stage (64 or 128: 128- or 256-byte
+// rows). KS: warps that share one 16-row weight group, each on its own quarter of the stage's K.
+//   KS = 1: 64 weight rows per block, a stage is 64 x BK.
+//   KS = 4: 16 weight rows per block, a stage is 16 x 4BK, the 4 partial sums are added in shared
+//           memory at the end. The same bytes per tile then cover 4x the K, so a decode GEMM needs
+//           4x fewer split-K slices, and the slices' fp32 reductions (which grow with M) shrink.
+template <int NT, int BK, int KS = 1>
 struct TileShape {
   static_assert(BK == 64 || BK == 128, "BK is 64 or 128");
+  static_assert(KS == 1 || (KS == 4 && BK == 64), "KS is 1, or 4 with BK = 64");
   static constexpr int act_rows = 8 * NT;
-  static constexpr int chunks_per_row = BK / 8;  // 16-byte chunks
-  // 48 KiB of weights in flight per block either way: a block streaming alone (the last tiles of
-  // a launch) still moves ~30 GB/s, so the tail stays short.
-  static constexpr int stages = BK == 64 ? 6 : 3;
-  static constexpr int w_bytes = kWeightRows * BK * 2;
-  static constexpr int x_bytes = act_rows * BK * 2;
+  static constexpr int weight_rows = kWeightRows / KS;
+  static constexpr int stage_cols = BK * KS;
+  static constexpr int chunks_per_row = stage_cols / 8;  // 16-byte chunks
+  static constexpr int w_bytes = weight_rows * stage_cols * 2;
+  static constexpr int x_bytes = act_rows * stage_cols * 2;
   static constexpr int stage_bytes = w_bytes + x_bytes;
+  // 48 KiB of weights in flight per block (32 KiB with KS = 4, whose stages carry 4x the
+  // activations): a block streaming alone (the last tiles of a launch) still moves ~30 GB/s.
+  static constexpr int stages = KS == 4 ? 4 : BK == 64 ? 6 : 3;
   static constexpr int smem_bytes = stages * stage_bytes;
 };
 
-// Byte offset of 16-byte chunk `c` of row `r` in a [rows x BK] bf16 stage. The XOR swizzle puts
-// the 8 rows an ldmatrix phase reads into 8 different bank groups (no conflicts).
-template <int BK>
-__device__ __forceinline__ uint32_t swizzle(int r, int c) { return r * (BK * 2) + ((c ^ (r & 7)) << 4); }
+// Byte offset of 16-byte chunk `c` of row `r` in a stage with `COLS` bf16 columns. The XOR
+// swizzle puts the 8 rows an ldmatrix phase reads into 8 different bank groups (no conflicts).
+template <int COLS>
+__device__ __forceinline__ uint32_t swizzle(int r, int c) { return r * (COLS * 2) + ((c ^ (r & 7)) << 4); }
 
 // .cg: L2 only. Activations may have been written by other SMs in this launch, and L1 is not
 // coherent with them; weights are read once, so L1 would not help them either.
@@ -71,9 +79,10 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Which weight row feeds tile row r (0..63), or -1 for a row past the matrix (zero-filled).
-// acc[j][0..1] belong to tile row warp*16 + g, acc[j][2..3] to warp*16 + g + 8 (g = lane / 4);
-// acc[j][e & 1] is activation row 8j + 2t + (e & 1) (t = lane % 4).
+// Which weight row feeds tile row r (0..64/KS-1), or -1 for a row past the matrix (zero-filled).
+// With G = warp / KS: acc[j][0..1] belong to tile row 16G + g, acc[j][2..3] to 16G + g + 8
+// (g = lane / 4); acc[j][e & 1] is activation row 8j + 2t + (e & 1) (t = lane % 4). With KS > 1
+// only the warps with warp % KS == 0 hold the (reduced) result.
 struct WeightTileArgs {
   const __nv_bfloat16* w;  // [rows, ldw] row-major
   int64_t ldw;
@@ -86,16 +95,18 @@ struct WeightTileArgs {
 // Computes acc = W[rows(r), k0:k1] . X[m0:m0+8NT, k0:k1]^T for this block's 64 tile rows.
 // `row_of(r)` maps tile row -> weight row (or -1); `wait()` is called by all threads after the
 // weight prologue is in flight and must return false to abort (nothing more is read then).
-template <int NT, int BK, class RowOf, class Wait>
+template <int NT, int BK, int KS, class RowOf, class Wait>
 __device__ __forceinline__ bool weight_tile_mainloop(float (&acc)[NT][4], const WeightTileArgs& a, RowOf row_of,
                                                      Wait wait, char* smem) {
-  using S = TileShape<NT, BK>;
+  using S = TileShape<NT, BK, KS>;
   constexpr int kStages = S::stages;
+  constexpr int SC = S::stage_cols;
   constexpr int CPR = S::chunks_per_row;
-  constexpr int WL = kWeightRows * CPR / kThreads;  // weight chunks per thread per stage
+  constexpr int WL = S::weight_rows * CPR / kThreads;  // weight chunks per thread per stage
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int wrow0 = (warp / KS) * 16, kchunk0 = (warp % KS) * (BK / 8);  // this warp's rows and K quarter
   const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const int nk = static_cast<int>((a.k1 - a.k0 + BK - 1) / BK);
+  const int nk = static_cast<int>((a.k1 - a.k0 + SC - 1) / SC);
   const uint64_t stream_policy = evict_first_policy();
 
 #pragma unroll
@@ -112,18 +123,18 @@ __device__ __forceinline__ bool weight_tile_mainloop(float (&acc)[NT][4], const 
     wrow[i] = a.w + (gr >= 0 ? gr : 0) * a.ldw;
   }
   auto load_w = [&](int s, int kt) {
-    const int64_t kb = a.k0 + int64_t(kt) * BK;
+    const int64_t kb = a.k0 + int64_t(kt) * SC;
     const uint32_t base = smem_base + s * S::stage_bytes;
 #pragma unroll
     for (int i = 0; i < WL; ++i) {
       const int idx = tid + i * kThreads, r = idx / CPR, c = idx % CPR;
       const int64_t k = kb + c * 8;
       const bool ok = wvalid[i] && k < a.k1;
-      cp_async16_stream(base + swizzle<BK>(r, c), ok ? wrow[i] + k : a.w, ok, stream_policy);
+      cp_async16_stream(base + swizzle<SC>(r, c), ok ? wrow[i] + k : a.w, ok, stream_policy);
     }
   };
   auto load_x = [&](int s, int kt) {
-    const int64_t kb = a.k0 + int64_t(kt) * BK;
+    const int64_t kb = a.k0 + int64_t(kt) * SC;
     const uint32_t base = smem_base + s * S::stage_bytes + S::w_bytes;
     constexpr int chunks = S::act_rows * CPR;
 #pragma unroll
@@ -133,7 +144,7 @@ __device__ __forceinline__ bool weight_tile_mainloop(float (&acc)[NT][4], const 
         const int r = idx / CPR, c = idx % CPR;
         const int64_t row = a.m0 + r, k = kb + c * 8;
         const bool ok = row < a.m && k < a.k1;
-        cp_async16(base + swizzle<BK>(r, c), ok ? a.x + row * a.ldx + k : a.x, ok);
+        cp_async16(base + swizzle<SC>(r, c), ok ? a.x + row * a.ldx + k : a.x, ok);
       }
     }
   };
@@ -173,21 +184,42 @@ __device__ __forceinline__ bool weight_tile_mainloop(float (&acc)[NT][4], const 
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) {
       uint32_t af[4];
-      ldmatrix_x4(w_base + swizzle<BK>(warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2), kk * 2 + lane / 16), af[0], af[1],
-                  af[2], af[3]);
+      ldmatrix_x4(w_base + swizzle<SC>(wrow0 + (lane % 8) + 8 * ((lane / 8) % 2), kchunk0 + kk * 2 + lane / 16),
+                  af[0], af[1], af[2], af[3]);
       if constexpr (NT == 1) {
         uint32_t b0, b1;
-        ldmatrix_x2(x_base + swizzle<BK>(lane % 8, kk * 2 + (lane / 8) % 2), b0, b1);
+        ldmatrix_x2(x_base + swizzle<SC>(lane % 8, kchunk0 + kk * 2 + (lane / 8) % 2), b0, b1);
         mma_bf16(acc[0], af, b0, b1);
       } else {
 #pragma unroll
         for (int j = 0; j < NT; j += 2) {
           uint32_t b0, b1, b2, b3;
-          ldmatrix_x4(x_base + swizzle<BK>(8 * (j + lane / 16) + lane % 8, kk * 2 + (lane / 8) % 2), b0, b1, b2, b3);
+          ldmatrix_x4(x_base + swizzle<SC>(8 * (j + lane / 16) + lane % 8, kchunk0 + kk * 2 + (lane / 8) % 2), b0, b1,
+                      b2, b3);
           mma_bf16(acc[j], af, b0, b1);
           mma_bf16(acc[j + 1], af, b2, b3);
         }
       }
+    }
+  }
+  if constexpr (KS > 1) {
+    // Add the K quarters: warps 1..KS-1 park their sums in the (now idle) stage memory.
+    __syncthreads();  // every warp is done reading the last stage
+    float* park = reinterpret_cast<float*>(smem);
+    if (warp % KS) {
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) park[((warp - 1) * NT * 4 + j * 4 + e) * 32 + lane] = acc[j][e];
+    }
+    __syncthreads();
+    if (warp == 0) {
+#pragma unroll
+      for (int w = 1; w < KS; ++w)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[j][e] += park[((w - 1) * NT * 4 + j * 4 + e) * 32 + lane];
     }
   }
   return true;
