@@ -2,7 +2,9 @@
 // GEMMs + an elementwise SiLU*mul and (b) the CuSync-style two-kernel version, with the
 // streaming-read floor measured in the same run. Weights are rotated so L2 holds none of them.
 //   bench_ffn [--models 8b,70b,chain] [--ms 1,4,16,64,128,256] [--reps 100] [--variants spec,...]
-//   a variant spec is order/sync[/bk[/split_gate_up[/split_down[/blocks_per_sm]]]] (0 = default)
+//   a variant spec is order/sync[/bk[/split_gate_up[/split_down[/blocks_per_sm[/k_split_warps]]]]] (0 = default)
+//   bench_ffn --profile spec --models 8b --ms 16   runs one variant 3 times for ncu and prints
+//   the traffic model's DRAM bytes for its schedule
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -15,6 +17,7 @@
 
 #include "cublas_baseline.cuh"
 #include "harness.cuh"
+#include "tileweave/model/cache_model.hpp"
 #include "tileweave/ops/ffn.hpp"
 
 using namespace tw;
@@ -69,22 +72,57 @@ double rel_diff(const bf16* a_dev, const bf16* b_dev, size_t n) {
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
+struct Variant {
+  std::string name;
+  FfnOptions opt;
+};
+
+// order/sync[/bk[/split_gate_up[/split_down[/blocks_per_sm[/k_split_warps]]]]], 0 = default
+FfnOptions parse_variant(const std::string& spec) {
+  std::vector<std::string> f;
+  std::stringstream ss(spec);
+  for (std::string t; std::getline(ss, t, '/');) f.push_back(t);
+  FfnOptions o;
+  o.order = f.at(0);
+  if (f.size() > 1) o.sync.policy = parse_sync_policy(f[1]);
+  if (f.size() > 2) o.bk = std::atoi(f[2].c_str());
+  if (f.size() > 3) o.split_gate_up = std::atoi(f[3].c_str());
+  if (f.size() > 4) o.split_down = std::atoi(f[4].c_str());
+  if (f.size() > 5) o.blocks_per_sm = std::atoi(f[5].c_str());
+  if (f.size() > 6) o.k_split_warps = std::atoi(f[6].c_str());
+  return o;
+}
+
+// The traffic model's prediction for the schedule the executor runs: L2-sized cache, the grid's
+// blocks as tiles in flight, 32-byte sectors, cold start (the benchmark rotates weights likewise).
+TrafficReport predict(const FusedFfn& ffn, const Gpu& gpu) {
+  CacheConfig c;
+  c.capacity_bytes = gpu.prop.l2CacheSize;
+  c.in_flight = ffn.grid();
+  c.line_bytes = 32;
+  return simulate(ffn.graph().graph, ffn.schedule(), c);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string models_arg = "8b,70b,chain", ms_arg = "1,4,16,64,128,256";
   int reps = 100;
-  // Row sync needs an order that finishes the gate/up row first (dataflow/row is refused).
-  std::vector<std::string> variant_specs = {"dataflow/tile/64", "op_by_op_column/tile/64", "op_by_op_column/row/64",
-                                            "dataflow/tile/128", "op_by_op_column/row/128"};
+  std::string profile_spec;
+  // The default (op_by_op_column/row, tile shape by M), the dataflow order with tile sync
+  // (dataflow/row is refused: it would wait on later tickets), and 64-row tiles at every M.
+  std::vector<std::string> variant_specs = {"op_by_op_column/row", "dataflow/tile", "op_by_op_column/row/0/0/0/0/1",
+                                            "dataflow/tile/128/0/0/0/1"};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--models") && i + 1 < argc) models_arg = argv[++i];
     else if (!std::strcmp(argv[i], "--ms") && i + 1 < argc) ms_arg = argv[++i];
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--variants") && i + 1 < argc) variant_specs = split_csv(argv[++i]);
+    else if (!std::strcmp(argv[i], "--profile") && i + 1 < argc) profile_spec = argv[++i];
     else {
       std::fprintf(stderr, "bench_ffn: unknown argument '%s'\nusage: bench_ffn [--models 8b,70b,chain] [--ms 1,16] [--reps 100]\n"
-                   "                 [--variants order/sync/bk/split_gate_up/split_down/blocks_per_sm,...]\n", argv[i]);
+                   "                 [--variants order/sync/bk/split_gate_up/split_down/blocks_per_sm/k_split_warps,...]\n"
+                   "                 [--profile variant]   (one variant, 3 launches, for ncu)\n", argv[i]);
       return 2;
     }
   }
@@ -100,6 +138,34 @@ int main(int argc, char** argv) {
   }
   std::vector<int64_t> ms;
   for (const auto& m : split_csv(ms_arg)) ms.push_back(std::atoll(m.c_str()));
+
+  if (!profile_spec.empty()) {
+    // For ncu: three launches of one fused variant per case (profile the third), and the model's
+    // prediction for its schedule, nothing else on the GPU.
+    const Gpu gpu = current_gpu();
+    for (const Model& md : models)
+      for (int64_t m : ms) {
+        const int64_t n1 = (md.gated ? 2 : 1) * md.f;
+        bf16 *wgu = dev_alloc<bf16>(n1 * md.d), *wd = dev_alloc<bf16>(md.d * md.f), *x = dev_alloc<bf16>(m * md.d),
+             *y = dev_alloc<bf16>(m * md.d);
+        fill_random<<<1024, 256>>>(wgu, n1 * md.d, 17, 1.f / std::sqrt(float(md.d)));
+        fill_random<<<1024, 256>>>(wd, md.d * md.f, 1017, 1.f / std::sqrt(float(md.f)));
+        fill_random<<<256, 256>>>(x, m * md.d, 99, 1.f);
+        FusedFfn ffn({m, md.d, md.f, md.gated}, parse_variant(profile_spec));
+        const TrafficReport r = predict(ffn, gpu);
+        std::printf("PREDICT %s M=%lld %s: model dram_read %.1f MB, dram_write %.1f MB, weights %.1f MB\n", md.name.c_str(),
+                    (long long)m, profile_spec.c_str(), r.dram_read / 1e6, r.dram_write / 1e6, (n1 * md.d + md.d * md.f) * 2 / 1e6);
+        // The L2 is flushed between launches by streaming a buffer larger than it.
+        char* flush = dev_alloc<char>(size_t(gpu.prop.l2CacheSize) * 4);
+        for (int i = 0; i < 3; ++i) {
+          TW_CUDA_CHECK(cudaMemset(flush, i, size_t(gpu.prop.l2CacheSize) * 4));
+          ffn.run(x, wgu, wd, y, 0);
+        }
+        TW_CUDA_CHECK(cudaDeviceSynchronize());
+        for (void* p : {(void*)wgu, (void*)wd, (void*)x, (void*)y, (void*)flush}) TW_CUDA_CHECK(cudaFree(p));
+      }
+    return 0;
+  }
 
   const Gpu gpu = current_gpu();
   const Floor floor = measure_floor(gpu);
@@ -159,25 +225,8 @@ int main(int argc, char** argv) {
       FusedFfn two(shape, two_opt);
       const double t_cusync = time_us([&](int s, cudaStream_t st) { two.run_two_kernels(x, wgu[s], wd[s], y, st, s2); }, sets, 10, reps);
 
-      struct Variant {
-        std::string name;
-        FfnOptions opt;
-      };
       std::vector<Variant> variants;
-      for (const auto& spec : variant_specs) {
-        // order/sync/bk/split_gate_up/split_down/blocks_per_sm
-        std::vector<std::string> f;
-        std::stringstream ss(spec);
-        for (std::string t; std::getline(ss, t, '/');) f.push_back(t);
-        FfnOptions o;
-        o.order = f.at(0);
-        o.sync.policy = parse_sync_policy(f.at(1));
-        if (f.size() > 2) o.bk = std::atoi(f[2].c_str());
-        if (f.size() > 3) o.split_gate_up = std::atoi(f[3].c_str());
-        if (f.size() > 4) o.split_down = std::atoi(f[4].c_str());
-        if (f.size() > 5) o.blocks_per_sm = std::atoi(f[5].c_str());
-        variants.push_back({spec, o});
-      }
+      for (const auto& spec : variant_specs) variants.push_back({spec, parse_variant(spec)});
       double best = 1e30;
       std::string best_name;
       nlohmann::json fused = nlohmann::json::array();
@@ -188,7 +237,9 @@ int main(int argc, char** argv) {
         TW_CUDA_CHECK(cudaDeviceSynchronize());
         const double err = rel_diff(y, y_ref, m * md.d);
         const auto& G = ffn.graph().graph;
-        fused.push_back({{"variant", v.name}, {"us", t}, {"tbps", wbytes / t * 1e-6}, {"pct_floor", 100 * floor_us / t},
+        const TrafficReport model = predict(ffn, gpu);
+        fused.push_back({{"variant", v.name}, {"us", t}, {"model_dram_read_bytes", model.dram_read},
+                         {"model_dram_write_bytes", model.dram_write}, {"tbps", wbytes / t * 1e-6}, {"pct_floor", 100 * floor_us / t},
                          {"speedup_vs_unfused", t_unfused / t}, {"speedup_vs_cusync", t_cusync / t},
                          {"rel_diff_vs_cublas", err}, {"tiles", G.num_tiles()}, {"grid", ffn.grid()},
                          {"split_gate_up", G.op(ffn.graph().op_gate_up).tiling.split_k},

@@ -166,17 +166,18 @@ int smem_for(int nt, int bk, int ks) {
 int ks_for(const FfnOptions& opt, int64_t m) {
   if (opt.k_split_warps != 0 && opt.k_split_warps != 1 && opt.k_split_warps != 4)
     throw InvalidArgument("FFN: k_split_warps must be 1 or 4 (or 0 for the default), got " + std::to_string(opt.k_split_warps));
-  const int ks = opt.k_split_warps ? opt.k_split_warps : (m <= 16 && opt.bk != 128 ? 4 : 1);
+  const int ks = opt.k_split_warps ? opt.k_split_warps : (m <= 16 && bk_for(opt, m) == 64 ? 4 : 1);
   if (ks == 4 && (m > 16 || (opt.bk != 0 && opt.bk != 64)))
     throw InvalidArgument("FFN: k_split_warps 4 needs M <= 16 and bk 64 (M=" + std::to_string(m) + ", bk=" +
                           std::to_string(opt.bk) + ")");
   return ks;
 }
 
-int bk_for(const FfnOptions& opt) {
+// Measured on the H200 (bench/results/h200/ffn*.json): 64 with 16-row tiles at M <= 16, 128 above.
+int bk_for(const FfnOptions& opt, int64_t m) {
   if (opt.bk != 0 && opt.bk != 64 && opt.bk != 128)
     throw InvalidArgument("FFN: bk must be 64 or 128 (or 0 for the default), got " + std::to_string(opt.bk));
-  return opt.bk ? opt.bk : 64;
+  return opt.bk ? opt.bk : m <= 16 ? 64 : 128;
 }
 
 // K slices: 128 KiB of weights per tile at M <= 16 (64 rows x 1024 or 16 rows x 4096), so tiles
@@ -214,7 +215,7 @@ FfnTiling FusedFfn::tiling_for(const FfnShape& s, const FfnOptions& opt) {
   if (opt.split_gate_up < 0) throw InvalidArgument("FFN: split_gate_up must be >= 0, got " + std::to_string(opt.split_gate_up));
   if (opt.split_down < 0) throw InvalidArgument("FFN: split_down must be >= 0, got " + std::to_string(opt.split_down));
   const int64_t rows = 8 * nt_for(s.m);
-  const int bk = bk_for(opt), ks = ks_for(opt, s.m);
+  const int bk = bk_for(opt, s.m), ks = ks_for(opt, s.m);
   const int wrows = 64 / ks, step = bk * ks;  // weight rows per tile, K per pipeline stage
   const int sg = normalise_split(s.d, opt.split_gate_up ? opt.split_gate_up : auto_split(s.d, s.m, wrows), step);
   const int sd = normalise_split(s.f, opt.split_down ? opt.split_down : auto_split(s.f, s.m, wrows), step);
@@ -235,7 +236,7 @@ void FusedFfn::init(const FfnOptions& opt, const Schedule* order) {
 
   const int nt = nt_for(shape_.m);
   act_rows_ = 8 * nt;
-  bk_ = bk_for(opt);
+  bk_ = bk_for(opt, shape_.m);
   ks_ = ks_for(opt, shape_.m);
   const KernelFn k = kernel_for(nt, bk_, ks_);
   const int smem = smem_for(nt, bk_, ks_);

@@ -204,6 +204,7 @@ TEST(FusedFfn, BadInputIsRefusedBeforeLaunch) {
   // end of that row (when there are more gate/up tiles than blocks in flight), which could
   // deadlock: refused before launch.
   FfnOptions row_dataflow;
+  row_dataflow.order = "dataflow";
   row_dataflow.sync.policy = SyncPolicy::Row;
   try {
     FusedFfn f({16, 4096, 14336, true}, row_dataflow);
@@ -217,7 +218,11 @@ TEST(FusedFfn, BadInputIsRefusedBeforeLaunch) {
   EXPECT_THROW(ffn.run(data.x.ptr + 1, data.wgu.ptr, data.wd.ptr, data.y.ptr, 0), InvalidArgument);
   // The dataflow order interleaves the ops at this size (more gate/up tiles than blocks in flight).
   FfnData big({16, 4096, 14336, true});
-  EXPECT_THROW(FusedFfn(big.s).run_two_kernels(big.x.ptr, big.wgu.ptr, big.wd.ptr, big.y.ptr, 0, 0), InvalidArgument);
+  FfnOptions interleaved;
+  interleaved.order = "dataflow";
+  interleaved.sync.policy = SyncPolicy::Tile;
+  EXPECT_THROW(FusedFfn(big.s, interleaved).run_two_kernels(big.x.ptr, big.wgu.ptr, big.wd.ptr, big.y.ptr, 0, 0),
+               InvalidArgument);
 }
 
 }  // namespace

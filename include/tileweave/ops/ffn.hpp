@@ -18,13 +18,16 @@
 
 namespace tw {
 
+// Defaults are the fastest measured on the H200 (bench/results/h200/ffn.json): both GEMMs are
+// weight streams of their own, so finishing the first before the second (one row-sync wait)
+// beat interleaving them (dataflow) at decode sizes.
 struct FfnOptions {
-  std::string order = "dataflow";  // "dataflow" | "op_by_op" | "op_by_op_column" (or pass a Schedule)
-  SyncSpec sync;                   // how down tiles wait for gate/up tiles
+  std::string order = "op_by_op_column";  // "op_by_op_column" | "op_by_op" | "dataflow" (or pass a Schedule)
+  SyncSpec sync{SyncPolicy::Row, 1};      // how down tiles wait for gate/up tiles
   int split_gate_up = 0;           // K slices of the first GEMM; 0 = from the shape
   int split_down = 0;              // K slices of the down GEMM; 0 = from the shape
   int blocks_per_sm = 0;           // 0 = as many as fit
-  int bk = 0;                      // K per warp per pipeline stage: 64 or 128; 0 = default (64)
+  int bk = 0;                      // K per warp per pipeline stage: 64 or 128; 0 = by M
   int k_split_warps = 0;           // 4: 16-row tiles, 4 warps split K (M <= 16); 1: 64-row tiles; 0 = by M
   uint32_t spin_limit = 0;         // > 0: waits abort after this many polls (tests)
   uint32_t delay_ns = 0;           // > 0: producers sleep up to this long before signalling (stress)
