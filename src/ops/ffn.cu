@@ -161,6 +161,13 @@ int smem_for(int nt, int bk, int ks) {
   return bk == 128 ? smem_for_bk<128>(nt) : smem_for_bk<64>(nt);
 }
 
+// Measured on the H200 (bench/results/h200/ffn*.json): 64 with 16-row tiles at M <= 16, 128 above.
+int bk_for(const FfnOptions& opt, int64_t m) {
+  if (opt.bk != 0 && opt.bk != 64 && opt.bk != 128)
+    throw InvalidArgument("FFN: bk must be 64 or 128 (or 0 for the default), got " + std::to_string(opt.bk));
+  return opt.bk ? opt.bk : m <= 16 ? 64 : 128;
+}
+
 // Warps per 16-row weight group: 4 (16-row tiles over 4x the K) where it is instantiated and
 // asked for or, by default, at M <= 16.
 int ks_for(const FfnOptions& opt, int64_t m) {
@@ -173,12 +180,6 @@ int ks_for(const FfnOptions& opt, int64_t m) {
   return ks;
 }
 
-// Measured on the H200 (bench/results/h200/ffn*.json): 64 with 16-row tiles at M <= 16, 128 above.
-int bk_for(const FfnOptions& opt, int64_t m) {
-  if (opt.bk != 0 && opt.bk != 64 && opt.bk != 128)
-    throw InvalidArgument("FFN: bk must be 64 or 128 (or 0 for the default), got " + std::to_string(opt.bk));
-  return opt.bk ? opt.bk : m <= 16 ? 64 : 128;
-}
 
 // K slices: 128 KiB of weights per tile at M <= 16 (64 rows x 1024 or 16 rows x 4096), so tiles
 // are small against a block's share of the stream and the last wave is short. Larger M has more
