@@ -169,13 +169,15 @@ int bk_for(const FfnOptions& opt, int64_t m) {
 }
 
 // Warps per 16-row weight group: 4 (16-row tiles over 4x the K) where it is instantiated and
-// asked for or, by default, at M <= 16.
-int ks_for(const FfnOptions& opt, int64_t m) {
+// asked for or, by default, at M <= 16 with d <= 4096. Measured on the H200
+// (bench/results/h200/ffn.json): 16-row tiles win on the 8B FFN and the chain (fewer split-K
+// reductions), 64-row tiles on the 70B FFN (7-17%: more weight bytes in flight per block).
+int ks_for(const FfnOptions& opt, const FfnShape& s) {
   if (opt.k_split_warps != 0 && opt.k_split_warps != 1 && opt.k_split_warps != 4)
     throw InvalidArgument("FFN: k_split_warps must be 1 or 4 (or 0 for the default), got " + std::to_string(opt.k_split_warps));
-  const int ks = opt.k_split_warps ? opt.k_split_warps : (m <= 16 && bk_for(opt, m) == 64 ? 4 : 1);
-  if (ks == 4 && (m > 16 || (opt.bk != 0 && opt.bk != 64)))
-    throw InvalidArgument("FFN: k_split_warps 4 needs M <= 16 and bk 64 (M=" + std::to_string(m) + ", bk=" +
+  const int ks = opt.k_split_warps ? opt.k_split_warps : (s.m <= 16 && s.d <= 4096 && bk_for(opt, s.m) == 64 ? 4 : 1);
+  if (ks == 4 && (s.m > 16 || (opt.bk != 0 && opt.bk != 64)))
+    throw InvalidArgument("FFN: k_split_warps 4 needs M <= 16 and bk 64 (M=" + std::to_string(s.m) + ", bk=" +
                           std::to_string(opt.bk) + ")");
   return ks;
 }
@@ -216,7 +218,7 @@ FfnTiling FusedFfn::tiling_for(const FfnShape& s, const FfnOptions& opt) {
   if (opt.split_gate_up < 0) throw InvalidArgument("FFN: split_gate_up must be >= 0, got " + std::to_string(opt.split_gate_up));
   if (opt.split_down < 0) throw InvalidArgument("FFN: split_down must be >= 0, got " + std::to_string(opt.split_down));
   const int64_t rows = 8 * nt_for(s.m);
-  const int bk = bk_for(opt, s.m), ks = ks_for(opt, s.m);
+  const int bk = bk_for(opt, s.m), ks = ks_for(opt, s);
   const int wrows = 64 / ks, step = bk * ks;  // weight rows per tile, K per pipeline stage
   const int sg = normalise_split(s.d, opt.split_gate_up ? opt.split_gate_up : auto_split(s.d, s.m, wrows), step);
   const int sd = normalise_split(s.f, opt.split_down ? opt.split_down : auto_split(s.f, s.m, wrows), step);
@@ -238,7 +240,7 @@ void FusedFfn::init(const FfnOptions& opt, const Schedule* order) {
   const int nt = nt_for(shape_.m);
   act_rows_ = 8 * nt;
   bk_ = bk_for(opt, shape_.m);
-  ks_ = ks_for(opt, shape_.m);
+  ks_ = ks_for(opt, shape_);
   const KernelFn k = kernel_for(nt, bk_, ks_);
   const int smem = smem_for(nt, bk_, ks_);
   TW_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
