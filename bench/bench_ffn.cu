@@ -231,7 +231,14 @@ int main(int argc, char** argv) {
       std::string best_name;
       nlohmann::json fused = nlohmann::json::array();
       for (const auto& v : variants) {
-        FusedFfn ffn(shape, v.opt);
+        std::unique_ptr<FusedFfn> made;
+        try {
+          made = std::make_unique<FusedFfn>(shape, v.opt);
+        } catch (const InvalidArgument& e) {  // a variant that does not apply to this shape
+          fused.push_back({{"variant", v.name}, {"skipped", e.what()}});
+          continue;
+        }
+        const FusedFfn& ffn = *made;
         const double t = time_us([&](int s, cudaStream_t st) { ffn.run(x, wgu[s], wd[s], y, st); }, sets, 10, reps);
         ffn.run(x, wgu[0], wd[0], y, 0);
         TW_CUDA_CHECK(cudaDeviceSynchronize());

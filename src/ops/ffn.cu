@@ -132,7 +132,7 @@ using KernelFn = void (*)(const runtime::ExecParams, const ChainParams);
 
 int nt_for(int64_t m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8; }
 
-// Instantiated variants: KS = 1 with BK 64/128 for every NT; KS = 4 (BK 64) for NT <= 2.
+// Instantiated variants: KS = 1 with BK 64/128 for every NT; KS = 2 and 4 (BK 64) for NT <= 2.
 template <int BK>
 KernelFn kernel_for_bk(int nt) {
   switch (nt) {
@@ -144,6 +144,7 @@ KernelFn kernel_for_bk(int nt) {
 }
 KernelFn kernel_for(int nt, int bk, int ks) {
   if (ks == 4) return nt == 1 ? ffn_kernel<1, 64, 4> : ffn_kernel<2, 64, 4>;
+  if (ks == 2) return nt == 1 ? ffn_kernel<1, 64, 2> : ffn_kernel<2, 64, 2>;
   return bk == 128 ? kernel_for_bk<128>(nt) : kernel_for_bk<64>(nt);
 }
 
@@ -158,6 +159,7 @@ int smem_for_bk(int nt) {
 }
 int smem_for(int nt, int bk, int ks) {
   if (ks == 4) return nt == 1 ? sm80::TileShape<1, 64, 4>::smem_bytes : sm80::TileShape<2, 64, 4>::smem_bytes;
+  if (ks == 2) return nt == 1 ? sm80::TileShape<1, 64, 2>::smem_bytes : sm80::TileShape<2, 64, 2>::smem_bytes;
   return bk == 128 ? smem_for_bk<128>(nt) : smem_for_bk<64>(nt);
 }
 
@@ -173,12 +175,12 @@ int bk_for(const FfnOptions& opt, int64_t m) {
 // (bench/results/h200/ffn.json): 16-row tiles win on the 8B FFN and the chain (fewer split-K
 // reductions), 64-row tiles on the 70B FFN (7-17%: more weight bytes in flight per block).
 int ks_for(const FfnOptions& opt, const FfnShape& s) {
-  if (opt.k_split_warps != 0 && opt.k_split_warps != 1 && opt.k_split_warps != 4)
-    throw InvalidArgument("FFN: k_split_warps must be 1 or 4 (or 0 for the default), got " + std::to_string(opt.k_split_warps));
+  if (opt.k_split_warps < 0 || opt.k_split_warps == 3 || opt.k_split_warps > 4)
+    throw InvalidArgument("FFN: k_split_warps must be 1, 2 or 4 (or 0 for the default), got " + std::to_string(opt.k_split_warps));
   const int ks = opt.k_split_warps ? opt.k_split_warps : (s.m <= 16 && s.d <= 4096 && bk_for(opt, s.m) == 64 ? 4 : 1);
-  if (ks == 4 && (s.m > 16 || (opt.bk != 0 && opt.bk != 64)))
-    throw InvalidArgument("FFN: k_split_warps 4 needs M <= 16 and bk 64 (M=" + std::to_string(s.m) + ", bk=" +
-                          std::to_string(opt.bk) + ")");
+  if (ks > 1 && (s.m > 16 || (opt.bk != 0 && opt.bk != 64)))
+    throw InvalidArgument("FFN: k_split_warps " + std::to_string(ks) + " needs M <= 16 and bk 64 (M=" +
+                          std::to_string(s.m) + ", bk=" + std::to_string(opt.bk) + ")");
   return ks;
 }
 

@@ -8,6 +8,7 @@
 
 #include "gpu_util.cuh"
 #include "tileweave/ops/ffn.hpp"
+#include "tileweave/order/orders.hpp"
 
 namespace {
 
@@ -231,7 +232,7 @@ namespace {
 TEST(FusedFfn, TileShapesMatchReference) {
   TW_REQUIRE_GPU();
   // 16-row tiles with K split across warps (the M <= 16 default) and 64-row tiles, both ways.
-  for (int ks : {1, 4})
+  for (int ks : {1, 2, 4})
     for (auto [m, d, f, gated] : std::vector<std::tuple<int, int, int, bool>>{
              {1, 520, 1000, true}, {3, 1024, 2816, true}, {9, 520, 1000, true}, {16, 512, 1544, false}}) {
       FfnData data({m, d, f, gated});
@@ -244,8 +245,27 @@ TEST(FusedFfn, TileShapesMatchReference) {
   FfnOptions bad;
   bad.k_split_warps = 4;
   EXPECT_THROW(FusedFfn({17, 1024, 2816, true}, bad), InvalidArgument);
-  bad.k_split_warps = 2;
+  bad.k_split_warps = 3;
   EXPECT_THROW(FusedFfn({16, 1024, 2816, true}, bad), InvalidArgument);
+}
+
+// Any order the model can produce runs on the executor, here through the JSON the explorer and
+// `tileweave sim --order-file` use; a JSON order that breaks a dependency is refused.
+TEST(FusedFfn, OrdersFromTheModelAndJson) {
+  TW_REQUIRE_GPU();
+  FfnData data({16, 1024, 2816, true});
+  FfnOptions opt;
+  opt.sync.policy = SyncPolicy::Tile;
+  opt.spin_limit = kSpinLimit;
+  const FfnGraph g = build_ffn_graph(data.s, FusedFfn::tiling_for(data.s, opt));
+  for (const char* spec : {"hilbert", "snake", "chain_rows:1", "dataflow/col_major"}) {
+    const Schedule s = schedule_from_json(g.graph, schedule_to_json(g.graph, make_order(g.graph, spec)));
+    FusedFfn ffn(data.s, opt, s);
+    EXPECT_LT(data.check(ffn), kTol) << spec;
+  }
+  Schedule bad = op_by_op_order(g.graph);
+  std::swap(bad.order.front(), bad.order.back());
+  EXPECT_THROW(schedule_from_json(g.graph, schedule_to_json(g.graph, bad)), InvalidArgument);
 }
 
 TEST(FusedFfn, Bk128MatchesReference) {

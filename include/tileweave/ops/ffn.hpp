@@ -28,7 +28,7 @@ struct FfnOptions {
   int split_down = 0;              // K slices of the down GEMM; 0 = from the shape
   int blocks_per_sm = 0;           // 0 = as many as fit
   int bk = 0;                      // K per warp per pipeline stage: 64 or 128; 0 = by M
-  int k_split_warps = 0;           // 4: 16-row tiles, 4 warps split K (M <= 16); 1: 64-row tiles; 0 = by M
+  int k_split_warps = 0;           // warps per 16-row group: 4 (16-row tiles) or 2 (32-row), M <= 16; 1: 64-row tiles; 0 = by shape
   uint32_t spin_limit = 0;         // > 0: waits abort after this many polls (tests)
   uint32_t delay_ns = 0;           // > 0: producers sleep up to this long before signalling (stress)
 };

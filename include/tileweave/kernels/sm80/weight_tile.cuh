@@ -20,12 +20,12 @@ constexpr int kWeightRows = 64;
 // rows). KS: warps that share one 16-row weight group, each on its own quarter of the stage's K.
 //   KS = 1: 64 weight rows per block, a stage is 64 x BK.
 //   KS = 4: 16 weight rows per block, a stage is 16 x 4BK, the 4 partial sums are added in shared
-//           memory at the end. The same bytes per tile then cover 4x the K, so a decode GEMM needs
+//           memory at the end (KS = 2: 32 rows, 2 warps per group, likewise). The same bytes per tile then cover 4x the K, so a decode GEMM needs
 //           4x fewer split-K slices, and the slices' fp32 reductions (which grow with M) shrink.
 template <int NT, int BK, int KS = 1>
 struct TileShape {
   static_assert(BK == 64 || BK == 128, "BK is 64 or 128");
-  static_assert(KS == 1 || (KS == 4 && BK == 64), "KS is 1, or 4 with BK = 64");
+  static_assert(KS == 1 || ((KS == 2 || KS == 4) && BK == 64), "KS is 1, or 2/4 with BK = 64");
   static constexpr int act_rows = 8 * NT;
   static constexpr int weight_rows = kWeightRows / KS;
   static constexpr int stage_cols = BK * KS;
@@ -35,7 +35,7 @@ struct TileShape {
   static constexpr int stage_bytes = w_bytes + x_bytes;
   // 48 KiB of weights in flight per block (32 KiB with KS = 4, whose stages carry 4x the
   // activations): a block streaming alone (the last tiles of a launch) still moves ~30 GB/s.
-  static constexpr int stages = KS == 4 ? 4 : BK == 64 ? 6 : 3;
+  static constexpr int stages = KS > 1 ? 4 : BK == 64 ? 6 : 3;
   static constexpr int smem_bytes = stages * stage_bytes;
 };
 
