@@ -170,14 +170,14 @@ int bk_for(const FfnOptions& opt, int64_t m) {
   return opt.bk ? opt.bk : m <= 16 ? 64 : 128;
 }
 
-// Warps per 16-row weight group: 4 (16-row tiles over 4x the K) where it is instantiated and
-// asked for or, by default, at M <= 16 with d <= 4096. Measured on the H200
-// (bench/results/h200/ffn.json): 16-row tiles win on the 8B FFN and the chain (fewer split-K
-// reductions), 64-row tiles on the 70B FFN (7-17%: more weight bytes in flight per block).
+// Warps per 16-row weight group at M <= 16 by default: 4 (16-row tiles) for d <= 4096, else 2
+// (32-row tiles); 64-row tiles above M = 16. Measured on the H200 (bench/results/h200/ffn.json):
+// 16-row tiles win on the 8B FFN and the chain (fewer split-K reductions), 32-row tiles on the 70B
+// FFN (more weight bytes in flight per block, half the activation re-reads).
 int ks_for(const FfnOptions& opt, const FfnShape& s) {
   if (opt.k_split_warps < 0 || opt.k_split_warps == 3 || opt.k_split_warps > 4)
     throw InvalidArgument("FFN: k_split_warps must be 1, 2 or 4 (or 0 for the default), got " + std::to_string(opt.k_split_warps));
-  const int ks = opt.k_split_warps ? opt.k_split_warps : (s.m <= 16 && s.d <= 4096 && bk_for(opt, s.m) == 64 ? 4 : 1);
+  const int ks = opt.k_split_warps ? opt.k_split_warps : s.m <= 16 && bk_for(opt, s.m) == 64 ? (s.d <= 4096 ? 4 : 2) : 1;
   if (ks > 1 && (s.m > 16 || (opt.bk != 0 && opt.bk != 64)))
     throw InvalidArgument("FFN: k_split_warps " + std::to_string(ks) + " needs M <= 16 and bk 64 (M=" +
                           std::to_string(s.m) + ", bk=" + std::to_string(opt.bk) + ")");

@@ -231,7 +231,7 @@ TEST(FusedFfn, BadInputIsRefusedBeforeLaunch) {
 namespace {
 TEST(FusedFfn, TileShapesMatchReference) {
   TW_REQUIRE_GPU();
-  // 16-row tiles with K split across warps (the M <= 16 default) and 64-row tiles, both ways.
+  // 16- and 32-row tiles with K split across warps (the M <= 16 defaults) and 64-row tiles.
   for (int ks : {1, 2, 4})
     for (auto [m, d, f, gated] : std::vector<std::tuple<int, int, int, bool>>{
              {1, 520, 1000, true}, {3, 1024, 2816, true}, {9, 520, 1000, true}, {16, 512, 1544, false}}) {

@@ -203,23 +203,24 @@ __device__ __forceinline__ bool weight_tile_mainloop(float (&acc)[NT][4], const 
     }
   }
   if constexpr (KS > 1) {
-    // Add the K quarters: warps 1..KS-1 park their sums in the (now idle) stage memory.
+    // Add the K shares of each 16-row group: the group's other warps park their sums in the (now
+    // idle) stage memory, one slot per warp, and the group's first warp adds them.
     __syncthreads();  // every warp is done reading the last stage
     float* park = reinterpret_cast<float*>(smem);
     if (warp % KS) {
 #pragma unroll
       for (int j = 0; j < NT; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) park[((warp - 1) * NT * 4 + j * 4 + e) * 32 + lane] = acc[j][e];
+        for (int e = 0; e < 4; ++e) park[(warp * NT * 4 + j * 4 + e) * 32 + lane] = acc[j][e];
     }
     __syncthreads();
-    if (warp == 0) {
+    if (warp % KS == 0) {
 #pragma unroll
-      for (int w = 1; w < KS; ++w)
+      for (int w = warp + 1; w < warp + KS; ++w)
 #pragma unroll
         for (int j = 0; j < NT; ++j)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) acc[j][e] += park[((w - 1) * NT * 4 + j * 4 + e) * 32 + lane];
+          for (int e = 0; e < 4; ++e) acc[j][e] += park[(w * NT * 4 + j * 4 + e) * 32 + lane];
     }
   }
   return true;
