@@ -60,6 +60,16 @@ int TileGraph::tile_id(int op_id, int64_t tm, int64_t tn, int64_t ks) const {
   return o.first_tile + static_cast<int>((tm * o.grid_n + tn) * o.tiling.split_k + ks);
 }
 
+// K columns per split-K slice: whole BK steps, and no slice may be empty.
+static int64_t k_slice(const Op& o) {
+  const Tiling& t = o.tiling;
+  const int64_t slice = ceil_div(ceil_div(o.k, t.split_k), t.bk) * t.bk;
+  if (ceil_div(o.k, slice) != t.split_k)
+    throw InvalidArgument("op '" + o.name + "': split_k " + std::to_string(t.split_k) + " leaves empty K slices (K=" +
+                          std::to_string(o.k) + ", BK=" + std::to_string(t.bk) + ")");
+  return slice;
+}
+
 static void check_tiling(const Tiling& t, const std::string& op) {
   check_positive(t.bm, "BM of op '" + op + "'");
   check_positive(t.bn, "BN of op '" + op + "'");
@@ -85,10 +95,7 @@ int TileGraph::add_gemm(std::string name, int a, int b, int c, Tiling t) {
   o.m = A.rows, o.n = B.rows, o.k = A.cols;
   o.a = a, o.b = b, o.c = c;
   o.tiling = t;
-  const int64_t slice = ceil_div(ceil_div(o.k, t.split_k), t.bk) * t.bk;
-  if (ceil_div(o.k, slice) != t.split_k)
-    throw InvalidArgument("op '" + o.name + "': split_k " + std::to_string(t.split_k) + " leaves empty K slices (K=" +
-                          std::to_string(o.k) + ", BK=" + std::to_string(t.bk) + ")");
+  const int64_t slice = k_slice(o);
   if (t.split_k > 1)
     o.workspace = add_tensor(o.name + ".partials", o.m, o.n, 4, TensorRole::Workspace);
   o.grid_m = ceil_div(o.m, t.bm);
@@ -135,10 +142,7 @@ int TileGraph::add_gemm_silu_mul(std::string name, int a, int b, int c, Tiling t
   o.m = A.rows, o.n = C.cols, o.k = A.cols;
   o.a = a, o.b = b, o.c = c;
   o.tiling = t;
-  const int64_t slice = ceil_div(ceil_div(o.k, t.split_k), t.bk) * t.bk;
-  if (ceil_div(o.k, slice) != t.split_k)
-    throw InvalidArgument("op '" + o.name + "': split_k " + std::to_string(t.split_k) + " leaves empty K slices (K=" +
-                          std::to_string(o.k) + ", BK=" + std::to_string(t.bk) + ")");
+  const int64_t slice = k_slice(o);
   // Split-K partial sums are accumulated before the activation: gate in columns [0, N), up in [N, 2N).
   if (t.split_k > 1)
     o.workspace = add_tensor(o.name + ".partials", o.m, 2 * o.n, 4, TensorRole::Workspace);

@@ -55,7 +55,9 @@ __device__ void run_tile(const runtime::ExecParams& ep, runtime::BlockSlots& slo
   }
   if (!ok) return;  // aborted wait: publish nothing, the launch is failing
 
-  if (o.split == 1) {
+  // This thread's results: f(m, col, a, b) with a = the value (gate for SiLU*mul), b = its up
+  // partner (0 for a plain GEMM), only in-bounds rows and columns, only on result-holding warps.
+  auto for_each_result = [&](auto&& f) {
 #pragma unroll
     for (int j = 0; j < NT && holds_result; ++j)
 #pragma unroll
@@ -64,38 +66,29 @@ __device__ void run_tile(const runtime::ExecParams& ep, runtime::BlockSlots& slo
         if (m >= o.m) continue;
         if (o.silu_mul) {
           const int64_t col = c0 + 8 * warp + g;
-          if (col < o.n) o.c[m * o.n + col] = __float2bfloat16(silu(acc[j][e]) * acc[j][e + 2]);
+          if (col < o.n) f(m, col, acc[j][e], acc[j][e + 2]);
         } else {
           const int64_t col = c0 + 16 * warp + g;
-          if (col < o.n) o.c[m * o.n + col] = __float2bfloat16(acc[j][e]);
-          if (col + 8 < o.n) o.c[m * o.n + col + 8] = __float2bfloat16(acc[j][e + 2]);
+          if (col < o.n) f(m, col, acc[j][e], 0.f);
+          if (col + 8 < o.n) f(m, col + 8, acc[j][e + 2], 0.f);
         }
       }
+  };
+  if (o.split == 1) {
+    for_each_result([&](int64_t m, int64_t col, float a, float b) {
+      o.c[m * o.n + col] = __float2bfloat16(o.silu_mul ? silu(a) * b : a);
+    });
   } else {
     // Split-K: every slice adds its partial sums into one fp32 accumulator with fire-and-forget
     // reductions (RED: no round trip for the issuer); the slice that arrives last reads the sums
     // once, writes the output and zeroes the accumulator for the next launch. (Reading per-slice
     // partials instead costs the last slice one L2 round trip per slice: measured 1.6x slower at M=16.)
     const int64_t ws_cols = o.silu_mul ? 2 * o.n : o.n;
-#pragma unroll
-    for (int j = 0; j < NT && holds_result; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int64_t m = m0 + 8 * j + 2 * q + e;
-        if (m >= o.m) continue;
-        float* row = o.ws + m * ws_cols;
-        if (o.silu_mul) {
-          const int64_t col = c0 + 8 * warp + g;
-          if (col < o.n) {
-            atomicAdd(row + col, acc[j][e]);
-            atomicAdd(row + o.n + col, acc[j][e + 2]);
-          }
-        } else {
-          const int64_t col = c0 + 16 * warp + g;
-          if (col < o.n) atomicAdd(row + col, acc[j][e]);
-          if (col + 8 < o.n) atomicAdd(row + col + 8, acc[j][e + 2]);
-        }
-      }
+    for_each_result([&](int64_t m, int64_t col, float a, float b) {
+      float* row = o.ws + m * ws_cols;
+      atomicAdd(row + col, a);
+      if (o.silu_mul) atomicAdd(row + o.n + col, b);
+    });
     if (runtime::arrive_split(ep, slots, t, o.split)) {
       const int64_t rows = min(int64_t(R), o.m - m0), ncols = min(cols, o.n - c0);
       for (int64_t i = tid; i < rows * ncols; i += blockDim.x) {
