@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "tileweave/kernels/sm80/weight_tile.cuh"
+#include "tileweave/order/orders.hpp"
 #include "tileweave/runtime/executor.cuh"
 #include "tileweave/util/cuda_check.hpp"
 
@@ -254,15 +255,14 @@ void FusedFfn::init(const FfnOptions& opt, const Schedule* order) {
 
   if (order) {
     sched_ = *order;
-  } else if (opt.order == "op_by_op") {
-    sched_ = op_by_op_order(G);
-  } else if (opt.order == "op_by_op_column") {
-    sched_ = op_by_op_column_order(G);
   } else if (opt.order == "dataflow") {
     // Lag = the tiles in flight: a down tile is taken about when its producers finish.
-    sched_ = dataflow_order(G, op_by_op_column_order(G), grid_);
+    sched_ = dataflow_order(G, make_order(G, "col_major"), grid_);
   } else {
-    throw InvalidArgument("FFN: unknown order '" + opt.order + "' (dataflow, op_by_op, op_by_op_column)");
+    // "op_by_op_column" / "op_by_op" are the names the H200 results use for the catalog's
+    // col_major / row_major (each op's tiles in turn); any other catalog spec works too.
+    const std::string spec = opt.order == "op_by_op_column" ? "col_major" : opt.order == "op_by_op" ? "row_major" : opt.order;
+    sched_ = make_order(G, spec);
   }
   const ExecPlan plan = make_exec_plan(G, sched_, {{g_.op_gate_up, opt.sync}});  // validates the schedule
   TW_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));

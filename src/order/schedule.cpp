@@ -35,16 +35,6 @@ Schedule op_by_op_order(const TileGraph& g) {
   return s;
 }
 
-Schedule op_by_op_column_order(const TileGraph& g) {
-  Schedule s{"op_by_op_column", {}};
-  for (const Op& o : g.ops())
-    for (int64_t tn = 0; tn < o.grid_n; ++tn)
-      for (int64_t tm = 0; tm < o.grid_m; ++tm)
-        for (int64_t ks = 0; ks < o.tiling.split_k; ++ks)
-          s.order.push_back(g.tile_id(static_cast<int>(&o - g.ops().data()), tm, tn, ks));
-  return s;
-}
-
 Schedule dataflow_order(const TileGraph& g, const Schedule& base, int lag) {
   validate(g, base);
   if (lag < 0) throw InvalidArgument("dataflow order: lag must be >= 0, got " + std::to_string(lag));

@@ -45,6 +45,7 @@ TEST(TileGraph, BadInputIsNamed) {
   EXPECT_THROW(build_ffn_graph({16, 64, 128, true}, {{64, 128, 64, 1}, {64, 128, 64, 3}}), InvalidArgument);
 }
 
+#include "tileweave/order/orders.hpp"
 #include "tileweave/runtime/exec_plan.hpp"
 
 TEST(ExecPlan, WaitsMapToProducerCountersUnderEachPolicy) {
@@ -74,7 +75,7 @@ TEST(ExecPlan, WaitsMapToProducerCountersUnderEachPolicy) {
 TEST(Schedule, DataflowOrderPutsConsumersRightAfterTheirProducers) {
   FfnGraph g = build_ffn_graph({16, 1024, 2816, true}, {{16, 32, 64, 1}, {16, 64, 64, 4}});
   const auto& G = g.graph;
-  const Schedule s = dataflow_order(G, op_by_op_column_order(G));
+  const Schedule s = dataflow_order(G, make_order(G, "col_major"));
   validate(G, s);
   std::vector<int> pos(G.num_tiles());
   for (int i = 0; i < G.num_tiles(); ++i) pos[s.order[i]] = i;
@@ -92,7 +93,7 @@ TEST(Schedule, DataflowLagKeepsConsumersBehindTheirProducers) {
   FfnGraph g = build_ffn_graph({16, 1024, 2816, true}, {{16, 32, 64, 2}, {16, 64, 64, 4}});
   const auto& G = g.graph;
   for (int lag : {1, 7, 50}) {
-    const Schedule s = dataflow_order(G, op_by_op_column_order(G), lag);
+    const Schedule s = dataflow_order(G, make_order(G, "col_major"), lag);
     validate(G, s);
     std::vector<int> pos(G.num_tiles());
     for (int i = 0; i < G.num_tiles(); ++i) pos[s.order[i]] = i;

@@ -22,7 +22,10 @@ namespace tw {
 // weight streams of their own, so finishing the first before the second (one row-sync wait)
 // beat interleaving them (dataflow) at decode sizes.
 struct FfnOptions {
-  std::string order = "op_by_op_column";  // "op_by_op_column" | "op_by_op" | "dataflow" (or pass a Schedule)
+  // "op_by_op_column" (= the catalog's col_major), "op_by_op" (= row_major), "dataflow" (col_major
+  // with consumers moved after their producers, lagged by the grid), or any make_order spec; or
+  // pass a Schedule to the constructor.
+  std::string order = "op_by_op_column";
   SyncSpec sync{SyncPolicy::Row, 1};      // how down tiles wait for gate/up tiles
   int split_gate_up = 0;           // K slices of the first GEMM; 0 = from the shape
   int split_down = 0;              // K slices of the down GEMM; 0 = from the shape

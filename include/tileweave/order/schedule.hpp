@@ -21,10 +21,6 @@ void validate(const TileGraph& g, const Schedule& s);
 // Ops one after another, each op's tiles in id order (row-major over (tm, tn, ks)).
 Schedule op_by_op_order(const TileGraph& g);
 
-// Ops one after another, each op's tiles column-major (tn outer, then tm, then ks): consecutive
-// tiles share a weight panel, which is what a decode/prefill GEMM with many row blocks wants.
-Schedule op_by_op_column_order(const TileGraph& g);
-
 // Dataflow: every tile moved to just after the last of its dependencies, otherwise keeping the
 // order of `base` (stable). In an FFN the down-projection tiles of a K slice then follow the
 // gate/up tiles that produce that slice, instead of waiting for the whole first GEMM.
