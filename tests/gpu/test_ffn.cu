@@ -16,15 +16,6 @@ using namespace tw;
 using namespace tw::test;
 using bf16 = __nv_bfloat16;
 
-template <class TA, class TW>
-__global__ void ref_linear(const TA* a, const TW* w, double* out, int64_t m, int64_t n, int64_t k) {
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i >= m * n) return;
-  const int64_t r = i / n, c = i % n;
-  double s = 0;
-  for (int64_t j = 0; j < k; ++j) s += double(a[r * k + j]) * double(w[c * k + j]);
-  out[i] = s;
-}
 __device__ double to_double(bf16 v) { return double(__bfloat162float(v)); }
 template <class TA>
 __global__ void ref_linear_bf16w(const TA* a, const bf16* w, double* out, int64_t m, int64_t n, int64_t k) {
