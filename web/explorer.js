@@ -192,19 +192,26 @@ async function resimulate() {
 
 // Runs `tile` next. The server validates the order with the graph's dependencies and refuses
 // a tile whose producers have not run; the page then keeps its old state and shows why.
+// Simulates `order` on the server and makes it the current path; false (with the server's
+// reason shown) if the server refuses it.
+async function adoptOrder(order) {
+  try {
+    state.sim = await api("/api/simulate", { problem: state.problem, order });
+  } catch (e) {
+    setMessage(`Refused: ${e.message}`, true);
+    return false;
+  }
+  state.order = order;
+  return true;
+}
+
 async function runTile(tile) {
   if (state.order.includes(tile)) {
     setMessage(`${tileName(tile)} already ran at step ${state.order.indexOf(tile) + 1}.`);
     return;
   }
   const order = state.order.concat([tile]);
-  try {
-    state.sim = await api("/api/simulate", { problem: state.problem, order });
-  } catch (e) {
-    setMessage(`Refused: ${e.message}`, true);
-    return;
-  }
-  state.order = order;
+  if (!(await adoptOrder(order))) return;
   // A click off the loaded path forgets the rest of that path; a click on it just steps it.
   if (state.redo.length && state.redo[state.redo.length - 1] === tile) state.redo.pop();
   else { state.redo = []; if (state.orderLabel !== "clicked") state.orderLabel += " + clicks"; }
@@ -255,13 +262,7 @@ async function toEnd() {
   stopPlaying();
   if (!state.redo.length) return;
   const order = state.order.concat(state.redo.slice().reverse());
-  try {
-    state.sim = await api("/api/simulate", { problem: state.problem, order });
-  } catch (e) {
-    setMessage(`Refused: ${e.message}`, true);
-    return;
-  }
-  state.order = order;
+  if (!(await adoptOrder(order))) return;
   state.redo = [];
   setMessage(`Ran all ${order.length} steps of '${state.orderLabel}'.`);
   render();

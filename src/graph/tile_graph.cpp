@@ -95,9 +95,18 @@ int TileGraph::add_gemm(std::string name, int a, int b, int c, Tiling t) {
   o.m = A.rows, o.n = B.rows, o.k = A.cols;
   o.a = a, o.b = b, o.c = c;
   o.tiling = t;
+  return add_gemm_op(std::move(o));
+}
+
+// Cuts a GEMM-like op into (tm, tn, ks) tiles. A tile reads its A panel and the B rows of its
+// output columns (gate and up rows for SiLU*mul: B = [gate; up]) over its K slice; with split-K
+// it also accumulates into the op's fp32 workspace (gate in columns [0, N), up in [N, 2N)).
+int TileGraph::add_gemm_op(Op o) {
+  const Tiling& t = o.tiling;
+  const bool gated = o.kind == OpKind::GemmSiluMul;
   const int64_t slice = k_slice(o);
   if (t.split_k > 1)
-    o.workspace = add_tensor(o.name + ".partials", o.m, o.n, 4, TensorRole::Workspace);
+    o.workspace = add_tensor(o.name + ".partials", o.m, (gated ? 2 : 1) * o.n, 4, TensorRole::Workspace);
   o.grid_m = ceil_div(o.m, t.bm);
   o.grid_n = ceil_div(o.n, t.bn);
   o.first_tile = num_tiles();
@@ -112,11 +121,15 @@ int TileGraph::add_gemm(std::string name, int a, int b, int c, Tiling t) {
         tile.step_cols = t.bk;
         const int64_t r0 = tm * t.bm, r1 = std::min(o.m, r0 + t.bm);
         const int64_t c0 = tn * t.bn, c1 = std::min(o.n, c0 + t.bn);
-        tile.reads.push_back({a, r0, r1, tile.k0, tile.k1});
-        tile.reads.push_back({b, c0, c1, tile.k0, tile.k1});
-        if (t.split_k > 1) tile.writes.push_back({o.workspace, r0, r1, c0, c1});
-        tile.writes.push_back({c, r0, r1, c0, c1});
-        tile.flops = 2.0 * (r1 - r0) * (c1 - c0) * (tile.k1 - tile.k0);
+        tile.reads.push_back({o.a, r0, r1, tile.k0, tile.k1});
+        tile.reads.push_back({o.b, c0, c1, tile.k0, tile.k1});
+        if (gated) tile.reads.push_back({o.b, o.n + c0, o.n + c1, tile.k0, tile.k1});
+        if (t.split_k > 1) {
+          tile.writes.push_back({o.workspace, r0, r1, c0, c1});
+          if (gated) tile.writes.push_back({o.workspace, r0, r1, o.n + c0, o.n + c1});
+        }
+        tile.writes.push_back({o.c, r0, r1, c0, c1});
+        tile.flops = (gated ? 4.0 : 2.0) * (r1 - r0) * (c1 - c0) * (tile.k1 - tile.k0);
         tiles_.push_back(std::move(tile));
       }
   o.num_tiles = num_tiles() - o.first_tile;
@@ -142,39 +155,7 @@ int TileGraph::add_gemm_silu_mul(std::string name, int a, int b, int c, Tiling t
   o.m = A.rows, o.n = C.cols, o.k = A.cols;
   o.a = a, o.b = b, o.c = c;
   o.tiling = t;
-  const int64_t slice = k_slice(o);
-  // Split-K partial sums are accumulated before the activation: gate in columns [0, N), up in [N, 2N).
-  if (t.split_k > 1)
-    o.workspace = add_tensor(o.name + ".partials", o.m, 2 * o.n, 4, TensorRole::Workspace);
-  o.grid_m = ceil_div(o.m, t.bm);
-  o.grid_n = ceil_div(o.n, t.bn);
-  o.first_tile = num_tiles();
-  for (int64_t tm = 0; tm < o.grid_m; ++tm)
-    for (int64_t tn = 0; tn < o.grid_n; ++tn)
-      for (int64_t ks = 0; ks < t.split_k; ++ks) {
-        Tile tile;
-        tile.op = static_cast<int>(ops_.size());
-        tile.tm = tm, tile.tn = tn, tile.ks = ks;
-        tile.k0 = ks * slice;
-        tile.k1 = std::min(o.k, tile.k0 + slice);
-        tile.step_cols = t.bk;
-        const int64_t r0 = tm * t.bm, r1 = std::min(o.m, r0 + t.bm);
-        const int64_t c0 = tn * t.bn, c1 = std::min(o.n, c0 + t.bn);
-        tile.reads.push_back({a, r0, r1, tile.k0, tile.k1});
-        tile.reads.push_back({b, c0, c1, tile.k0, tile.k1});               // gate rows
-        tile.reads.push_back({b, o.n + c0, o.n + c1, tile.k0, tile.k1});   // up rows
-        if (t.split_k > 1) {
-          tile.writes.push_back({o.workspace, r0, r1, c0, c1});
-          tile.writes.push_back({o.workspace, r0, r1, o.n + c0, o.n + c1});
-        }
-        tile.writes.push_back({c, r0, r1, c0, c1});
-        tile.flops = 2.0 * 2.0 * (r1 - r0) * (c1 - c0) * (tile.k1 - tile.k0);
-        tiles_.push_back(std::move(tile));
-      }
-  o.num_tiles = num_tiles() - o.first_tile;
-  ops_.push_back(o);
-  derive_deps(o.first_tile);
-  return static_cast<int>(ops_.size()) - 1;
+  return add_gemm_op(std::move(o));
 }
 
 int TileGraph::add_silu_mul(std::string name, int a, int c, int64_t bm, int64_t bn) {

@@ -100,6 +100,7 @@ class TileGraph {
 
  private:
   void check_tensor(int id, const char* what) const;
+  int add_gemm_op(Op o);  // tiles of a Gemm or GemmSiluMul op whose shape fields are set
   void derive_deps(int first_new_tile);
   std::vector<Tensor> tensors_;
   std::vector<Op> ops_;
