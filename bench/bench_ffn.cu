@@ -1,8 +1,10 @@
 // FFN benchmark: the fused executor (several orders / sync policies) against (a) unfused cuBLASLt
 // GEMMs + an elementwise SiLU*mul and (b) the CuSync-style two-kernel version, with the
 // streaming-read floor measured in the same run. Weights are rotated so L2 holds none of them.
-//   bench_ffn [--models 8b,70b,chain] [--ms 1,4,16,64,128,256] [--reps 100] [--variants spec,...]
-//   a variant spec is order/sync[/bk[/split_gate_up[/split_down[/blocks_per_sm[/k_split_warps]]]]] (0 = default)
+//   bench_ffn [--models 8b,70b,chain] [--ms 1,4,16,64,128,256] [--reps 100] [--variants 'spec;spec;...']
+//   a variant spec is key=value pairs joined by ',' (keys: mainloop, order, sync, bk, sg = split_gate_up,
+//   sd = split_down, bps = blocks_per_sm, ks = k_split_warps; unset = FfnOptions' default), e.g.
+//   mainloop=sm90,order=kslices/col_major,sd=28
 //   bench_ffn --profile spec --models 8b --ms 16   runs one variant 3 times for ncu and prints
 //   the traffic model's DRAM bytes for its schedule
 #include <cuda_bf16.h>
@@ -51,10 +53,11 @@ struct Model {
   bool gated;
 };
 
-std::vector<std::string> split_csv(const std::string& s) {
+std::vector<std::string> split_list(const std::string& s, char sep = ',') {
   std::vector<std::string> out;
   std::stringstream ss(s);
-  for (std::string t; std::getline(ss, t, ',');) out.push_back(t);
+  for (std::string t; std::getline(ss, t, sep);)
+    if (!t.empty()) out.push_back(t);
   return out;
 }
 
@@ -77,19 +80,24 @@ struct Variant {
   FfnOptions opt;
 };
 
-// order/sync[/bk[/split_gate_up[/split_down[/blocks_per_sm[/k_split_warps]]]]], 0 = default
 FfnOptions parse_variant(const std::string& spec) {
-  std::vector<std::string> f;
-  std::stringstream ss(spec);
-  for (std::string t; std::getline(ss, t, '/');) f.push_back(t);
   FfnOptions o;
-  o.order = f.at(0);
-  if (f.size() > 1) o.sync.policy = parse_sync_policy(f[1]);
-  if (f.size() > 2) o.bk = std::atoi(f[2].c_str());
-  if (f.size() > 3) o.split_gate_up = std::atoi(f[3].c_str());
-  if (f.size() > 4) o.split_down = std::atoi(f[4].c_str());
-  if (f.size() > 5) o.blocks_per_sm = std::atoi(f[5].c_str());
-  if (f.size() > 6) o.k_split_warps = std::atoi(f[6].c_str());
+  std::stringstream ss(spec);
+  for (std::string kv; std::getline(ss, kv, ',');) {
+    const size_t eq = kv.find('=');
+    if (kv.empty()) continue;
+    if (eq == std::string::npos) throw InvalidArgument("variant '" + spec + "': '" + kv + "' is not key=value");
+    const std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
+    if (k == "mainloop") o.mainloop = v;
+    else if (k == "order") o.order = v;
+    else if (k == "sync") o.sync.policy = parse_sync_policy(v);
+    else if (k == "bk") o.bk = std::stoi(v);
+    else if (k == "sg") o.split_gate_up = std::stoi(v);
+    else if (k == "sd") o.split_down = std::stoi(v);
+    else if (k == "bps") o.blocks_per_sm = std::stoi(v);
+    else if (k == "ks") o.k_split_warps = std::stoi(v);
+    else throw InvalidArgument("variant '" + spec + "': unknown key '" + k + "' (mainloop, order, sync, bk, sg, sd, bps, ks)");
+  }
   return o;
 }
 
@@ -109,25 +117,24 @@ int main(int argc, char** argv) {
   std::string models_arg = "8b,70b,chain", ms_arg = "1,4,16,64,128,256";
   int reps = 100;
   std::string profile_spec;
-  // The default (op_by_op_column/row, tile shape by M), the dataflow order with tile sync
-  // (dataflow/row is refused: it would wait on later tickets), and 64-row tiles at every M.
-  std::vector<std::string> variant_specs = {"op_by_op_column/row", "dataflow/tile", "op_by_op_column/row/0/0/0/0/1",
-                                            "dataflow/tile/128/0/0/0/1"};
+  // Both tile bodies with their default order, and with each op's split-K slices outermost.
+  std::vector<std::string> variant_specs = {"mainloop=sm80", "mainloop=sm80,order=kslices/col_major", "mainloop=sm90",
+                                            "mainloop=sm90,order=kslices/col_major"};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--models") && i + 1 < argc) models_arg = argv[++i];
     else if (!std::strcmp(argv[i], "--ms") && i + 1 < argc) ms_arg = argv[++i];
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--variants") && i + 1 < argc) variant_specs = split_csv(argv[++i]);
+    else if (!std::strcmp(argv[i], "--variants") && i + 1 < argc) variant_specs = split_list(argv[++i], ';');
     else if (!std::strcmp(argv[i], "--profile") && i + 1 < argc) profile_spec = argv[++i];
     else {
       std::fprintf(stderr, "bench_ffn: unknown argument '%s'\nusage: bench_ffn [--models 8b,70b,chain] [--ms 1,16] [--reps 100]\n"
-                   "                 [--variants order/sync/bk/split_gate_up/split_down/blocks_per_sm/k_split_warps,...]\n"
+                   "                 [--variants 'key=value,...;key=value,...']  (keys: mainloop order sync bk sg sd bps ks)\n"
                    "                 [--profile variant]   (one variant, 3 launches, for ncu)\n", argv[i]);
       return 2;
     }
   }
   std::vector<Model> models;
-  for (const auto& m : split_csv(models_arg)) {
+  for (const auto& m : split_list(models_arg)) {
     if (m == "8b") models.push_back({"llama3-8b", 4096, 14336, true});
     else if (m == "70b") models.push_back({"llama3-70b", 8192, 28672, true});
     else if (m == "chain") models.push_back({"chain-16x14336x4096", 4096, 14336, false});
@@ -137,7 +144,14 @@ int main(int argc, char** argv) {
     }
   }
   std::vector<int64_t> ms;
-  for (const auto& m : split_csv(ms_arg)) ms.push_back(std::atoll(m.c_str()));
+  for (const auto& m : split_list(ms_arg)) ms.push_back(std::atoll(m.c_str()));
+  std::vector<Variant> variants;
+  try {
+    for (const auto& spec : variant_specs) variants.push_back({spec, parse_variant(spec)});
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_ffn: %s\n", e.what());
+    return 2;
+  }
 
   if (!profile_spec.empty()) {
     // For ncu: three launches of one fused variant per case (profile the third), and the model's
@@ -216,17 +230,25 @@ int main(int argc, char** argv) {
         g2.run(h, wd[s], y_ref, st);
       };
       const double t_unfused = time_us(unfused, sets, 10, reps);
+      // Diagnostic: the floor kernel reading exactly these weights (two launches, like the op's
+      // two weight streams): what one pass over this many bytes costs, ramp-up and tail included.
+      const double t_stream = time_us([&](int s, cudaStream_t st) {
+        for (auto [p, n] : {std::pair<const bf16*, int64_t>{wgu[s], n1 * md.d}, {wd[s], md.d * md.f}})
+          kernels::stream_read_bulk<<<gpu.prop.multiProcessorCount, 32, kernels::kStreamStages * kernels::kStreamChunk, st>>>(
+              reinterpret_cast<const char*>(p), uint64_t(n) * 2 / kernels::kStreamChunk);
+      }, sets, 10, reps);
       unfused(0, 0);
       TW_CUDA_CHECK(cudaDeviceSynchronize());
 
       const FfnShape shape{m, md.d, md.f, md.gated};
+      // CuSync-style runs the sm80 tiles: the consumer kernel's blocks must fit beside the producer's
+      // (sm90 tiles take a whole SM each, so the two kernels would simply run one after the other).
       FfnOptions two_opt;
+      two_opt.mainloop = "sm80";
       two_opt.order = "op_by_op_column";
       FusedFfn two(shape, two_opt);
       const double t_cusync = time_us([&](int s, cudaStream_t st) { two.run_two_kernels(x, wgu[s], wd[s], y, st, s2); }, sets, 10, reps);
 
-      std::vector<Variant> variants;
-      for (const auto& spec : variant_specs) variants.push_back({spec, parse_variant(spec)});
       double best = 1e30;
       std::string best_name;
       nlohmann::json fused = nlohmann::json::array();
@@ -250,12 +272,13 @@ int main(int argc, char** argv) {
                          {"speedup_vs_unfused", t_unfused / t}, {"speedup_vs_cusync", t_cusync / t},
                          {"rel_diff_vs_cublas", err}, {"tiles", G.num_tiles()}, {"grid", ffn.grid()},
                          {"split_gate_up", G.op(ffn.graph().op_gate_up).tiling.split_k},
-                         {"split_down", G.op(ffn.graph().op_down).tiling.split_k}});
+                         {"split_down", G.op(ffn.graph().op_down).tiling.split_k},
+                         {"mainloop", ffn.uses_sm90() ? "sm90" : "sm80"}, {"order", ffn.schedule().name}});
         if (err > 2e-2) std::printf("  WARNING %s M=%lld %s: rel diff vs cuBLAS %.3g\n", md.name.c_str(), (long long)m, v.name.c_str(), err);
         if (t < best) best = t, best_name = v.name;
       }
       rf.add({{"model", md.name}, {"m", m}, {"d", md.d}, {"ffn", md.f}, {"gated", md.gated}, {"weight_bytes", wbytes},
-              {"floor_us", floor_us}, {"unfused_cublaslt_us", t_unfused}, {"cusync_style_us", t_cusync},
+              {"floor_us", floor_us}, {"weights_stream_us", t_stream}, {"unfused_cublaslt_us", t_unfused}, {"cusync_style_us", t_cusync},
               {"fused", fused}, {"best_fused_us", best}, {"best_fused", best_name},
               {"best_pct_floor", 100 * floor_us / best}, {"best_speedup_vs_unfused", t_unfused / best},
               {"best_speedup_vs_cusync", t_cusync / best}});

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "ffn_sm90.hpp"
 #include "tileweave/kernels/sm80/weight_tile.cuh"
 #include "tileweave/order/orders.hpp"
 #include "tileweave/runtime/executor.cuh"
@@ -205,6 +206,37 @@ void use_mode(int& mode, int want) {
   mode = want;
 }
 
+// "auto" is sm90 on an sm_90 device (and sm80 where there is none, e.g. for the model on a CPU).
+bool use_sm90(const FfnOptions& opt) {
+  if (opt.mainloop == "sm80") return false;
+  if (opt.mainloop == "sm90") return true;
+  if (opt.mainloop != "auto")
+    throw InvalidArgument("FFN: mainloop must be auto, sm80 or sm90, got '" + opt.mainloop + "'");
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return major == 9;
+}
+
+// sm90 tiles: 128 weight rows x all activation rows of a row block, K in slices of about 512 KiB
+// of weights (more above 128 rows: each slice's fp32 reduction is 512 B per activation row).
+// Measured on the H200 (bench/results/h200/ffn.json): 512 KiB beat 128 KiB by 10-15% at M <= 64.
+FfnTiling sm90_tiling(const FfnShape& s, const FfnOptions& opt) {
+  if (opt.bk || opt.k_split_warps)
+    throw InvalidArgument("FFN: bk and k_split_warps are sm80 options (mainloop '" + opt.mainloop + "' runs sm90 tiles)");
+  const int rows = ffn_sm90::act_rows_for(s.m), step = ffn_sm90::stage_cols_for(rows);
+  auto split = [&](int64_t k, int given) {
+    const int64_t target = (int64_t(512) << 10) * std::max(1, rows / 128) / (2 * ffn_sm90::kTileRows);  // K columns
+    return normalise_split(k, given ? given : static_cast<int>(std::max<int64_t>(1, (k + target / 2) / target)), step);
+  };
+  FfnTiling t;
+  t.gate_up = {rows, s.gated ? ffn_sm90::kTileRows / 2 : ffn_sm90::kTileRows, step, split(s.d, opt.split_gate_up)};
+  t.down = {rows, ffn_sm90::kTileRows, step, split(s.f, opt.split_down)};
+  return t;
+}
+
 }  // namespace
 
 FfnTiling FusedFfn::tiling_for(const FfnShape& s, const FfnOptions& opt) {
@@ -213,6 +245,7 @@ FfnTiling FusedFfn::tiling_for(const FfnShape& s, const FfnOptions& opt) {
   if (s.f <= 0 || s.f % 8) throw InvalidArgument("FFN: ffn size must be a positive multiple of 8, got " + std::to_string(s.f));
   if (opt.split_gate_up < 0) throw InvalidArgument("FFN: split_gate_up must be >= 0, got " + std::to_string(opt.split_gate_up));
   if (opt.split_down < 0) throw InvalidArgument("FFN: split_down must be >= 0, got " + std::to_string(opt.split_down));
+  if (use_sm90(opt)) return sm90_tiling(s, opt);
   const int64_t rows = 8 * nt_for(s.m);
   const int bk = bk_for(opt, s.m), ks = ks_for(opt, s);
   const int wrows = 64 / ks, step = bk * ks;  // weight rows per tile, K per pipeline stage
@@ -233,17 +266,25 @@ void FusedFfn::init(const FfnOptions& opt, const Schedule* order) {
   g_ = build_ffn_graph(shape_, tiling_for(shape_, opt));
   const TileGraph& G = g_.graph;
 
-  const int nt = nt_for(shape_.m);
-  act_rows_ = 8 * nt;
-  bk_ = bk_for(opt, shape_.m);
-  ks_ = ks_for(opt, shape_);
-  const KernelFn k = kernel_for(nt, bk_, ks_);
-  const int smem = smem_for(nt, bk_, ks_);
-  TW_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  int dev = 0, sms = 0, fit = 0;
+  sm90_ = use_sm90(opt);
+  int dev = 0, sms = 0, fit = 1, major = 0;
   TW_CUDA_CHECK(cudaGetDevice(&dev));
   TW_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  TW_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, k, sm80::kThreads, smem));
+  TW_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  if (sm90_) {
+    if (major != 9) throw InvalidArgument("FFN: mainloop sm90 needs an sm_90 GPU (H100/H200); this one is sm_" + std::to_string(major) + "x");
+    act_rows_ = static_cast<int>(G.op(g_.op_gate_up).tiling.bm);
+    smem_ = ffn_sm90::prepare_kernel(act_rows_);  // over half the SM's shared memory: one CTA per SM
+  } else {
+    const int nt = nt_for(shape_.m);
+    act_rows_ = 8 * nt;
+    bk_ = bk_for(opt, shape_.m);
+    ks_ = ks_for(opt, shape_);
+    const KernelFn k = kernel_for(nt, bk_, ks_);
+    smem_ = smem_for(nt, bk_, ks_);
+    TW_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_));
+    TW_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, k, sm80::kThreads, smem_));
+  }
   if (opt.blocks_per_sm < 0 || opt.blocks_per_sm > fit)
     throw InvalidArgument("FFN: blocks_per_sm " + std::to_string(opt.blocks_per_sm) + " is outside [0, " +
                           std::to_string(fit) + "] (the blocks that fit on one SM)");
@@ -272,9 +313,14 @@ void FusedFfn::init(const FfnOptions& opt, const Schedule* order) {
   TW_CUDA_CHECK(cudaMalloc(&h_, sizeof(bf16) * shape_.m * shape_.f));
   const Op& gu = G.op(g_.op_gate_up);
   const Op& dn = G.op(g_.op_down);
-  // Split-K accumulators, zeroed once: each launch's last slice leaves them zero again.
-  const size_t ws_gu = gu.tiling.split_k > 1 ? size_t(shape_.m) * (shape_.gated ? 2 : 1) * shape_.f : 0;
-  const size_t ws_dn = dn.tiling.split_k > 1 ? size_t(shape_.m) * shape_.d : 0;
+  // Split-K accumulators, zeroed once: each launch's last slice leaves them zero again. sm90 keeps
+  // one block per output tile in the consumers' fragment order (tile rows x act rows floats).
+  auto ws_floats = [&](const Op& o, size_t sm80_floats) -> size_t {
+    if (o.tiling.split_k <= 1) return 0;
+    return sm90_ ? size_t(o.grid_m) * o.grid_n * ffn_sm90::kTileRows * act_rows_ : sm80_floats;
+  };
+  const size_t ws_gu = ws_floats(gu, size_t(shape_.m) * (shape_.gated ? 2 : 1) * shape_.f);
+  const size_t ws_dn = ws_floats(dn, size_t(shape_.m) * shape_.d);
   ws_down_offset_ = (ws_gu + 63) / 64 * 64;
   ws_bytes_ = sizeof(float) * (ws_down_offset_ + ws_dn + 1);
   TW_CUDA_CHECK(cudaMalloc(&ws_, ws_bytes_));
@@ -289,9 +335,9 @@ FusedFfn::~FusedFfn() {
 }
 
 struct FusedFfn::Launch {
-  ChainParams cp;
-  KernelFn kernel;
-  int smem;
+  ChainParams cp;              // sm80
+  ffn_sm90::Maps maps;         // sm90
+  ffn_sm90::OpArgs ops[2];
 };
 
 FusedFfn::Launch FusedFfn::prepare(const bf16* x, const bf16* w_gate_up, const bf16* w_down, bf16* y) const {
@@ -310,9 +356,31 @@ FusedFfn::Launch FusedFfn::prepare(const bf16* x, const bf16* w_gate_up, const b
                              static_cast<int32_t>(gu.tiling.split_k), shape_.gated ? 1 : 0};
   l.cp.ops[g_.op_down] = {h_, w_down, y, ws_ + ws_down_offset_, shape_.m, shape_.d, shape_.f, sl_dn,
                           static_cast<int32_t>(dn.tiling.split_k), 0};
-  l.kernel = kernel_for(act_rows_ / 8, bk_, ks_);
-  l.smem = smem_for(act_rows_ / 8, bk_, ks_);
+  if (sm90_) {
+    const int64_t m = shape_.m, d = shape_.d, f = shape_.f;
+    const int step = static_cast<int>(gu.tiling.bk);
+    l.maps.w0 = shape_.gated ? ffn_sm90::gate_up_map(w_gate_up, f, d) : ffn_sm90::weight_map(w_gate_up, f, d);
+    l.maps.w1 = ffn_sm90::weight_map(w_down, d, f);
+    l.maps.x = ffn_sm90::act_map(x, m, d, act_rows_);
+    l.maps.h = ffn_sm90::act_map(h_, m, f, act_rows_);
+    auto args = [&](const Op& o, bf16* out, float* ws, int64_t k, int64_t slice, bool silu) {
+      // The first tile's slice: whole stages, or all of K (rounded up) when there is one slice.
+      return ffn_sm90::OpArgs{out, ws, int32_t(m), int32_t(o.n), int32_t(o.grid_n), int32_t((k + step - 1) / step),
+                              int32_t((slice + step - 1) / step), int32_t(o.tiling.split_k), silu ? 1 : 0};
+    };
+    l.ops[g_.op_gate_up] = args(gu, h_, ws_, d, sl_gu, shape_.gated);
+    l.ops[g_.op_down] = args(dn, y, ws_ + ws_down_offset_, f, sl_dn, false);
+  }
   return l;
+}
+
+void FusedFfn::launch(const Launch& l, const runtime::ExecParams& ep, int grid, cudaStream_t stream) const {
+  if (sm90_) {
+    ffn_sm90::launch(ep, l.maps, l.ops, act_rows_, grid, stream);
+  } else {
+    kernel_for(act_rows_ / 8, bk_, ks_)<<<grid, sm80::kThreads, smem_, stream>>>(ep, l.cp);
+    TW_CUDA_CHECK_LAUNCH();
+  }
 }
 
 void FusedFfn::reset() {
@@ -323,8 +391,7 @@ void FusedFfn::reset() {
 void FusedFfn::run(const bf16* x, const bf16* w_gate_up, const bf16* w_down, bf16* y, cudaStream_t stream) const {
   const Launch l = prepare(x, w_gate_up, w_down, y);
   use_mode(mode_, 1);
-  l.kernel<<<grid_, sm80::kThreads, l.smem, stream>>>(plan_->params(spin_limit_, delay_ns_), l.cp);
-  TW_CUDA_CHECK_LAUNCH();
+  launch(l, plan_->params(spin_limit_, delay_ns_), grid_, stream);
 }
 
 void FusedFfn::run_two_kernels(const bf16* x, const bf16* w_gate_up, const bf16* w_down, bf16* y, cudaStream_t stream,
@@ -342,11 +409,9 @@ void FusedFfn::run_two_kernels(const bf16* x, const bf16* w_gate_up, const bf16*
   const int grid_p = std::min(n_gu, full), grid_c = std::min(n - n_gu, full);
   TW_CUDA_CHECK(cudaEventRecord(fork_, stream));
   TW_CUDA_CHECK(cudaStreamWaitEvent(consumer_stream, fork_, 0));
-  l.kernel<<<grid_p, sm80::kThreads, l.smem, stream>>>(prod, l.cp);
-  TW_CUDA_CHECK_LAUNCH();
+  launch(l, prod, grid_p, stream);
   runtime::launch_wait_for_producer(prod, cons, grid_p, consumer_stream);
-  l.kernel<<<grid_c, sm80::kThreads, l.smem, consumer_stream>>>(cons, l.cp);
-  TW_CUDA_CHECK_LAUNCH();
+  launch(l, cons, grid_c, consumer_stream);
   TW_CUDA_CHECK(cudaEventRecord(join_, consumer_stream));
   TW_CUDA_CHECK(cudaStreamWaitEvent(stream, join_, 0));
 }

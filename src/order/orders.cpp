@@ -38,7 +38,7 @@ std::string known_orders() {
 [[noreturn]] void unknown(const std::string& spec) {
   throw InvalidArgument("unknown order '" + spec + "' (known: " + known_orders() +
                         "; swizzle:<W>, grouped:<G>, chain_rows:<k> take any positive W, G, k; "
-                        "<grid>+<grid> gives one grid order per op; dataflow:<lag>/<spec>)");
+                        "<grid>+<grid> gives one grid order per op; dataflow:<lag>/<spec>; kslices/<spec>)");
 }
 
 int64_t floor_div2(int64_t v) { return v >= 0 ? v / 2 : -((-v + 1) / 2); }
@@ -221,6 +221,18 @@ Schedule make_order(const TileGraph& g, const std::string& spec) {
     if (head.name != "dataflow") unknown(spec);
     Schedule s = dataflow_order(g, make_order(g, spec.substr(slash + 1)), static_cast<int>(head.param));
     s.name = spec;
+    return s;
+  }
+  if (spec.rfind("kslices/", 0) == 0) {
+    // Each op's split-K slices outermost: tiles that run at the same time then add into different
+    // accumulator rows, not all into the same one (same-address atomics serialise in L2).
+    Schedule s = make_order(g, spec.substr(8));
+    std::stable_sort(s.order.begin(), s.order.end(), [&](int a, int b) {
+      const Tile &ta = g.tile(a), &tb = g.tile(b);
+      return ta.op != tb.op ? ta.op < tb.op : ta.ks < tb.ks;
+    });
+    s.name = spec;
+    validate(g, s);
     return s;
   }
   if (spec.rfind("chain_", 0) == 0) {

@@ -85,6 +85,24 @@ TEST(MakeOrder, EveryNamedOrderIsValidOnGemmAndChains) {
   EXPECT_THROW(make_order(gated.graph, "dataflows/row_major"), InvalidArgument);
 }
 
+TEST(MakeOrder, KSlicesPutsSplitSlicesOutermost) {
+  // GEMM1 has 2 column tiles x 2 slices: kslices/col_major = both slice-0 tiles, then slice 1.
+  const FfnGraph f = build_ffn_graph({16, 32, 64, false}, {{16, 16, 16, 1}, {16, 16, 16, 2}});
+  const auto& g = f.graph;
+  const Schedule s = make_order(g, "kslices/col_major");
+  EXPECT_EQ(s.name, "kslices/col_major");
+  const int n0 = g.op(0).num_tiles;
+  ASSERT_EQ(s.order.size(), size_t(n0 + 4));
+  for (int i = 0; i < n0; ++i) EXPECT_EQ(g.tile(s.order[i]).op, 0);
+  const std::vector<int> tail(s.order.begin() + n0, s.order.end());
+  EXPECT_EQ(tail, (std::vector<int>{g.tile_id(1, 0, 0, 0), g.tile_id(1, 0, 1, 0), g.tile_id(1, 0, 0, 1),
+                                    g.tile_id(1, 0, 1, 1)}));
+  EXPECT_NO_THROW(make_order(g, "dataflow/kslices/col_major"));
+  // An order that interleaves the ops comes out op by op.
+  EXPECT_EQ(make_order(g, "kslices/chain_rows:1").order, s.order);
+  EXPECT_THROW(make_order(g, "kslices/"), InvalidArgument);
+}
+
 TEST(MakeOrder, ChainRowsInterleaveRowBlocks) {
   // 2 row blocks; GEMM0 has 2x2 tiles, GEMM1 2x1 tiles. chain_rows:1 = row 0 of GEMM0, the GEMM1
   // tile of row 0, row 1 of GEMM0, the GEMM1 tile of row 1.

@@ -79,61 +79,87 @@ struct FfnData {
 constexpr double kTol = 1e-2;
 constexpr uint32_t kSpinLimit = 2'000'000;  // ~0.5 s of polling: a missing edge fails fast
 
-// (M, d, F, gated, order, sync)
-using Case = std::tuple<int, int, int, bool, std::string, std::string>;
+// Both tile bodies: sm80 (cp.async + mma.sync) and sm90 (TMA + wgmma, needs an sm_90 GPU).
+const std::vector<std::string> kMainloops = {"sm80", "sm90"};
+bool have_sm90() {
+  int dev = 0, major = 0;
+  TW_CUDA_CHECK(cudaGetDevice(&dev));
+  TW_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  return major == 9;
+}
+#define TW_REQUIRE_MAINLOOP(ml) \
+  if (std::string(ml) == "sm90" && !have_sm90()) GTEST_SKIP() << "mainloop sm90 needs an sm_90 GPU"
+
+// (mainloop, M, d, F, gated, order, sync)
+using Case = std::tuple<std::string, int, int, int, bool, std::string, std::string>;
 class FusedFfnTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(FusedFfnTest, MatchesReference) {
   TW_REQUIRE_GPU();
-  const auto [m, d, f, gated, order, sync] = GetParam();
+  const auto [mainloop, m, d, f, gated, order, sync] = GetParam();
+  TW_REQUIRE_MAINLOOP(mainloop);
   FfnData data({m, d, f, gated});
   FfnOptions opt;
+  opt.mainloop = mainloop;
   opt.order = order;
   opt.sync.policy = parse_sync_policy(sync);
   opt.sync.stride = 3;
   opt.spin_limit = kSpinLimit;
   FusedFfn ffn(data.s, opt);
   const double err = data.check(ffn);
-  EXPECT_LT(err, kTol) << "M=" << m << " d=" << d << " F=" << f << " order=" << order << " sync=" << sync;
+  EXPECT_LT(err, kTol) << mainloop << " M=" << m << " d=" << d << " F=" << f << " order=" << order << " sync=" << sync;
 }
 
 std::vector<Case> cases() {
   std::vector<Case> c;
-  for (int m : {1, 2, 3, 16, 37, 64, 128, 255}) c.emplace_back(m, 1024, 2816, true, "dataflow", "tile");
-  for (int m : {1, 37, 255})
-    for (const char* o : {"op_by_op", "op_by_op_column"})
-      for (const char* s : {"tile", "row", "strided"}) c.emplace_back(m, 520, 1000, true, o, s);
-  for (int m : {1, 37, 255}) c.emplace_back(m, 520, 1000, true, "dataflow", "tile");
-  for (int m : {3, 16, 64}) c.emplace_back(m, 512, 1544, false, "dataflow", "tile");
-  c.emplace_back(16, 4096, 14336, true, "dataflow", "tile");  // Llama-3-8B
-  c.emplace_back(1, 4096, 14336, true, "op_by_op_column", "row");
+  for (const std::string& ml : kMainloops) {
+    for (int m : {1, 2, 3, 16, 37, 64, 128, 255}) c.emplace_back(ml, m, 1024, 2816, true, "dataflow", "tile");
+    for (int m : {1, 37, 255})
+      for (const char* o : {"op_by_op", "op_by_op_column", "kslices/col_major"})
+        for (const char* s : {"tile", "row", "strided"}) c.emplace_back(ml, m, 520, 1000, true, o, s);
+    for (int m : {1, 37, 255}) c.emplace_back(ml, m, 520, 1000, true, "dataflow", "tile");
+    for (int m : {3, 16, 64}) c.emplace_back(ml, m, 512, 1544, false, "dataflow", "tile");
+    for (int m : {300, 513}) c.emplace_back(ml, m, 520, 1000, true, "op_by_op_column", "row");  // several row blocks
+    c.emplace_back(ml, 16, 4096, 14336, true, "dataflow", "tile");  // Llama-3-8B
+    c.emplace_back(ml, 1, 4096, 14336, true, "op_by_op_column", "row");
+    c.emplace_back(ml, 16, 4096, 14336, true, "kslices/col_major", "row");
+  }
   return c;
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, FusedFfnTest, ::testing::ValuesIn(cases()));
 
 TEST(FusedFfn, RepeatedLaunchesReuseCountersWithoutMemset) {
   TW_REQUIRE_GPU();
-  FfnData data({16, 1024, 2816, true});
-  FfnOptions opt;
-  opt.spin_limit = kSpinLimit;
-  FusedFfn ffn(data.s, opt);
-  for (int i = 0; i < 6; ++i) {
-    data.new_input();
-    EXPECT_LT(data.check(ffn), kTol) << "launch " << i;
+  for (const std::string& ml : kMainloops) {
+    TW_REQUIRE_MAINLOOP(ml);
+    FfnData data({16, 1024, 2816, true});
+    FfnOptions opt;
+    opt.mainloop = ml;
+    opt.order = "kslices/col_major";
+    opt.spin_limit = kSpinLimit;
+    FusedFfn ffn(data.s, opt);
+    for (int i = 0; i < 6; ++i) {
+      data.new_input();
+      EXPECT_LT(data.check(ffn), kTol) << ml << " launch " << i;
+    }
   }
 }
 
 TEST(FusedFfn, ExplicitSplitsAndBlocksPerSm) {
   TW_REQUIRE_GPU();
   FfnData data({37, 1024, 2816, true});
-  for (auto [sg, sd, b] : std::vector<std::tuple<int, int, int>>{{1, 1, 1}, {3, 7, 2}, {16, 44, 0}}) {
-    FfnOptions opt;
-    opt.split_gate_up = sg;
-    opt.split_down = sd;
-    opt.blocks_per_sm = b;
-    opt.spin_limit = kSpinLimit;
-    FusedFfn ffn(data.s, opt);
-    EXPECT_LT(data.check(ffn), kTol) << "splits " << sg << "/" << sd << " blocks/SM " << b;
+  for (const std::string& ml : kMainloops) {
+    TW_REQUIRE_MAINLOOP(ml);
+    for (auto [sg, sd, b] : std::vector<std::tuple<int, int, int>>{{1, 1, 1}, {3, 7, 2}, {16, 44, 0}}) {
+      FfnOptions opt;
+      opt.mainloop = ml;
+      opt.split_gate_up = sg;
+      opt.split_down = sd;
+      opt.blocks_per_sm = ml == "sm90" ? b % 2 : b;  // sm90: one CTA per SM
+      opt.spin_limit = kSpinLimit;
+      FusedFfn ffn(data.s, opt);
+      EXPECT_LT(data.check(ffn), kTol) << ml << " splits " << sg << "/" << sd << " blocks/SM " << b;
+    }
   }
 }
 
@@ -141,11 +167,14 @@ TEST(FusedFfn, ExplicitSplitsAndBlocksPerSm) {
 // poisoned or stale h and fails.
 TEST(FusedFfn, StressDelayedProducers) {
   TW_REQUIRE_GPU();
-  for (const char* order : {"dataflow", "op_by_op_column"})
+  for (const std::string& ml : kMainloops)
+  for (const char* order : {"dataflow", "op_by_op_column", "kslices/col_major"})
     for (const char* sync : {"tile", "row"}) {
+      TW_REQUIRE_MAINLOOP(ml);
       if (std::string(order) == "dataflow" && std::string(sync) == "row") continue;  // refused (see below)
       FfnData data({16, 1024, 2816, true});
       FfnOptions opt;
+      opt.mainloop = ml;
       opt.order = order;
       opt.sync.policy = parse_sync_policy(sync);
       opt.spin_limit = 20'000'000;
@@ -153,20 +182,23 @@ TEST(FusedFfn, StressDelayedProducers) {
       FusedFfn ffn(data.s, opt);
       for (int i = 0; i < 3; ++i) {
         data.new_input();
-        EXPECT_LT(data.check(ffn), kTol) << order << "/" << sync << " launch " << i;
+        EXPECT_LT(data.check(ffn), kTol) << ml << " " << order << "/" << sync << " launch " << i;
       }
     }
 }
 
 TEST(FusedFfn, TwoKernelBaselineMatches) {
   TW_REQUIRE_GPU();
+  for (const std::string& ml : kMainloops)
   for (int m : {1, 37}) {
+    TW_REQUIRE_MAINLOOP(ml);
     FfnData data({m, 1024, 2816, true});
     FfnOptions opt;
+    opt.mainloop = ml;
     opt.order = "op_by_op_column";
     opt.spin_limit = kSpinLimit;
     FusedFfn ffn(data.s, opt);
-    for (int i = 0; i < 3; ++i) EXPECT_LT(data.check(ffn, true), kTol) << "M=" << m << " launch " << i;
+    for (int i = 0; i < 3; ++i) EXPECT_LT(data.check(ffn, true), kTol) << ml << " M=" << m << " launch " << i;
     EXPECT_THROW(data.check(ffn, false), InvalidArgument);  // one mode per object
   }
 }
@@ -181,6 +213,19 @@ TEST(FusedFfn, BadInputIsRefusedBeforeLaunch) {
   FfnOptions too_many;
   too_many.blocks_per_sm = 1000;
   EXPECT_THROW(FusedFfn({16, 1024, 2816, true}, too_many), InvalidArgument);
+  FfnOptions bad_mainloop;
+  bad_mainloop.mainloop = "sm70";
+  EXPECT_THROW(FusedFfn({16, 1024, 2816, true}, bad_mainloop), InvalidArgument);
+  if (have_sm90()) {
+    FfnOptions sm80_knob_on_sm90;
+    sm80_knob_on_sm90.mainloop = "sm90";
+    sm80_knob_on_sm90.bk = 128;
+    EXPECT_THROW(FusedFfn({16, 1024, 2816, true}, sm80_knob_on_sm90), InvalidArgument);
+    FfnOptions two_ctas;
+    two_ctas.mainloop = "sm90";
+    two_ctas.blocks_per_sm = 2;
+    EXPECT_THROW(FusedFfn({16, 1024, 2816, true}, two_ctas), InvalidArgument);
+  }
   // A schedule with a consumer before its producers is refused, naming the tile.
   FfnShape s{16, 1024, 2816, true};
   FfnGraph g = build_ffn_graph(s, FusedFfn::tiling_for(s, {}));
@@ -228,12 +273,14 @@ TEST(FusedFfn, TileShapesMatchReference) {
              {1, 520, 1000, true}, {3, 1024, 2816, true}, {9, 520, 1000, true}, {16, 512, 1544, false}}) {
       FfnData data({m, d, f, gated});
       FfnOptions opt;
+      opt.mainloop = "sm80";
       opt.k_split_warps = ks;
       opt.spin_limit = kSpinLimit;
       FusedFfn ffn(data.s, opt);
       EXPECT_LT(data.check(ffn), kTol) << "k_split_warps=" << ks << " M=" << m << " d=" << d << " F=" << f;
     }
   FfnOptions bad;
+  bad.mainloop = "sm80";
   bad.k_split_warps = 4;
   EXPECT_THROW(FusedFfn({17, 1024, 2816, true}, bad), InvalidArgument);
   bad.k_split_warps = 3;
@@ -248,12 +295,18 @@ TEST(FusedFfn, OrdersFromTheModelAndJson) {
   FfnOptions opt;
   opt.sync.policy = SyncPolicy::Tile;
   opt.spin_limit = kSpinLimit;
-  const FfnGraph g = build_ffn_graph(data.s, FusedFfn::tiling_for(data.s, opt));
-  for (const char* spec : {"hilbert", "snake", "chain_rows:1", "dataflow/col_major"}) {
-    const Schedule s = schedule_from_json(g.graph, schedule_to_json(g.graph, make_order(g.graph, spec)));
-    FusedFfn ffn(data.s, opt, s);
-    EXPECT_LT(data.check(ffn), kTol) << spec;
+  for (const std::string& ml : kMainloops) {
+    TW_REQUIRE_MAINLOOP(ml);
+    opt.mainloop = ml;
+    const FfnGraph g = build_ffn_graph(data.s, FusedFfn::tiling_for(data.s, opt));
+    for (const char* spec : {"hilbert", "snake", "chain_rows:1", "dataflow/col_major", "dataflow/kslices/col_major"}) {
+      const Schedule s = schedule_from_json(g.graph, schedule_to_json(g.graph, make_order(g.graph, spec)));
+      FusedFfn ffn(data.s, opt, s);
+      EXPECT_LT(data.check(ffn), kTol) << ml << " " << spec;
+    }
   }
+  opt.mainloop = "sm80";
+  const FfnGraph g = build_ffn_graph(data.s, FusedFfn::tiling_for(data.s, opt));
   Schedule bad = op_by_op_order(g.graph);
   std::swap(bad.order.front(), bad.order.back());
   EXPECT_THROW(schedule_from_json(g.graph, schedule_to_json(g.graph, bad)), InvalidArgument);
@@ -264,6 +317,7 @@ TEST(FusedFfn, Bk128MatchesReference) {
   for (auto [m, d, f] : std::vector<std::tuple<int, int, int>>{{1, 520, 1000}, {16, 1024, 2816}, {37, 520, 1000}, {255, 1024, 2816}}) {
     FfnData data({m, d, f, true});
     FfnOptions opt;
+    opt.mainloop = "sm80";
     opt.bk = 128;
     opt.k_split_warps = 1;
     opt.spin_limit = kSpinLimit;
@@ -271,6 +325,7 @@ TEST(FusedFfn, Bk128MatchesReference) {
     EXPECT_LT(data.check(ffn), kTol) << "bk=128 M=" << m << " d=" << d << " F=" << f;
   }
   FfnOptions bad;
+  bad.mainloop = "sm80";
   bad.bk = 96;
   EXPECT_THROW(FusedFfn({16, 1024, 2816, true}, bad), InvalidArgument);
 }

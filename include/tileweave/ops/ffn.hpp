@@ -19,19 +19,25 @@
 namespace tw {
 
 // Defaults are the fastest measured on the H200 (bench/results/h200/ffn.json): both GEMMs are
-// weight streams of their own, so finishing the first before the second (one row-sync wait)
-// beat interleaving them (dataflow) at decode sizes.
+// weight streams of their own, so finishing the first before the second beat interleaving them
+// (dataflow) at decode sizes; running each op's split-K slices one after another (kslices/) beat
+// running a tile's slices together (same-address reductions); and with that order, per-tile
+// waits let the first down tiles start while the last gate/up tiles finish (tile beat row sync).
 struct FfnOptions {
-  // "op_by_op_column" (= the catalog's col_major), "op_by_op" (= row_major), "dataflow" (col_major
-  // with consumers moved after their producers, lagged by the grid), or any make_order spec; or
-  // pass a Schedule to the constructor.
-  std::string order = "op_by_op_column";
-  SyncSpec sync{SyncPolicy::Row, 1};      // how down tiles wait for gate/up tiles
+  // Tile body: "sm90" (Hopper: a TMA producer warp that also takes the tickets, wgmma consumer
+  // warpgroups, one CTA per SM), "sm80" (cp.async + mma.sync, several blocks per SM), or "auto"
+  // (sm90 on sm_90 devices).
+  std::string mainloop = "auto";
+  // Any make_order spec ("op_by_op_column" and "op_by_op" name col_major and row_major; "dataflow"
+  // is col_major with consumers moved after their producers, lagged by the grid); or pass a
+  // Schedule to the constructor.
+  std::string order = "kslices/col_major";
+  SyncSpec sync{SyncPolicy::Tile, 1};     // how down tiles wait for gate/up tiles
   int split_gate_up = 0;           // K slices of the first GEMM; 0 = from the shape
   int split_down = 0;              // K slices of the down GEMM; 0 = from the shape
-  int blocks_per_sm = 0;           // 0 = as many as fit
-  int bk = 0;                      // K per warp per pipeline stage: 64 or 128; 0 = by M
-  int k_split_warps = 0;           // warps per 16-row group: 4 (16-row tiles) or 2 (32-row), M <= 16; 1: 64-row tiles; 0 = by shape
+  int blocks_per_sm = 0;           // 0 = as many as fit (sm90: one)
+  int bk = 0;                      // sm80: K per warp per pipeline stage: 64 or 128; 0 = by M
+  int k_split_warps = 0;           // sm80: warps per 16-row group: 4 (16-row tiles) or 2 (32-row), M <= 16; 1: 64-row tiles; 0 = by shape
   uint32_t spin_limit = 0;         // > 0: waits abort after this many polls (tests)
   uint32_t delay_ns = 0;           // > 0: producers sleep up to this long before signalling (stress)
 };
@@ -61,6 +67,7 @@ class FusedFfn {
   const Schedule& schedule() const { return sched_; }
   const runtime::DevicePlan& plan() const { return *plan_; }
   int grid() const { return grid_; }
+  bool uses_sm90() const { return sm90_; }
   int act_rows_per_tile() const { return act_rows_; }
   // Graph tiling used for a shape (same rule as the constructor): for the model and the CLI.
   static FfnTiling tiling_for(const FfnShape& shape, const FfnOptions& opt);
@@ -70,6 +77,7 @@ class FusedFfn {
   struct Launch;
   Launch prepare(const __nv_bfloat16* x, const __nv_bfloat16* w_gate_up, const __nv_bfloat16* w_down,
                  __nv_bfloat16* y) const;
+  void launch(const Launch& l, const runtime::ExecParams& ep, int grid, cudaStream_t stream) const;
   FfnShape shape_;
   FfnGraph g_;
   Schedule sched_;
@@ -77,7 +85,8 @@ class FusedFfn {
   __nv_bfloat16* h_ = nullptr;
   float* ws_ = nullptr;  // split-K accumulators of both GEMMs
   size_t ws_down_offset_ = 0, ws_bytes_ = 0;
-  int grid_ = 0, act_rows_ = 0, bk_ = 64, ks_ = 1;
+  bool sm90_ = false;
+  int grid_ = 0, act_rows_ = 0, bk_ = 64, ks_ = 1, smem_ = 0;
   int fit_per_sm_ = 0, sms_ = 0;
   uint32_t spin_limit_ = 0, delay_ns_ = 0;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;

@@ -32,6 +32,9 @@ std::vector<Cell> grid_order(const std::string& grid_spec, int64_t grid_m, int64
 //   <grid>+<grid>[+...]  ops one after another, one grid spec per op (e.g. grouped:16+hilbert).
 //   dataflow[:<lag>]/<spec>  dataflow_order (schedule.hpp) of the order <spec>: every tile moved up to
 //                        just after its producers (at least <lag> positions after them).
+//   kslices/<spec>       <spec> with each op's split-K slices outermost (slice 0 of every output
+//                        tile, then slice 1, ...): concurrent tiles then reduce into different
+//                        accumulators. The ops come out one after another.
 //   chain_rows:<k>       k row blocks of the first op (row-major), then every tile of later ops whose
 //                        dependencies are now complete; repeat. k = 1 is "a GEMM0 row, then the
 //                        matching GEMM1 row".

@@ -77,35 +77,58 @@ __device__ __forceinline__ int32_t next_tile(const ExecParams& p, BlockSlots& s)
   return s.cur_id;
 }
 
-// Called exactly once per tile by all threads, after the tile's weight prologue is issued.
-// Warp 0 polls the tile's producer counters, one lane per counter (a consumer of many producer
-// tiles pays one round trip per poll, not one per counter); meanwhile thread 32 prefetches the
-// next ticket and its descriptor. The barrier then orders every thread's later reads after the
-// acquire. Readers must still bypass L1 for produced data (ld.cg / cp.async.cg): L1 is not
-// coherent with other SMs' writes. Returns false if a bounded wait expired.
-__device__ __forceinline__ bool wait_dependencies(const ExecParams& p, BlockSlots& s, const DeviceTile& t) {
+// One whole warp: polls tile t's producer counters, one lane per counter (a consumer of many
+// producer tiles pays one round trip per poll, not one per counter). Returns false on every lane
+// if a bounded wait expired (and flags the launch as failed).
+__device__ __forceinline__ bool wait_counters_warp(const ExecParams& p, uint32_t epoch, const DeviceTile& t) {
   static_assert(sizeof(WaitEntry) == 8, "WaitEntry layout");
-  if (threadIdx.x == 32) prefetch_next(p, s);
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    bool ok = true;
-    for (int32_t base = t.wait_begin; base < t.wait_end && ok; base += 32) {
-      const int32_t i = base + lane;
-      const bool mine = i < t.wait_end;
-      const WaitEntry w = mine ? p.waits[i] : WaitEntry{0, 0};
-      const uint32_t target = w.count * (s.epoch + 1);
-      uint32_t polls = 0, backoff = 32;
-      while (!__all_sync(0xffffffffu, !mine || detail::reached(detail::load_acquire(&p.signals[w.counter]), target))) {
-        __nanosleep(backoff);
-        backoff = min(backoff * 2, 256u);
-        if (p.spin_limit && ++polls > p.spin_limit) {
-          if (lane == 0) atomicExch(&p.state->error, 1u);
-          ok = false;
-          break;
-        }
+  const int lane = threadIdx.x % 32;
+  bool ok = true;
+  for (int32_t base = t.wait_begin; base < t.wait_end && ok; base += 32) {
+    const int32_t i = base + lane;
+    const bool mine = i < t.wait_end;
+    const WaitEntry w = mine ? p.waits[i] : WaitEntry{0, 0};
+    const uint32_t target = w.count * (epoch + 1);
+    uint32_t polls = 0, backoff = 32;
+    while (!__all_sync(0xffffffffu, !mine || detail::reached(detail::load_acquire(&p.signals[w.counter]), target))) {
+      __nanosleep(backoff);
+      backoff = min(backoff * 2, 256u);
+      if (p.spin_limit && ++polls > p.spin_limit) {
+        if (lane == 0) atomicExch(&p.state->error, 1u);
+        ok = false;
+        break;
       }
     }
-    if (lane == 0) s.flag = ok;
+  }
+  __syncwarp();  // orders every lane's acquire before what any lane does next (e.g. lane 0's copies)
+  return ok;
+}
+
+// One whole warp: a single poll of tile t's producer counters, true (on every lane) if all have
+// been reached -- with the acquires done, as after wait_counters_warp.
+__device__ __forceinline__ bool counters_ready_warp(const ExecParams& p, uint32_t epoch, const DeviceTile& t) {
+  const int lane = threadIdx.x % 32;
+  bool ready = true;
+  for (int32_t base = t.wait_begin; base < t.wait_end; base += 32) {
+    const int32_t i = base + lane;
+    const bool mine = i < t.wait_end;
+    const WaitEntry w = mine ? p.waits[i] : WaitEntry{0, 0};
+    ready &= __all_sync(0xffffffffu, !mine || detail::reached(detail::load_acquire(&p.signals[w.counter]), w.count * (epoch + 1)));
+  }
+  __syncwarp();
+  return ready;
+}
+
+// Called exactly once per tile by all threads, after the tile's weight prologue is issued.
+// Warp 0 polls the producer counters; meanwhile thread 32 prefetches the next ticket and its
+// descriptor. The barrier then orders every thread's later reads after the acquire. Readers must
+// still bypass L1 for produced data (ld.cg / cp.async.cg): L1 is not coherent with other SMs'
+// writes. Returns false if a bounded wait expired.
+__device__ __forceinline__ bool wait_dependencies(const ExecParams& p, BlockSlots& s, const DeviceTile& t) {
+  if (threadIdx.x == 32) prefetch_next(p, s);
+  if (threadIdx.x < 32) {
+    const bool ok = wait_counters_warp(p, s.epoch, t);
+    if (threadIdx.x == 0) s.flag = ok;
   }
   __syncthreads();
   return s.flag != 0;
@@ -121,25 +144,33 @@ __device__ __forceinline__ void stress_delay(const ExecParams& p, const DeviceTi
   }
 }
 
+// One thread, once the tile's writes (by any of the block's threads) are ordered before it by a
+// barrier: publishes them on the tile's counter. The release is cumulative, so the writes the
+// barrier made visible to this thread become visible at GPU scope before the increment.
+__device__ __forceinline__ void release_signal(const ExecParams& p, const DeviceTile& t) {
+  stress_delay(p, t);
+  cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(p.signals[t.signal]).fetch_add(1u, cuda::memory_order_release);
+}
+
 // All threads, after the tile's global writes: publish them on the tile's counter.
 __device__ __forceinline__ void signal_done(const ExecParams& p, const DeviceTile& t) {
-  stress_delay(p, t);
-  __syncthreads();  // every thread's writes are issued and observed by thread 0 (CTA scope)...
-  if (threadIdx.x == 0) {
-    // ...and the release (cumulative) makes them visible at GPU scope before the increment.
-    cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(p.signals[t.signal]).fetch_add(1u, cuda::memory_order_release);
-  }
+  __syncthreads();
+  if (threadIdx.x == 0) release_signal(p, t);
+}
+
+// One thread, after a barrier that orders the split's partial sums before it: true in the one
+// split of the group that arrives last (acquire: it then sees the other splits' sums).
+__device__ __forceinline__ bool arrive_last(const ExecParams& p, uint32_t epoch, const DeviceTile& t, uint32_t splits) {
+  const uint32_t old = cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(p.arrivals[t.arrive])
+                           .fetch_add(1u, cuda::memory_order_acq_rel);
+  return old == splits * (epoch + 1) - 1;
 }
 
 // All threads, after writing this split's partial sums: true in the one split of the group that
-// arrives last, which then reduces the partials (acquire: it sees the other splits' writes).
+// arrives last, which then reduces the partials.
 __device__ __forceinline__ bool arrive_split(const ExecParams& p, BlockSlots& s, const DeviceTile& t, uint32_t splits) {
   __syncthreads();
-  if (threadIdx.x == 0) {
-    const uint32_t old = cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(p.arrivals[t.arrive])
-                             .fetch_add(1u, cuda::memory_order_acq_rel);
-    s.flag = (old == splits * (s.epoch + 1) - 1);
-  }
+  if (threadIdx.x == 0) s.flag = arrive_last(p, s.epoch, t, splits);
   __syncthreads();
   return s.flag != 0;
 }

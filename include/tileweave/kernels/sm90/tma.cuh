@@ -46,6 +46,17 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
       : "memory");
 }
 
+// Box at coordinates (c0, c1, c2, c3) of a 4-D map (make_paired_rows_map_bf16).
+__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
+                                           uint64_t* bar, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+      "r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar))), "l"(policy)
+      : "memory");
+}
+
 // Pulls the descriptor into the constant cache before the first copy uses it.
 __device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
@@ -54,6 +65,31 @@ __device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap* map) {
 
 // ---- host ----
 
+namespace detail {
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+// A bf16 tensor map with 128-B swizzle; dims[0] is the contiguous one (64 elements per box row).
+inline CUtensorMap encode_bf16_sw128(const void* base, int rank, const cuuint64_t* dims, const cuuint64_t* strides,
+                                     const cuuint32_t* box, bool promote_256, const std::string& what) {
+  static EncodeTiled encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    TW_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
+    if (q != cudaDriverEntryPointSuccess || !fn) throw CudaError("cuTensorMapEncodeTiled not available");
+    return reinterpret_cast<EncodeTiled>(fn);
+  }();
+  CUtensorMap map;
+  const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(base), dims, strides, box,
+                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            promote_256 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) throw CudaError("cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) + ") for " + what);
+  return map;
+}
+}  // namespace detail
+
 // A row-major bf16 matrix [rows][cols] (cols contiguous, row stride = cols elements) read in boxes
 // of box_rows x 64 columns (128 B = one swizzle row). Requires: base 16-B aligned, cols % 8 == 0
 // (row stride a multiple of 16 B), 1 <= box_rows <= 256. Reads past rows/cols are zero-filled.
@@ -61,29 +97,24 @@ __device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap* map) {
 // K stage of the same rows, arrives with this one).
 inline CUtensorMap make_tensor_map_bf16(const void* base, uint64_t rows, uint64_t cols, uint32_t box_rows,
                                         bool promote_256 = true) {
-  using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                              const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                              CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-  static Encode encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    TW_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
-    if (q != cudaDriverEntryPointSuccess || !fn) throw CudaError("cuTensorMapEncodeTiled not available");
-    return reinterpret_cast<Encode>(fn);
-  }();
-  CUtensorMap map;
   const cuuint64_t dims[2] = {cols, rows};
   const cuuint64_t strides[1] = {cols * 2};
   const cuuint32_t box[2] = {64, box_rows};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box,
-                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            promote_256 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    throw CudaError("cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) + ") for a " + std::to_string(rows) +
-                    "x" + std::to_string(cols) + " bf16 matrix, box rows " + std::to_string(box_rows));
-  return map;
+  return detail::encode_bf16_sw128(base, 2, dims, strides, box, promote_256,
+                                   "a " + std::to_string(rows) + "x" + std::to_string(cols) + " bf16 matrix, box rows " +
+                                       std::to_string(box_rows));
+}
+
+// Two stacked halves of a row-major bf16 matrix [2 * half_rows][cols] (e.g. W_gate; W_up) read
+// interleaved: one box of `groups` x 16 rows x 64 columns lands as, per group g, the first half's
+// rows 8g..8g+7 then the second half's same rows (box coordinates: {col, 0, 0, first group}).
+// One copy instead of 2 * groups 8-row copies. Requires half_rows % 8 == 0 and the 2-D rules.
+inline CUtensorMap make_paired_rows_map_bf16(const void* base, uint64_t half_rows, uint64_t cols, uint32_t groups) {
+  const cuuint64_t dims[4] = {cols, 8, 2, half_rows / 8};
+  const cuuint64_t strides[3] = {cols * 2, half_rows * cols * 2, 8 * cols * 2};
+  const cuuint32_t box[4] = {64, 8, 2, groups};
+  return detail::encode_bf16_sw128(base, 4, dims, strides, box, false,
+                                   "paired halves of " + std::to_string(half_rows) + "x" + std::to_string(cols) + " rows");
 }
 
 }  // namespace tw::sm90

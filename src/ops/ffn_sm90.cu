@@ -1,0 +1,333 @@
+// The fused FFN's Hopper tile body: the executor's tickets driven by a TMA producer warp, wgmma
+// consumers (kernels/sm90/mainloop.cuh), one CTA per SM.
+//
+// Roles. Warp 0 is the executor: it takes tickets, hands each tile's descriptor to the consumers
+// through a small shared-memory queue, and streams the tile's weights and activations into the
+// ring. Weights depend on nothing, so the first stages of a tile go out before the warp waits on
+// the tile's producer counters; the ring is shared by consecutive tiles, so the next tile's
+// weights stream while the consumers still run this tile's epilogue (no drain at tile ends, which
+// a block-synchronous tile body cannot avoid). The two consumer warpgroups run the wgmmas and the
+// epilogue, then publish the tile on its counter.
+//
+// No deadlock inside a CTA: the producer pushes a tile and issues all of its stages before it
+// touches the next one, so a tile the consumers have popped never waits on the producer; the
+// producer's own waits (queue slot, ring slot, counters) are released by the consumers finishing
+// earlier tiles or by other CTAs. Across CTAs the executor's argument holds unchanged
+// (runtime/executor.cuh): the prefetched ticket is taken only after this CTA's current tile is
+// fully issued, and a ticket's producers have smaller tickets.
+//
+// Coherence: h is written by other CTAs with ordinary stores and read here by TMA (the async
+// proxy). The writer fences the proxies before it releases its counter; the reader's acquire is
+// followed by fence.proxy.async.global before its activation copies are issued.
+#include "ffn_sm90.hpp"
+
+#include <string>
+
+#include "tileweave/graph/tile_graph.hpp"
+#include "tileweave/kernels/sm90/mainloop.cuh"
+#include "tileweave/runtime/executor.cuh"
+#include "tileweave/util/cuda_check.hpp"
+
+namespace tw::ffn_sm90 {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+struct Chain {
+  OpArgs ops[2];
+};
+
+constexpr int kQueue = 8;  // tiles the producer may run ahead of the consumers
+
+#if TW_SM90_ENABLED
+using namespace sm90;
+
+struct TileQueue {
+  DeviceTile tile[kQueue];
+  uint64_t full[kQueue], empty[kQueue];
+};
+
+__device__ __forceinline__ void red_add_v4(float4* p, float a, float b, float c, float d) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1,%2,%3,%4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
+
+// Weight boxes of stage s for K stage kst. A gated tile's 16-row groups are 8 gate rows then the
+// same columns' 8 up rows (one 4-D box, tma.cuh), so each consumer thread holds a gate value and
+// its up partner in one fragment (registers 4q+e and 4q+2+e) and the epilogue needs no exchange.
+template <class Cfg>
+__device__ __forceinline__ void issue_weights(const Ring<Cfg>& ring, int s, const Maps& maps, int op, bool silu,
+                                              int tn, int kst, uint64_t policy) {
+#pragma unroll
+  for (int a = 0; a < Cfg::kKAtoms; ++a) {
+    const int col = kst * Cfg::kBK + 64 * a;
+    uint8_t* dst = ring.w_atom(s, a);
+    if (silu) {
+      tma_load_4d(dst, &maps.w0, col, 0, 0, tn * 8, &ring.full[s], policy);
+    } else {
+      tma_load_2d(dst, op == 0 ? &maps.w0 : &maps.w1, col, tn * kTileRows, &ring.full[s], policy);
+    }
+  }
+}
+template <class Cfg>
+__device__ __forceinline__ void issue_acts(const Ring<Cfg>& ring, int s, const Maps& maps, int op, int tm, int kst,
+                                           uint64_t policy) {
+#pragma unroll
+  for (int a = 0; a < Cfg::kKAtoms; ++a)
+    tma_load_2d(ring.x_atom(s, a), op == 0 ? &maps.x : &maps.h, kst * Cfg::kBK + 64 * a, tm * Cfg::kMPad,
+                &ring.full[s], policy);
+}
+
+__device__ __forceinline__ int stages_of(const OpArgs& o, const DeviceTile& t) {
+  return min(o.slice_stages, o.k_stages - t.ks * o.slice_stages);
+}
+
+// Warp 0, all lanes (lane 0 issues; the warp polls the counters together).
+template <class Cfg>
+__device__ void run_producer(const Ring<Cfg>& ring, TileQueue& q, const Maps& maps, const runtime::ExecParams& ep,
+                             const Chain& cp, runtime::BlockSlots& slots) {
+  const int lane = threadIdx.x;
+  const uint64_t w_policy = l2_evict_first(), x_policy = l2_evict_last();
+  PipeState<Cfg> ps;
+  int qs = 0;
+  uint32_t qphase = 0;
+  for (;;) {
+    __syncwarp();  // lane 0's prefetch (slots.next*) is visible to the warp
+    int32_t id = slots.next_id;
+    if (id >= 0 && ep.spin_limit && *reinterpret_cast<volatile uint32_t*>(&ep.state->error)) id = -1;
+    const DeviceTile t = slots.next;
+    if (lane == 0) {
+      mbar_wait(&q.empty[qs], qphase ^ 1, "queue empty");
+      q.tile[qs] = id >= 0 ? t : DeviceTile{-1, 0, 0, 0, 0, 0, 0, -1};
+      mbar_arrive(&q.full[qs]);
+    }
+    if (++qs == kQueue) qs = 0, qphase ^= 1;
+    if (id < 0) break;
+
+    const OpArgs& o = cp.ops[t.op];
+    const int kst0 = t.ks * o.slice_stages, n = stages_of(o, t);
+    // Usually a tile's producers finished long ago (always for the first op): one poll, made
+    // while the first stage's weights are on their way, says so, and each stage then gets its
+    // weights and activations together. Otherwise the weights of a ring's worth of stages go out
+    // before the wait, and their activations after it. (Holding back the activations of every
+    // tile's first ring's worth of stages cost ~0.7 us per tile on the H200: the ring sat full
+    // of weights, idle, for a round trip to L2.)
+    const int s0 = ps.stage;
+    if (lane == 0) issue_weights(ring, producer_acquire(ring, ps), maps, t.op, o.silu, t.tn, kst0, w_policy);
+    const bool ready = runtime::counters_ready_warp(ep, slots.epoch, t);
+    const int pre = ready ? 1 : min(n, ps.count);
+    if (lane == 0)
+      for (int j = 1; j < pre; ++j)
+        issue_weights(ring, producer_acquire(ring, ps), maps, t.op, o.silu, t.tn, kst0 + j, w_policy);
+    // A wait that expires (tests' bounded waits) has flagged the launch failed; the copies below
+    // still go out, since their stages are armed for them, and no further ticket is taken.
+    if (!ready) runtime::wait_counters_warp(ep, slots.epoch, t);
+    if (lane == 0) {
+      ptx::fence_proxy_async(ptx::space_global);
+      for (int j = 0, s = s0; j < pre; ++j, s = (s + 1 == ps.count ? 0 : s + 1))
+        issue_acts(ring, s, maps, t.op, t.tm, kst0 + j, x_policy);
+      for (int j = pre; j < n; ++j) {
+        const int s = producer_acquire(ring, ps);
+        issue_weights(ring, s, maps, t.op, o.silu, t.tn, kst0 + j, w_policy);
+        issue_acts(ring, s, maps, t.op, t.tm, kst0 + j, x_policy);
+      }
+      // The next ticket only now: its round trips (ticket, descriptor) overlap the consumers
+      // working through this tile, not this tile's first activation copies.
+      runtime::prefetch_next(ep, slots);
+    }
+  }
+}
+
+// Where a consumer value lands: register 4q+e of consumer thread ct (fragment layout of
+// sm90::acc_coord, one 64-row block per warpgroup) is weight row r + 8*(e>>1) of the tile and
+// activation row 8q + 2*(ct%4) + (e&1). A gated tile's row r is gate column r%8 of group r/16 and
+// row r+8 its up partner, so e = 0,1 are gate values and e = 2,3 their up partners.
+// f(m, col, v) is called for each in-bounds output of the four values v[0..3].
+template <class F>
+__device__ __forceinline__ void for_each_output(const OpArgs& o, const DeviceTile& t, int act_rows, int q, int ct,
+                                                const float (&v)[4], F&& f) {
+  const int lane = ct % 32, warp = ct / 32;  // warp 0..7 over both consumer warpgroups
+  const int64_t m0 = int64_t(t.tm) * act_rows + 8 * q + 2 * (lane % 4);
+  if (o.silu) {
+    const int64_t col = int64_t(t.tn) * (kTileRows / 2) + warp * 8 + lane / 4;
+    if (col >= o.n) return;
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+      if (m0 + e < o.m) f(m0 + e, col, v[e] / (1.f + __expf(-v[e])) * v[e + 2]);
+  } else {
+    const int64_t r = int64_t(t.tn) * kTileRows + warp * 16 + lane / 4;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t col = r + 8 * (e >> 1), m = m0 + (e & 1);
+      if (col < o.n && m < o.m) f(m, col, v[e]);
+    }
+  }
+}
+
+// Consumer warpgroups (256 threads): the tile's epilogue, then its signal. (Handing the split-K
+// arrival, the last slice's reduction and the release to the producer warpgroup's idle warps was
+// measured slower on the H200 at every M: 3-10% at M <= 16, 30% at M = 64.)
+template <class Cfg>
+__device__ __forceinline__ void finish_tile(const runtime::ExecParams& ep, uint32_t epoch, const OpArgs& o,
+                                            const DeviceTile& t, const float (&acc)[Cfg::kAcc], int ct,
+                                            volatile uint32_t* flag) {
+  constexpr int kConsumers = 128 * Cfg::kConsumerWGs;
+  auto store = [&](int q, const float (&v)[4]) {
+    for_each_output(o, t, Cfg::kMPad, q, ct, v, [&](int64_t m, int64_t col, float x) { o.out[m * o.n + col] = __float2bfloat16(x); });
+  };
+  if (o.split > 1) {
+    // Split-K: every slice adds its partial into the tile's fp32 block with vector reductions
+    // (fire-and-forget, 16 B each, in fragment order so a warp's reductions cover 512 contiguous
+    // bytes); the slice that arrives last reads the sums, re-zeroes the block for the next launch
+    // and stores the tile. The schedule should keep a tile's slices apart in time (kslices/
+    // orders): slices running together would serialise on the same addresses in L2.
+    float4* block = reinterpret_cast<float4*>(o.ws) + (int64_t(t.tm) * o.grid_n + t.tn) * (kConsumers * Cfg::kAcc / 4);
+#pragma unroll
+    for (int q = 0; q < Cfg::kAcc / 4; ++q)
+      red_add_v4(block + q * kConsumers + ct, acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]);
+    named_bar_sync(1, kConsumers);
+    if (ct == 0) *flag = runtime::arrive_last(ep, epoch, t, o.split);
+    named_bar_sync(1, kConsumers);
+    if (*flag) {
+      asm volatile("fence.acq_rel.gpu;\n" ::: "memory");  // the other slices' sums, seen via ct 0's acquire
+#pragma unroll
+      for (int q = 0; q < Cfg::kAcc / 4; ++q) {
+        const float4 s = __ldcg(block + q * kConsumers + ct);
+        __stcg(block + q * kConsumers + ct, make_float4(0.f, 0.f, 0.f, 0.f));
+        store(q, {s.x, s.y, s.z, s.w});
+      }
+    }
+  } else {
+#pragma unroll
+    for (int q = 0; q < Cfg::kAcc / 4; ++q) store(q, {acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]});
+  }
+  ptx::fence_proxy_async(ptx::space_global);  // our stores, before a TMA elsewhere reads them
+  named_bar_sync(1, kConsumers);
+  if (ct == 0) runtime::release_signal(ep, t);
+}
+
+template <class Cfg>
+__device__ void run_consumer(const Ring<Cfg>& ring, TileQueue& q, const runtime::ExecParams& ep, const Chain& cp,
+                             uint32_t epoch, volatile uint32_t* flag) {
+  const int wg = threadIdx.x / 128 - 1, ct = threadIdx.x - 128;
+  PipeState<Cfg> ps;
+  int qs = 0;
+  uint32_t qphase = 0;
+  float acc[Cfg::kAcc];
+  for (;;) {
+    mbar_wait(&q.full[qs], qphase, "queue full");
+    const DeviceTile t = q.tile[qs];
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) mbar_arrive(&q.empty[qs]);
+    if (++qs == kQueue) qs = 0, qphase ^= 1;
+    if (t.op < 0) break;
+    const OpArgs& o = cp.ops[t.op];
+    consume_tile(ring, ps, wg, stages_of(o, t), acc);
+    finish_tile<Cfg>(ep, epoch, o, t, acc, ct, flag);
+  }
+}
+#endif  // TW_SM90_ENABLED
+
+template <class Cfg>
+__global__ void __launch_bounds__(kThreads, 1)
+    ffn_sm90_kernel(const __grid_constant__ Maps maps, const runtime::ExecParams ep, const __grid_constant__ Chain cp) {
+#if TW_SM90_ENABLED
+  static_assert(Cfg::kThreads == kThreads && Cfg::kBW == kTileRows, "one producer + two consumer warpgroups");
+  extern __shared__ __align__(1024) uint8_t smem[];
+  __shared__ runtime::BlockSlots slots;
+  __shared__ TileQueue q;
+  __shared__ uint32_t flag;
+  const Ring<Cfg> ring = Ring<Cfg>::carve(smem);
+  if (threadIdx.x == 0) {
+    ring.init();
+    for (int i = 0; i < kQueue; ++i) {
+      mbar_init(&q.full[i], 1);
+      mbar_init(&q.empty[i], Cfg::kConsumerWarps);
+    }
+    ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
+    tma_prefetch_desc(&maps.w0);
+    tma_prefetch_desc(&maps.w1);
+    tma_prefetch_desc(&maps.x);
+    tma_prefetch_desc(&maps.h);
+  }
+  runtime::begin_launch(ep, slots);  // thread 0: the epoch and the first ticket
+  __syncthreads();
+  const int warp = threadIdx.x / 32;
+  if (warp < 4) {
+    // The producer's registers go to the consumers (setmaxnreg is per warpgroup).
+    setmaxnreg_dec<56>();
+    if (warp == 0) run_producer(ring, q, maps, ep, cp, slots);
+  } else {
+    setmaxnreg_inc<224>();
+    run_consumer(ring, q, ep, cp, slots.epoch, &flag);
+  }
+  runtime::end_launch(ep, slots);
+#elif defined(__CUDA_ARCH__)
+  __trap();  // built for a target without wgmma: the host never dispatches here
+#endif
+}
+
+template <int kMPad>
+using CfgFor = sm90::MainloopConfig<kMPad, (kMPad <= 64 ? 2 : 1)>;
+
+template <class F>
+void with_config(int act_rows, F&& f) {
+  switch (act_rows) {
+    case 8: f(CfgFor<8>{}); break;
+    case 16: f(CfgFor<16>{}); break;
+    case 32: f(CfgFor<32>{}); break;
+    case 64: f(CfgFor<64>{}); break;
+    case 128: f(CfgFor<128>{}); break;
+    case 256: f(CfgFor<256>{}); break;
+    default: throw InvalidArgument("FFN sm90: no tile for " + std::to_string(act_rows) + " activation rows");
+  }
+}
+
+}  // namespace
+
+int act_rows_for(int64_t m) {
+  for (int r : {8, 16, 32, 64, 128})
+    if (m <= r) return r;
+  return 256;
+}
+
+int stage_cols_for(int act_rows) {
+  int cols = 0;
+  with_config(act_rows, [&](auto cfg) { cols = decltype(cfg)::kBK; });
+  return cols;
+}
+
+int prepare_kernel(int act_rows) {
+  int bytes = 0;
+  with_config(act_rows, [&](auto cfg) {
+    using Cfg = decltype(cfg);
+    static const bool once = [] {
+      TW_CUDA_CHECK(cudaFuncSetAttribute(ffn_sm90_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+      return true;
+    }();
+    (void)once;
+    bytes = Cfg::kSmemBytes;
+  });
+  return bytes;
+}
+
+CUtensorMap weight_map(const bf16* w, int64_t rows, int64_t cols) {
+  return sm90::make_tensor_map_bf16(w, uint64_t(rows), uint64_t(cols), kTileRows, false);
+}
+CUtensorMap gate_up_map(const bf16* w_gate_up, int64_t f, int64_t cols) {
+  return sm90::make_paired_rows_map_bf16(w_gate_up, uint64_t(f), uint64_t(cols), kTileRows / 16);
+}
+CUtensorMap act_map(const bf16* a, int64_t rows, int64_t cols, int act_rows) {
+  return sm90::make_tensor_map_bf16(a, uint64_t(rows), uint64_t(cols), uint32_t(act_rows), false);
+}
+
+void launch(const runtime::ExecParams& ep, const Maps& maps, const OpArgs (&ops)[2], int act_rows, int grid,
+            cudaStream_t stream) {
+  const Chain cp{{ops[0], ops[1]}};
+  with_config(act_rows, [&](auto cfg) {
+    using Cfg = decltype(cfg);
+    ffn_sm90_kernel<Cfg><<<grid, kThreads, Cfg::kSmemBytes, stream>>>(maps, ep, cp);
+  });
+  TW_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace tw::ffn_sm90
