@@ -95,9 +95,9 @@ def main():
     res["sdpa"] = {"torch": torch.__version__, "method": "F.scaled_dot_product_attention(enable_gqa=True), "
                    "CUDA graph per KV set, >= 512 MB of sets rotated, median of per-replay events"}
     print(f"\nfloor {res['floor_read_tbps']:.3f} TB/s  ({res['gpu']}, {res['date_utc']})")
-    names = ["cp_async_contiguous", "bulk_contiguous", "cp_async_interleaved", "bulk_interleaved"]
+    names = sorted({n for c in res["cases"] for n in c.get("variants_us", {})})
     print(f"{'B':>3} {'L':>7} {'layout':<11} {'us':>9} {'TB/s':>6} {'floor%':>7} {'sdpa_us':>9} {'x sdpa':>7}  "
-          + " ".join(f"{n[:14]:>14}" for n in names))
+          + " ".join(f"{n[:13]:>13}" for n in names))
     for c in res["cases"]:
         key = (c["B"], c["L"])
         if c["layout"] == "contiguous" and key in sdpa:
@@ -107,7 +107,7 @@ def main():
         s_us = f"{c['sdpa_us']:9.2f}" if "sdpa_us" in c else f"{'-':>9}"
         s_x = f"{c['speedup_vs_sdpa']:7.2f}" if "speedup_vs_sdpa" in c else f"{'-':>7}"
         print(f"{c['B']:3d} {c['L']:7d} {lay:<11} {c['time_us']:9.2f} {c['tbps']:6.3f} {c['pct_floor']:6.1f}% {s_us} {s_x}"
-              + "  " + " ".join(f"{c.get('variants_us', {}).get(n, 0):14.2f}" for n in names))
+              + "  " + " ".join(f"{c.get('variants_us', {}).get(n, 0):13.2f}" for n in names))
     with open(args.merge, "w") as f:
         json.dump(res, f, indent=2)
 

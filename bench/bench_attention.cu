@@ -75,8 +75,8 @@ int main(int argc, char** argv) {
 
   size_t free_bytes = 0, total_bytes = 0;
   TW_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  std::printf("%6s %7s %-10s %6s %7s %10s %9s %8s %7s  %s\n", "B", "L", "layout", "sets", "splits", "time_us", "TB/s",
-              "floor%", "tok/spl", "variants (us)");
+  std::printf("%6s %7s %-10s %6s %7s %10s %9s %8s %7s  %s\n", "B", "L", "layout", "sets", "tiles", "time_us", "TB/s",
+              "floor%", "slots", "variants (us)");
   for (const Case& c : cases) {
     const int64_t tokens = int64_t(c.batch) * c.len;
     const int64_t set_elems = tokens * kHkv * kD;  // per K (or V)
@@ -127,37 +127,48 @@ int main(int argc, char** argv) {
     };
     tw::DecodeAttention op(shape, std::vector<int>(c.batch, c.len), table);
     const double us = time_with(op);
-    // Every K/V loader x split layout on the same data (the op's default is `us` above).
+    // Variants on the same data; a combination that does not fit in smem is left out.
     nlohmann::json variants = nlohmann::json::object();
-    for (const tw::KvLoad load : {tw::KvLoad::CpAsync, tw::KvLoad::Bulk})
-      for (const tw::SplitLayout split : {tw::SplitLayout::Contiguous, tw::SplitLayout::Interleaved}) {
-        if (load == tw::KvLoad::Bulk && gpu.prop.major < 9) continue;
-        tw::DecodeAttentionShape v = shape;
-        v.kv_load = load;
-        v.split_layout = split;
+    auto variant = [&](const std::string& name, tw::DecodeAttentionShape v) {
+      try {
         const tw::DecodeAttention op_v(v, std::vector<int>(c.batch, c.len), table);
-        const bool same = op_v.bulk_copy() == op.bulk_copy() && op_v.interleaved() == op.interleaved();
-        const std::string name = std::string(load == tw::KvLoad::Bulk ? "bulk" : "cp_async") +
-                                 (split == tw::SplitLayout::Interleaved ? "_interleaved" : "_contiguous");
+        const bool same = op_v.bulk_copy() == op.bulk_copy() && op_v.num_tiles() == op.num_tiles() &&
+                          op_v.ring_slots() == op.ring_slots();
         variants[name] = same ? us : time_with(op_v);
+      } catch (const tw::InvalidArgument&) {
       }
-    // The planner's choice against fixed split sizes, on the latency-bound case.
+    };
+    // The default with the other loader, and with the other tiles-per-SM choice (one: tiles cut at
+    // pair boundaries, two stages per warp; two: cut evenly over every slot).
+    tw::DecodeAttentionShape bulk = shape;
+    bulk.kv_load = op.bulk_copy() ? tw::KvLoad::CpAsync : tw::KvLoad::Bulk;
+    if (gpu.prop.major >= 9 && !quick) variant(op.bulk_copy() ? "cp_async" : "bulk", bulk);
+    for (int per_sm : {1, 2}) {
+      tw::DecodeAttentionShape v = shape;
+      v.tiles_per_sm = per_sm;
+      if (!quick) variant("tiles" + std::to_string(per_sm), v);
+    }
+    // The number of tiles on the latency-bound case (default ring depth).
     nlohmann::json sweep = nlohmann::json::array();
     const bool sweep_case = c.layout == tw::KvLayout::Contiguous && !quick && c.batch == 1 && c.len == 4096;
-    for (int chunk = 64; sweep_case && chunk <= c.len; chunk *= 2) {
-      if (tw::kernels::decode_num_splits(c.len, chunk) > tw::kernels::kDecodeMaxSplits) continue;
+    for (int tiles : {64, 128, 256, 264}) {
+      if (!sweep_case) break;
       tw::DecodeAttentionShape fixed = shape;
-      fixed.split_tokens = chunk;
-      tw::DecodeAttention op_fixed(fixed, std::vector<int>(c.batch, c.len), table);
-      const double t = time_with(op_fixed);
-      sweep.push_back({{"split_tokens", chunk}, {"time_us", t}});
-      std::printf("          sweep split_tokens %6d: %8.2f us\n", chunk, t);
+      fixed.num_tiles = tiles;
+      fixed.tiles_per_sm = tiles > gpu.prop.multiProcessorCount ? 2 : 1;
+      try {
+        tw::DecodeAttention op_fixed(fixed, std::vector<int>(c.batch, c.len), table);
+        const double t = time_with(op_fixed);
+        sweep.push_back({{"num_tiles", tiles}, {"ring_slots", op_fixed.ring_slots()}, {"time_us", t}});
+        std::printf("          sweep num_tiles %4d (slots %d): %8.2f us\n", tiles, op_fixed.ring_slots(), t);
+      } catch (const tw::InvalidArgument&) {
+      }
     }
     const double tbps = double(op.kv_bytes()) / us * 1e-6;
     const double pct = 100.0 * tbps / floor.tbps();
     const char* layout = c.layout == tw::KvLayout::Contiguous ? "contiguous" : "paged";
-    std::printf("%6d %7d %-10s %6d %7d %10.2f %9.3f %7.1f%% %7d  %s\n", c.batch, c.len, layout, sets, op.max_splits(),
-                us, tbps, pct, op.split_tokens(), variants.dump().c_str());
+    std::printf("%6d %7d %-10s %6d %7d %10.2f %9.3f %7.1f%% %7d  %s\n", c.batch, c.len, layout, sets, op.num_tiles(),
+                us, tbps, pct, op.ring_slots(), variants.dump().c_str());
     std::fflush(stdout);
     result.add({{"B", c.batch},
                 {"L", c.len},
@@ -165,16 +176,16 @@ int main(int argc, char** argv) {
                 {"page_size", c.page_size},
                 {"sets", sets},
                 {"kv_bytes", op.kv_bytes()},
-                {"split_tokens", op.split_tokens()},
-                {"splits", op.max_splits()},
+                {"num_tiles", op.num_tiles()},
+                {"ring_slots", op.ring_slots()},
+                {"smem_bytes", op.smem_bytes()},
                 {"kv_load", op.bulk_copy() ? "bulk" : "cp.async"},
                 {"time_us", us},
-                {"interleaved_splits", op.interleaved()},
                 {"variants_us", variants},
                 {"tbps", tbps},
                 {"floor_us", double(op.kv_bytes()) / (floor.tbps() * 1e6)},
                 {"pct_floor", pct},
-                {"split_sweep", sweep}});
+                {"tiles_sweep", sweep}});
     TW_CUDA_CHECK(cudaFree(kv));
     TW_CUDA_CHECK(cudaFree(q));
     TW_CUDA_CHECK(cudaFree(kv_new));

@@ -1,6 +1,6 @@
 // Decode attention (ops/attention.hpp) against a double-precision CPU reference on fresh random
 // inputs: mixed lengths 1 .. 100003 in one batch, B = 64, GQA 1/3/4/8, head dim 64/128, contiguous
-// and paged caches; outputs poisoned before every run, the appended cache rows checked, and bad
+// and paged caches, several stream-K plans; outputs poisoned before every run, the appended cache rows checked, and bad
 // input rejected before any launch.
 #include <gtest/gtest.h>
 
@@ -176,17 +176,23 @@ void run_case(const AttnCase& c) {
     }
   }
 
-  // Both K/V loaders (bulk copies on sm_90 only) x both split layouts, each launched twice: the second launch checks
-  // that the merge counters were left at zero. Before each loader the appended rows get their
-  // stale contents back, so each one must overwrite them (and use the new row, not the stale one).
+  // Both K/V loaders (bulk copies on sm_90 only) x three plans (the default; 37 tiles with one
+  // stage in flight per warp, so tiles hold many pairs and pairs many tiles; two tiles per SM with
+  // two slots), each launched twice: the second launch checks that the merge counters were left
+  // at zero. Before each op the appended rows get their stale contents back, so each one must
+  // overwrite them (and use the new row, not the stale one).
   int major = 0;
   TW_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
   std::vector<tw::KvLoad> loads = {tw::KvLoad::CpAsync};
   if (major >= 9) loads.push_back(tw::KvLoad::Bulk);
+  struct Plan {
+    int num_tiles, tiles_per_sm, ring_slots;
+  };
   for (const tw::KvLoad load : loads)
-  for (const tw::SplitLayout split : {tw::SplitLayout::Contiguous, tw::SplitLayout::Interleaved}) {
+  for (const Plan plan : {Plan{0, 0, 0}, Plan{37, 0, 1}, Plan{0, 2, 2}}) {
     SCOPED_TRACE(load == tw::KvLoad::Bulk ? "bulk copies" : "cp.async");
-    SCOPED_TRACE(split == tw::SplitLayout::Interleaved ? "interleaved splits" : "contiguous splits");
+    SCOPED_TRACE("num_tiles " + std::to_string(plan.num_tiles) + ", tiles_per_sm " + std::to_string(plan.tiles_per_sm) +
+                 ", ring_slots " + std::to_string(plan.ring_slots));
     for (int b = 0; b < B; ++b)
       for (int h = 0; h < c.hkv; ++h) {
         const size_t src = size_t(c.lens[b] - 1) * D, bytes = D * sizeof(bf16);
@@ -195,15 +201,16 @@ void run_case(const AttnCase& c) {
         TW_CUDA_CHECK(cudaMemcpy(d_v.ptr + r, vc[b * c.hkv + h].data() + src, bytes, cudaMemcpyHostToDevice));
       }
     shape.kv_load = load;
-    shape.split_layout = split;
+    shape.num_tiles = plan.num_tiles;
+    shape.tiles_per_sm = plan.tiles_per_sm;
+    shape.ring_slots = plan.ring_slots;
     DecodeAttention op(shape, c.lens, table);
     for (int launch = 0; launch < 2; ++launch) {
       d_out.poison();
       op.run(t, nullptr);
       TW_CUDA_CHECK(cudaDeviceSynchronize());
       const double err = tw::test::rel_error(d_out.download(), ref);
-      EXPECT_LT(err, 1e-2) << "launch " << launch << ", split_tokens " << op.split_tokens() << ", max_splits "
-                           << op.max_splits();
+      EXPECT_LT(err, 1e-2) << "launch " << launch << ", tiles " << op.num_tiles() << ", slots " << op.ring_slots();
     }
 
     // The appended rows: roped k (within a bf16 rounding step of the reference) and v exactly.
@@ -260,6 +267,17 @@ TEST(AttentionDecode, Batch64PagedGqa8Page48) {
   run_case({lens, 16, 2, 128, KvLayout::Paged, 48});
 }
 
+// Equal lengths take the kernel's arithmetic plan (no table loads).
+TEST(AttentionDecode, EqualLengthsContiguousGqa8D128) {
+  TW_REQUIRE_GPU();
+  run_case({std::vector<int>(5, 1000), 32, 4, 128, KvLayout::Contiguous});
+}
+
+TEST(AttentionDecode, EqualLengthsPagedGqa4D64Page32) {
+  TW_REQUIRE_GPU();
+  run_case({std::vector<int>(3, 333), 16, 4, 64, KvLayout::Paged, 32});
+}
+
 TEST(AttentionDecode, NoAppendNoRopeGqa3D64) {
   TW_REQUIRE_GPU();
   AttnCase c{{5, 300, 1000, 17}, 6, 2, 64, KvLayout::Contiguous};
@@ -268,37 +286,66 @@ TEST(AttentionDecode, NoAppendNoRopeGqa3D64) {
   run_case(c);
 }
 
-TEST(AttentionDecode, SplitPlanFillsTheGpu) {
+// The stream-K plan: every tile gets the same units to one, the pair table is a prefix sum, and
+// tile_first names the pair holding each tile's first unit.
+TEST(AttentionDecode, PlanCutsUnitsEvenly) {
   TW_REQUIRE_GPU();
-  const int slots = 132 * 2;
-  const int one_long = tw::plan_split_tokens({131072}, 8, slots);
-  EXPECT_LE(8 * tw::kernels::decode_num_splits(131072, one_long), slots);
-  EXPECT_GE(8 * tw::kernels::decode_num_splits(131072, one_long), slots * 9 / 10);
-  EXPECT_EQ(tw::plan_split_tokens(std::vector<int>(64, 512), 8, slots), 512);  // 512 tiles, no merges
-  EXPECT_EQ(tw::plan_split_tokens({4096}, 8, slots) % 64, 0);
+  std::mt19937 rng(tw::test::fresh_seed());
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<int> lens(1 + rng() % 40);
+    for (auto& l : lens) l = 1 + int(rng() % (rng() % 2 ? 40 : 20000));
+    const int hkv = 1 + int(rng() % 8), want_tiles = 1 + int(rng() % 300);
+    const tw::DecodePlan pl = tw::plan_decode(lens, hkv, want_tiles);
+    const int npairs = int(lens.size()) * hkv;
+    int units = 0;
+    for (int i = 0; i < npairs; ++i) {
+      ASSERT_EQ(pl.pair_info[2 * i], units);
+      ASSERT_EQ(pl.pair_info[2 * i + 1], lens[i / hkv]);
+      units += (lens[i / hkv] + 15) / 16;
+    }
+    ASSERT_EQ(pl.pair_info[2 * npairs], units);
+    ASSERT_EQ(pl.total_units, units);
+    ASSERT_EQ(pl.num_tiles, std::min(want_tiles, units));
+    int lo = INT32_MAX, hi = 0;
+    for (int c = 0; c < pl.num_tiles; ++c) {
+      const int u0 = tw::kernels::decode_tile_start(c, pl.num_tiles, units);
+      const int u1 = tw::kernels::decode_tile_start(c + 1, pl.num_tiles, units);
+      lo = std::min(lo, u1 - u0);
+      hi = std::max(hi, u1 - u0);
+      const int pair = pl.tile_first[4 * c];
+      ASSERT_LE(pl.pair_info[2 * pair], u0);
+      ASSERT_GT(pl.pair_info[2 * (pair + 1)], u0);
+      ASSERT_EQ(pl.tile_first[4 * c + 1], pl.pair_info[2 * pair]);
+      ASSERT_EQ(pl.tile_first[4 * c + 2], pl.pair_info[2 * (pair + 1)]);
+      ASSERT_EQ(pl.tile_first[4 * c + 3], lens[pair / hkv]);
+      ASSERT_EQ(tw::kernels::decode_tile_of(u0, pl.num_tiles, units), c);
+      ASSERT_EQ(tw::kernels::decode_tile_of(u1 - 1, pl.num_tiles, units), c);
+    }
+    EXPECT_GE(lo, 1);
+    EXPECT_LE(hi - lo, 1);
+  }
 }
 
-TEST(AttentionDecode, TilesListMergeDependencies) {
+// The executor's tile list: tiles in order, their pair ranges overlapping by at most the pair
+// they share, together covering every pair.
+TEST(AttentionDecode, TilesCoverEveryPair) {
   TW_REQUIRE_GPU();
   DecodeAttentionShape s;
-  s.batch = 2;
+  s.batch = 3;
   s.num_q_heads = 8;
   s.num_kv_heads = 2;
   s.max_seq_len = 70000;
-  DecodeAttention op(s, {70000, 3});
+  DecodeAttention op(s, {70000, 3, 900});
   const auto tiles = op.tiles();
-  int merges = 0;
+  ASSERT_EQ(int(tiles.size()), op.num_tiles());
+  EXPECT_EQ(tiles.front().pair_begin, 0);
+  EXPECT_EQ(tiles.back().pair_end, 6);
   for (size_t i = 0; i < tiles.size(); ++i) {
-    if (!tiles[i].merge) continue;
-    ++merges;
-    EXPECT_EQ(int(tiles[i].deps.size()), op.num_splits(tiles[i].b));
-    for (int d : tiles[i].deps) {
-      EXPECT_FALSE(tiles[d].merge);
-      EXPECT_EQ(tiles[d].b, tiles[i].b);
-      EXPECT_EQ(tiles[d].hkv, tiles[i].hkv);
-    }
+    EXPECT_EQ(tiles[i].tile, int(i));
+    EXPECT_LT(tiles[i].pair_begin, tiles[i].pair_end);
+    if (i > 0) EXPECT_GE(tiles[i].pair_begin, tiles[i - 1].pair_end - 1);
+    if (i > 0) EXPECT_LE(tiles[i].pair_begin, tiles[i - 1].pair_end);
   }
-  EXPECT_EQ(merges, op.num_splits(0) > 1 ? 2 : 0);  // the 3-token sequence needs no merge
 }
 
 TEST(AttentionDecode, BadInputThrowsBeforeLaunch) {
@@ -316,6 +363,12 @@ TEST(AttentionDecode, BadInputThrowsBeforeLaunch) {
   EXPECT_THROW(DecodeAttention(h, {5, 5}), tw::InvalidArgument);
   h = s;
   h.head_dim = 96;
+  EXPECT_THROW(DecodeAttention(h, {5, 5}), tw::InvalidArgument);
+  h = s;
+  h.num_tiles = tw::kernels::kDecodeMaxTiles + 1;
+  EXPECT_THROW(DecodeAttention(h, {5, 5}), tw::InvalidArgument);
+  h = s;
+  h.ring_slots = tw::kernels::kDecodeMaxSlots + 1;
   EXPECT_THROW(DecodeAttention(h, {5, 5}), tw::InvalidArgument);
 
   DecodeAttentionShape p = s;

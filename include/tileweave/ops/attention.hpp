@@ -1,7 +1,8 @@
 // Decode attention: one query token per sequence against its KV cache, split-KV (flash-decoding)
-// with GQA, fused RoPE on q and the new k, and the append of the new k/v into the cache, all in one
-// launch. Contiguous [B, Hkv, S, D] or paged [num_pages, Hkv, page_size, D] caches, a length per
-// sequence. The device tiles live in kernels/attention/decode.cuh; docs/attention.md has the design.
+// with the KV bytes cut evenly over the GPU (stream-K), GQA, fused RoPE on q and the new k, and the
+// append of the new k/v into the cache, all in one launch. Contiguous [B, Hkv, S, D] or paged
+// [num_pages, Hkv, page_size, D] caches, a length per sequence. The device tiles live in
+// kernels/attention/decode.cuh; docs/attention.md has the design.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -18,9 +19,6 @@ namespace tw {
 enum class KvLayout { Contiguous, Paged };
 // How K/V stream into shared memory: 16-byte cp.async (sm_80+) or Hopper bulk copies (sm_90).
 enum class KvLoad { Auto, CpAsync, Bulk };
-// Which tokens a split reads: a contiguous range, or every n-th 64-token block (n = splits of the
-// sequence), so that all splits of a sequence stream one dense window of the cache together.
-enum class SplitLayout { Auto, Contiguous, Interleaved };
 
 struct DecodeAttentionShape {
   int batch = 1;
@@ -34,9 +32,12 @@ struct DecodeAttentionShape {
   float scale = 0.f;                       // softmax scale; 0: 1/sqrt(head_dim)
   float rope_theta = 10000.f;              // rotate-half RoPE base; <= 0: no RoPE
   bool append = true;                      // false: the cache already holds all seq_lens[b] tokens
-  int split_tokens = 0;                    // tokens per split (a multiple of 64); 0: planned
+  // Overrides of the plan (0: planned): work tiles (blocks of one launch, <= kDecodeMaxTiles),
+  // tiles per SM the plan aims for, and 16-token stages in flight per warp (1..kDecodeMaxSlots).
+  int num_tiles = 0;
+  int tiles_per_sm = 0;
+  int ring_slots = 0;
   KvLoad kv_load = KvLoad::Auto;
-  SplitLayout split_layout = SplitLayout::Auto;
 };
 
 struct DecodeAttentionTensors {
@@ -48,57 +49,64 @@ struct DecodeAttentionTensors {
   __nv_bfloat16* out = nullptr;          // [B, Hq, D]
 };
 
-// A unit of executor work. Partial tiles depend on nothing (the one holding the new token appends
-// it before reading); the merge tile of (b, hkv) depends on that pair's partial tiles. A sequence
-// with a single split has no merge tile: its partial tile writes the output.
+// A unit of executor work: work tile `tile` (kernels::decode_work_tile). Tiles depend on nothing
+// and never wait for each other. The output rows of pair i = b * Hkv + h (query heads h * G ..
+// h * G + G - 1 of sequence b) are written by the tile that holds the pair whole, or by whichever
+// of the tiles holding a part of it finishes last: a consumer of those rows depends on every tile
+// with pair_begin <= i < pair_end.
 struct DecodeTileDesc {
-  bool merge = false;
-  int b = 0, hkv = 0, split = 0;
-  std::vector<int> deps;  // indices into the same tile list
+  int tile = 0;
+  int pair_begin = 0, pair_end = 0;
 };
+
+// The stream-K plan (kernels/attention/decode_params.hpp): pair_info [npairs + 1] and
+// tile_first [num_tiles] as the kernel reads them.
+struct DecodePlan {
+  int num_tiles = 0, total_units = 0;
+  std::vector<int> pair_info;   // {first unit, sequence length} per pair, flattened int2
+  std::vector<int> tile_first;  // {pair, its first unit, its end unit, its length} per tile, flattened int4
+};
+DecodePlan plan_decode(const std::vector<int>& seq_lens, int num_kv_heads, int num_tiles);
 
 // RoPE frequencies as the kernel uses them: inv_freq[i] = float(theta^(-2i/D)), i < D/2; the angle
 // is float(pos) * inv_freq[i] in fp32 (HF Llama's convention).
 std::vector<float> rope_inv_freq(int head_dim, float theta);
 
-// Tokens per split: the multiple of 64 minimising (waves of tiles) x (tokens per tile + overhead)
-// over `slots` co-resident tiles, so 1 x 128k and 64 x 512 both fill the GPU.
-int plan_split_tokens(const std::vector<int>& seq_lens, int num_kv_heads, int slots);
-
 class DecodeAttention {
  public:
   // Validates the shape, lengths and page table (tw::InvalidArgument naming the bad value, before
-  // anything touches the GPU), plans the splits for the current device, uploads lengths and page
-  // table and allocates the split workspace. seq_lens[b] counts the cache after the append: the new
+  // anything touches the GPU), plans the tiles for the current device, uploads the plan and the
+  // page table and allocates the workspace. seq_lens[b] counts the cache after the append: the new
   // token sits at position seq_lens[b] - 1.
   DecodeAttention(const DecodeAttentionShape& shape, std::vector<int> seq_lens, std::vector<int> page_table = {});
   ~DecodeAttention();
   DecodeAttention(const DecodeAttention&) = delete;
   DecodeAttention& operator=(const DecodeAttention&) = delete;
 
-  // One launch: partial tiles, and the last partial tile of each split sequence merges. Capturable
-  // in a CUDA graph; runs on one stream at a time (the workspace is shared).
+  // One launch (merges included). Capturable in a CUDA graph; runs on one stream at a time (the
+  // workspace is shared).
   void run(const DecodeAttentionTensors& t, cudaStream_t stream) const;
 
-  // For the executor: the device parameters and the tile list (partial + merge tiles).
+  // For the executor: the device parameters, the tile list and the shared memory a tile needs.
   kernels::DecodeParams device_params(const DecodeAttentionTensors& t) const;
   std::vector<DecodeTileDesc> tiles() const;
+  int smem_bytes() const { return smem_; }
 
-  int split_tokens() const { return split_tokens_; }
-  int max_splits() const { return max_splits_; }
-  int num_splits(int b) const { return kernels::decode_num_splits(seq_lens_.at(b), split_tokens_); }
+  int num_tiles() const { return plan_.num_tiles; }
+  int ring_slots() const { return slots_; }
   int64_t kv_bytes() const;  // K and V bytes the launch reads
   bool bulk_copy() const { return bulk_; }  // the KvLoad chosen
-  bool interleaved() const { return interleave_; }  // the SplitLayout chosen
   const DecodeAttentionShape& shape() const { return shape_; }
 
  private:
   DecodeAttentionShape shape_;
   std::vector<int> seq_lens_, page_table_;
-  int group_ = 1, split_tokens_ = 0, max_splits_ = 0;
-  bool bulk_ = false, interleave_ = false;
-  int* d_seq_lens_ = nullptr;
+  DecodePlan plan_;
+  int group_ = 1, slots_ = 0, smem_ = 0;
+  bool bulk_ = false;
   int* d_page_table_ = nullptr;
+  int* d_pair_info_ = nullptr;
+  int* d_tile_first_ = nullptr;
   float* d_o_part_ = nullptr;
   float* d_lse_part_ = nullptr;
   int* d_merge_count_ = nullptr;

@@ -1,22 +1,23 @@
-// Split-KV decode attention tiles (flash-decoding with GQA), callable from a standalone kernel or
-// from the persistent executor:
-//   decode_partial_tile<D, G, paged, bulk>(p, b, hkv, split): one split of one sequence's KV head
-//     for all G query heads of the group (one pass over K/V), with the fused prologue (RoPE on q;
-//     the split holding the new token ropes k_new, appends k_new/v_new to the cache and uses that
-//     row from smem). Writes a normalised partial output + LSE, or the final output when the
-//     sequence has one split.
-//   decode_merge_tile<D, G>(p, b, hkv): LSE-weighted sum of the (b, hkv) partial outputs.
-// Both run on threads 0 .. kDecodeThreads-1 of the block (others must skip them) and need
-// decode_smem_bytes<D>() bytes of shared memory; the caller syncs before reusing that memory.
+// Split-KV decode attention tiles (flash-decoding with GQA, stream-K work split), callable from a
+// standalone kernel or from the persistent executor:
+//   decode_work_tile<D, G, paged, bulk>(p, tile, smem): streams tile `tile`'s even share of all
+//     K/V units (params.hpp says how the units are cut), pair by pair, for all G query heads of
+//     each pair's group in one pass, with the fused prologue (RoPE on q; the tile holding a pair's
+//     new token ropes k_new, appends k_new/v_new to the cache and uses that row from smem). A pair
+//     it holds whole gets its output; a part of a pair gets a partial output + LSE, and the last
+//     tile to finish a pair (an atomic count) merges its partials. No tile waits for another.
+// It runs on threads 0 .. kDecodeThreads-1 of the block (others must skip it) and needs
+// decode_smem_bytes<D, G>(p.ring_slots) bytes of shared memory; the caller syncs before reusing it.
 //
-// Inside a tile each of the 4 warps streams its own 16-token stages (stage w, w+4, ...) through a
-// private smem ring, so the main loop has no block barrier. The ring is filled either by 16-byte
-// cp.async (any sm_80+; swizzled, zero-filled tails) or, with `bulk`, by one lane's Hopper bulk
-// copies completing on a per-slot mbarrier (sm_90). QK^T and PV run on mma.sync m16n8k16 with the
-// group's heads as rows 0..7 (rows 8..15 are zero): tensor cores keep the FMA and register cost of
-// G = 8 heads off the memory stream. The K and V fragments are read with
-// 16-byte loads by permuting the head dimension (the dot product and the output columns do not care
-// about order; the output is un-permuted on the way out).
+// Inside a tile each of the 4 warps streams its own 16-token units (unit u_lo + w, u_lo + w + 4, ...)
+// through a private ring of p.ring_slots smem slots, so the main loop has no block barrier and the
+// stream runs on across pair boundaries (the next pair's q is prefetched into registers). The ring
+// is filled either by 16-byte cp.async (any sm_80+; swizzled, zero-filled tails) or, with `bulk`,
+// by one lane's Hopper bulk copies completing on a per-slot mbarrier (sm_90). QK^T and PV run on
+// mma.sync m16n8k16 with the group's heads as rows 0..7 (rows 8..15 are zero): tensor cores keep
+// the FMA and register cost of G = 8 heads off the memory stream. The K and V fragments are read
+// with 16-byte loads by permuting the head dimension (the dot product and the output columns do
+// not care about order; the output is un-permuted on the way out).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -27,23 +28,30 @@
 
 namespace tw::kernels {
 
-template <int D>
+template <int D, int G>
 struct DecodeSmem {
-  // Per warp: kStages ring slots of K and V (8 KiB each at D = 128), two in flight while one is used.
-  static constexpr int kStages = 3 * 128 / D;
-  static constexpr int kStageElems = kDecodeStageTokens * D;
-  __nv_bfloat16 ring[kDecodeWarps][kStages][2][kStageElems];
-  alignas(16) __nv_bfloat16 q[kDecodeMaxGroup][D];  // roped q of the group, rows >= G zero
+  alignas(16) __nv_bfloat16 q[kDecodeMaxGroup][D];  // roped q of the current pair, rows >= G zero
   alignas(16) __nv_bfloat16 k_new[D];  // the appended row (roped k, v), patched into its ring slot
   alignas(16) __nv_bfloat16 v_new[D];
+  alignas(16) float o[kDecodeWarps][G][D];  // each warp's output of a segment, for the combine
   float m[kDecodeWarps][kDecodeMaxGroup];
   float l[kDecodeWarps][kDecodeMaxGroup];
-  uint64_t bar[kDecodeWarps][kStages];  // bulk-copy variant: one mbarrier per ring slot
+  uint64_t bar[kDecodeWarps][kDecodeMaxSlots];  // bulk-copy variant: one mbarrier per ring slot
+  int last[2];
+  // The ring follows at decode_ring_offset: [warp][slot][K, V][16 tokens][D] bf16.
 };
 
+template <int D, int G>
+constexpr int decode_ring_offset() {
+  return static_cast<int>((sizeof(DecodeSmem<D, G>) + 127) / 128 * 128);
+}
 template <int D>
-constexpr int decode_smem_bytes() {
-  return static_cast<int>(sizeof(DecodeSmem<D>));
+constexpr int decode_slot_bytes() {
+  return 2 * kDecodeStageTokens * D * 2;  // K and V of one 16-token stage
+}
+template <int D, int G>
+constexpr int decode_smem_bytes(int slots) {
+  return decode_ring_offset<D, G>() + kDecodeWarps * slots * decode_slot_bytes<D>();
 }
 
 namespace decode_detail {
@@ -144,13 +152,27 @@ __device__ __forceinline__ int swizzle_chunk(int chunk, int token) {
   return chunk ^ ((((r >> 1) & 3) << 1) ^ ((r & 1) << 2));
 }
 
+// Element offset of token `token` of pair (b * Hkv + h) in the K (or V) cache.
 template <bool kPaged, int D>
-__device__ __forceinline__ int64_t kv_offset(const DecodeParams& p, int b, int hkv, int token) {
+__device__ __forceinline__ int64_t kv_offset(const DecodeParams& p, int pair, int token) {
   if constexpr (kPaged) {
+    const int b = pair / p.num_kv_heads, h = pair - b * p.num_kv_heads;
     const int page = p.page_table[int64_t(b) * p.pages_per_seq + token / p.page_size];
-    return ((int64_t(page) * p.num_kv_heads + hkv) * p.page_size + token % p.page_size) * D;
+    return ((int64_t(page) * p.num_kv_heads + h) * p.page_size + token % p.page_size) * D;
   } else {
-    return ((int64_t(b) * p.num_kv_heads + hkv) * p.max_seq_len + token) * D;
+    return (int64_t(pair) * p.max_seq_len + token) * D;
+  }
+}
+
+
+template <int N = 0>
+__device__ __forceinline__ void cp_async_wait_dyn(int n) {
+  if constexpr (N < kDecodeMaxSlots) {
+    if (n == N) {
+      cp_async_wait<N>();
+      return;
+    }
+    cp_async_wait_dyn<N + 1>(n);
   }
 }
 
@@ -164,42 +186,88 @@ __device__ __forceinline__ void rope_pair(const DecodeParams& p, int pos, int i,
   x2 = y2;
 }
 
-// The fused prologue: roped q of the group into smem; the split holding position pos appends the
-// new token (roped k, v) to the cache and keeps the row in smem: its copy of that row from the
-// cache (issued before the prologue, so it may hold the stale row) is patched before use.
-template <int D, int G, bool kPaged>
-__device__ __forceinline__ void prologue(const DecodeParams& p, DecodeSmem<D>& sm, int b, int hkv, int pos,
-                                         bool appends) {
-  constexpr int kHalf = D / 2;
-  const int64_t q_row = (int64_t(b) * p.num_kv_heads + hkv) * G;
-  for (int i = threadIdx.x; i < kDecodeMaxGroup * kHalf; i += kDecodeThreads) {
-    const int g = i / kHalf, r = i % kHalf;
-    float x1 = 0.f, x2 = 0.f;
-    if (g < G) {
-      const __nv_bfloat16* q = p.q + (q_row + g) * D;
-      x1 = __bfloat162float(q[r]);
-      x2 = __bfloat162float(q[r + kHalf]);
-      rope_pair(p, pos, r, x1, x2);
-    }
-    sm.q[g][r] = __float2bfloat16(x1);
-    sm.q[g][r + kHalf] = __float2bfloat16(x2);
+// One pair and its units [u0, u1).
+struct DecodePair {
+  int pair, u0, u1, len;
+};
+__device__ __forceinline__ DecodePair next_pair(const DecodeParams& p, const DecodePair& c) {
+  if (p.uniform_len > 0) return {c.pair + 1, c.u1, c.u1 + (c.u1 - c.u0), c.len};
+  return {c.pair + 1, c.u1, __ldg(&p.pair_info[c.pair + 2].x), __ldg(&p.pair_info[c.pair + 1].y)};
+}
+// The pair holding tile `tile`'s first unit u_lo.
+__device__ __forceinline__ DecodePair first_pair(const DecodeParams& p, int tile, int u_lo) {
+  if (p.uniform_len > 0) {
+    const int n = decode_units(p.uniform_len), pair = u_lo / n;
+    return {pair, pair * n, pair * n + n, p.uniform_len};
   }
-  if (appends) {
-    const int64_t dst = kv_offset<kPaged, D>(p, b, hkv, pos);
-    const int64_t src = (int64_t(b) * p.num_kv_heads + hkv) * D;
-    for (int r = threadIdx.x; r < kHalf; r += kDecodeThreads) {
-      float x1 = __bfloat162float(p.k_new[src + r]), x2 = __bfloat162float(p.k_new[src + r + kHalf]);
-      rope_pair(p, pos, r, x1, x2);
-      const __nv_bfloat16 k1 = __float2bfloat16(x1), k2 = __float2bfloat16(x2);
-      const __nv_bfloat16 v1 = p.v_new[src + r], v2 = p.v_new[src + r + kHalf];
-      p.k_cache[dst + r] = k1;
-      p.k_cache[dst + r + kHalf] = k2;
-      p.v_cache[dst + r] = v1;
-      p.v_cache[dst + r + kHalf] = v2;
-      sm.k_new[r] = k1;
-      sm.k_new[r + kHalf] = k2;
-      sm.v_new[r] = v1;
-      sm.v_new[r + kHalf] = v2;
+  const int4 f = __ldg(&p.tile_first[tile]);
+  return {f.x, f.y, f.z, f.w};
+}
+
+// The rows a pair's prologue needs, loaded a segment ahead into registers so that a pair boundary
+// does not stall on them: 8 elements from each half of a row per thread (RoPE pairs i, i + D/2).
+// Threads [0, G * D/16): q rows; [64, 64 + D/16): k_new; [96, 96 + D/16): v_new.
+struct DecodeRows {
+  uint4 lo, hi;
+};
+template <int D, int G>
+__device__ __forceinline__ DecodeRows load_rows(const DecodeParams& p, int pair) {
+  constexpr int kC = D / 16;
+  static_assert(G * kC <= 64 && kC <= 32, "thread roles of load_rows");
+  const int tid = threadIdx.x;
+  const __nv_bfloat16* src = nullptr;
+  int c = 0;
+  if (tid < G * kC) {
+    src = p.q + (int64_t(pair) * G + tid / kC) * D;
+    c = tid % kC;
+  } else if (p.k_new != nullptr && tid >= 64 && tid < 64 + kC) {
+    src = p.k_new + int64_t(pair) * D;
+    c = tid - 64;
+  } else if (p.k_new != nullptr && tid >= 96 && tid < 96 + kC) {
+    src = p.v_new + int64_t(pair) * D;
+    c = tid - 96;
+  }
+  DecodeRows r{make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+  if (src != nullptr) {
+    r.lo = __ldg(reinterpret_cast<const uint4*>(src + 8 * c));
+    r.hi = __ldg(reinterpret_cast<const uint4*>(src + D / 2 + 8 * c));
+  }
+  return r;
+}
+
+// The prologue of a segment: roped q of the pair into smem; when the segment holds the pair's new
+// token (position pos), the roped k and v are appended to the cache and kept in smem: the ring's
+// copy of that row (maybe the stale row) is patched before use.
+template <int D, int G, bool kPaged, class Smem>
+__device__ __forceinline__ void setup_segment(const DecodeParams& p, Smem& sm, const DecodeRows& r, int pair, int pos,
+                                              bool appends) {
+  constexpr int kC = D / 16;
+  const int tid = threadIdx.x;
+  const bool is_q = tid < G * kC;
+  const bool is_k = appends && tid >= 64 && tid < 64 + kC, is_v = appends && tid >= 96 && tid < 96 + kC;
+  if (is_q || is_k || is_v) {
+    const int c = is_q ? tid % kC : tid - (is_k ? 64 : 96);
+    uint32_t lo[4] = {r.lo.x, r.lo.y, r.lo.z, r.lo.w}, hi[4] = {r.hi.x, r.hi.y, r.hi.z, r.hi.w};
+    if (!is_v) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const __nv_bfloat162 a = *reinterpret_cast<const __nv_bfloat162*>(&lo[e]);
+        const __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(&hi[e]);
+        float a0 = __low2float(a), a1 = __high2float(a), b0 = __low2float(b), b1 = __high2float(b);
+        rope_pair(p, pos, 8 * c + 2 * e, a0, b0);
+        rope_pair(p, pos, 8 * c + 2 * e + 1, a1, b1);
+        lo[e] = pack_bf16(a0, a1);
+        hi[e] = pack_bf16(b0, b1);
+      }
+    }
+    const uint4 vlo = make_uint4(lo[0], lo[1], lo[2], lo[3]), vhi = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    __nv_bfloat16* row = is_q ? sm.q[tid / kC] : (is_k ? sm.k_new : sm.v_new);
+    *reinterpret_cast<uint4*>(row + 8 * c) = vlo;
+    *reinterpret_cast<uint4*>(row + D / 2 + 8 * c) = vhi;
+    if (!is_q) {
+      __nv_bfloat16* cache = (is_k ? p.k_cache : p.v_cache) + kv_offset<kPaged, D>(p, pair, pos);
+      *reinterpret_cast<uint4*>(cache + 8 * c) = vlo;
+      *reinterpret_cast<uint4*>(cache + D / 2 + 8 * c) = vhi;
     }
   }
   tile_sync();
@@ -212,72 +280,132 @@ __device__ __forceinline__ void store_bf16x4(__nv_bfloat16* dst, float4 v) {
   *reinterpret_cast<uint2*>(dst) = u;
 }
 
+// Merges the partial outputs of `pair` (units [u0, u1)), one per tile that holds a part of it, as
+// the last of those tiles. The partials were written by other blocks in this launch: read from L2
+// (ld.global.cg) after the caller's fence. One pass: warp w takes partials w, w + 4, ... with an
+// online LSE merge (their loads all in flight together), lane the float4s e = lane + 32 r of the
+// G x D output; the 4 warps are then merged through `scratch` ([warps][G * D / 4][2] floats) and sm.o.
+template <int D, int G, class Smem>
+__device__ void merge_pair(const DecodeParams& p, Smem& sm, float* scratch, int pair, int u0, int u1) {
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int c0 = decode_tile_of(u0, p.num_tiles, p.total_units);
+  const int n = decode_tile_of(u1 - 1, p.num_tiles, p.total_units) - c0 + 1;
+  // Tile c0's part of this pair is its second segment when the tile starts in an earlier pair.
+  const int shift = decode_tile_start(c0, p.num_tiles, p.total_units) < u0 ? 1 : 0;
+  constexpr int kVec = G * D / 4, kPer = (kVec + 31) / 32;
+  float mw[kPer], sw[kPer];
+  float4 acc[kPer];
+#pragma unroll
+  for (int r = 0; r < kPer; ++r) {
+    mw[r] = -INFINITY;
+    sw[r] = 0.f;
+    acc[r] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+#pragma unroll 4
+  for (int s = warp; s < n; s += kDecodeWarps) {
+    const int64_t slot = 2 * (c0 + s) + (s == 0 ? shift : 0);
+    const float4* src = reinterpret_cast<const float4*>(p.o_part + slot * G * D);
+#pragma unroll
+    for (int r = 0; r < kPer; ++r) {
+      const int e = lane + 32 * r;
+      if (e < kVec) {
+        const float lse = __ldcg(p.lse_part + slot * G + e / (D / 4));
+        const float4 v = __ldcg(src + e);
+        const float mn = fmaxf(mw[r], lse), a = exp2f(mw[r] - mn), b = exp2f(lse - mn);
+        acc[r] = make_float4(acc[r].x * a + v.x * b, acc[r].y * a + v.y * b, acc[r].z * a + v.z * b,
+                             acc[r].w * a + v.w * b);
+        sw[r] = sw[r] * a + b;
+        mw[r] = mn;
+      }
+    }
+  }
+  float4* wo = reinterpret_cast<float4*>(&sm.o[0][0][0]);  // [warp][kVec]
+#pragma unroll
+  for (int r = 0; r < kPer; ++r) {
+    const int e = lane + 32 * r;
+    if (e < kVec) {
+      wo[warp * kVec + e] = acc[r];
+      scratch[2 * (warp * kVec + e)] = mw[r];
+      scratch[2 * (warp * kVec + e) + 1] = sw[r];
+    }
+  }
+  tile_sync();
+  for (int e = tid; e < kVec; e += kDecodeThreads) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) mx = fmaxf(mx, scratch[2 * (w * kVec + e)]);
+    float sum = 0.f;
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) {
+      const float f = exp2f(scratch[2 * (w * kVec + e)] - mx);  // 0 for a warp that had no partial
+      const float4 v = wo[w * kVec + e];
+      sum += f * scratch[2 * (w * kVec + e) + 1];
+      o = make_float4(o.x + f * v.x, o.y + f * v.y, o.z + f * v.z, o.w + f * v.w);
+    }
+    const float inv = 1.f / sum;
+    store_bf16x4(p.out + int64_t(pair) * G * D + 4 * e, make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv));
+  }
+  tile_sync();  // scratch and sm.o are free again
+}
+
 }  // namespace decode_detail
 
 template <int D, int G, bool kPaged, bool kBulk>
-__device__ void decode_partial_tile(const DecodeParams& p, int b, int hkv, int split, char* smem) {
+__device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
   static_assert(D == 64 || D == 128, "head dim 64 or 128");
   static_assert(G >= 1 && G <= kDecodeMaxGroup, "1..8 query heads per KV head");
   using namespace decode_detail;
-  using Smem = DecodeSmem<D>;
-  constexpr int kStages = Smem::kStages;
+  using Smem = DecodeSmem<D, G>;
   constexpr int kChunks = D / 8;  // 16-byte chunks per token row
-  static_assert(kDecodeWarps * G * D * 4 <= int(sizeof(Smem::ring)), "combine scratch fits in the ring");
+  constexpr int kStageElems = kDecodeStageTokens * D;
+  static_assert(kDecodeWarps * G * D / 4 * 2 * 4 <= kDecodeWarps * decode_slot_bytes<D>(),
+                "merge scratch fits in a one-slot ring");
   Smem& sm = *reinterpret_cast<Smem*>(smem);
+  __nv_bfloat16* ring = reinterpret_cast<__nv_bfloat16*>(smem + decode_ring_offset<D, G>());
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;  // mma fragment coordinates: row (head) g, column pair t
+  const int slots = p.ring_slots;
 
-  const int len = p.seq_lens[b];
-  const int pos = len - 1;  // the new token
-  // The split's tokens in 64-token blocks (one 16-token stage per warp). Contiguous splits take
-  // blocks [split * split_tokens / 64, ...); interleaved splits take blocks split, split + n,
-  // split + 2n, ... so that the n tiles of a sequence read one dense window that slides through
-  // the cache together (DRAM page locality, as the floor kernel deals its chunks).
-  constexpr int kBlock = kDecodeStageTokens * kDecodeWarps;
-  const int n = decode_num_splits(len, p.split_tokens);
-  int first, step, end;  // this warp's first stage token, stride between its stages, end of its tokens
-  if (p.interleave) {
-    first = split * kBlock + warp * kDecodeStageTokens;
-    step = n * kBlock;
-    end = len;
-  } else {
-    first = split * p.split_tokens + warp * kDecodeStageTokens;
-    step = kBlock;
-    end = min(len, (split + 1) * p.split_tokens);
+  const int u_lo = decode_tile_start(tile, p.num_tiles, p.total_units);
+  const int u_hi = decode_tile_start(tile + 1, p.num_tiles, p.total_units);
+  const DecodePair first = first_pair(p, tile, u_lo);
+  // This warp's stages: units u_lo + warp + 4k, k < my_n; stage k lives in ring slot k % slots.
+  const int my_n = u_lo + warp < u_hi ? (u_hi - 1 - u_lo - warp) / kDecodeWarps + 1 : 0;
+  auto unit_of = [&](int k) { return u_lo + warp + kDecodeWarps * k; };
+  __nv_bfloat16* my_ring = ring + warp * slots * 2 * kStageElems;
+  uint64_t* bars = sm.bar[warp];
+  if constexpr (kBulk) {
+    if (lane == 0)
+      for (int i = 0; i < slots; ++i) bar_init(&bars[i]);
+    __syncwarp();
   }
-  const int my_stages = first < end ? (end - 1 - first) / step + 1 : 0;
-  auto stage_token = [&](int k) { return first + k * step; };
-  const bool appends = p.k_new != nullptr && (p.interleave ? (pos / kBlock) % n == split
-                                                           : pos / p.split_tokens == split);
 
   // Smem position of 16-byte chunk ch of token row tok: swizzled for cp.async; the bulk copy keeps
   // the global layout (2-way conflicts on K reads, 4-way on V reads).
   auto chunk_at = [](int ch, int tok) { return kBulk ? ch : swizzle_chunk(ch, tok); };
-  uint64_t* bars = sm.bar[warp];
-  if constexpr (kBulk) {
-    if (lane == 0)
-      for (int i = 0; i < kStages; ++i) bar_init(&bars[i]);
-    __syncwarp();
-  }
 
-  // Stage k of this warp -> ring slot k % kStages. Stages start at multiples of 16 tokens and pages
-  // hold multiples of 16, so a stage is one contiguous run of K (and of V).
+  // The issue side walks the pairs on its own (it runs `slots` stages ahead of the math).
+  DecodePair ip = first;
   auto issue = [&](int k) {
-    if (k < my_stages) {
-      const int tok0 = stage_token(k);
-      const int valid = min(kDecodeStageTokens, end - tok0);
-      const int64_t base = kv_offset<kPaged, D>(p, b, hkv, tok0);
+    if (k < my_n) {
+      const int u = unit_of(k);
+      while (u >= ip.u1) ip = next_pair(p, ip);
+      const int tok0 = (u - ip.u0) * kDecodeStageTokens;
+      const int valid = min(kDecodeStageTokens, ip.len - tok0);
+      const int64_t base = kv_offset<kPaged, D>(p, ip.pair, tok0);
       const __nv_bfloat16* kg = p.k_cache + base;
       const __nv_bfloat16* vg = p.v_cache + base;
-      __nv_bfloat16* ks = sm.ring[warp][k % kStages][0];
-      __nv_bfloat16* vs = sm.ring[warp][k % kStages][1];
+      const int slot = k % slots;
+      __nv_bfloat16* ks = my_ring + slot * 2 * kStageElems;
+      __nv_bfloat16* vs = ks + kStageElems;
       if constexpr (kBulk) {
         // Only the valid rows: rows past them keep stale data, masked in the math below.
         if (lane == 0) {
           const uint32_t bytes = uint32_t(valid) * D * 2;
-          bar_expect_tx(&bars[k % kStages], 2 * bytes);
-          bulk_copy(ks, kg, bytes, &bars[k % kStages]);
-          bulk_copy(vs, vg, bytes, &bars[k % kStages]);
+          bar_expect_tx(&bars[slot], 2 * bytes);
+          bulk_copy(ks, kg, bytes, &bars[slot]);
+          bulk_copy(vs, vg, bytes, &bars[slot]);
         }
       } else {
 #pragma unroll
@@ -286,7 +414,7 @@ __device__ void decode_partial_tile(const DecodeParams& p, int b, int hkv, int s
           const int dst = tok * D + chunk_at(ch, tok) * 8;
           const bool ok = tok < valid;
           const int src = ok ? tok * D + ch * 8 : 0;
-          cp_async16(ks + dst, kg + src, ok ? 16 : 0);  // zero-fills rows past the split
+          cp_async16(ks + dst, kg + src, ok ? 16 : 0);  // zero-fills rows past the sequence
           cp_async16(vs + dst, vg + src, ok ? 16 : 0);
         }
       }
@@ -294,223 +422,231 @@ __device__ void decode_partial_tile(const DecodeParams& p, int b, int hkv, int s
     if constexpr (!kBulk) cp_async_commit();  // empty groups keep the group count uniform
   };
 
-  // o[j]: output columns of n-tile j = 8q + e; this thread's c0, c1 hold head g at
-  // d = 8 (2t + 8q) + e and d + 8 (c2, c3 belong to the zero rows 8..15).
-  float o[D / 8][4];
-#pragma unroll
-  for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-  float m = -INFINITY, l = 0.f;  // running max (log2 domain) and this thread's share of the sum
+  // The first pair's rows are requested before the KV stream (behind it they would wait for the
+  // whole GPU's backlog); the stream then fills the ring while they are roped.
+  DecodePair sp = first;
+  DecodeRows rows = load_rows<D, G>(p, sp.pair);
+  for (int k = 0; k < slots; ++k) issue(k);
+  for (int i = threadIdx.x; i < (kDecodeMaxGroup - G) * D; i += kDecodeThreads)
+    sm.q[G + i / D][i % D] = __float2bfloat16(0.f);
 
-  // The KV stream starts first; the prologue's loads and RoPE overlap it.
-#pragma unroll
-  for (int k = 0; k < kStages - 1; ++k) issue(k);
-  prologue<D, G, kPaged>(p, sm, b, hkv, pos, appends);
-
-  // q as A fragments. k-step s = 2j + h pairs with chunk c = t + 4j of this thread's K row, half h:
-  // A column 2t, 2t+1 <- d = 8c + 4h + {0, 1};  A column 2t+8, 2t+9 <- d = 8c + 4h + {2, 3}.
-  uint32_t qa[D / 16][2];
-#pragma unroll
-  for (int s = 0; s < D / 16; ++s) {
-    const int d = 8 * (t + 4 * (s / 2)) + 4 * (s % 2);
-    qa[s][0] = *reinterpret_cast<const uint32_t*>(&sm.q[g][d]);
-    qa[s][1] = *reinterpret_cast<const uint32_t*>(&sm.q[g][d + 2]);
-  }
-
-  for (int k = 0; k < my_stages; ++k) {
-    issue(k + kStages - 1);
-    if constexpr (kBulk) {
-      bar_wait(&bars[k % kStages], (k / kStages) & 1);
-    } else {
-      cp_async_wait<kStages - 1>();
-      __syncwarp();
-    }
-    __nv_bfloat16* ks = sm.ring[warp][k % kStages][0];
-    __nv_bfloat16* vs = sm.ring[warp][k % kStages][1];
-    const int tok0 = stage_token(k);
-    const int valid = min(kDecodeStageTokens, end - tok0);
-    if (appends && pos - tok0 < kDecodeStageTokens) {  // this stage holds the new token: patch its row
-      const int r = pos - tok0;
-      for (int c = lane; c < kChunks; c += 32) {
-        const int dst = r * D + chunk_at(c, r) * 8;
-        *reinterpret_cast<uint4*>(ks + dst) = *reinterpret_cast<const uint4*>(&sm.k_new[c * 8]);
-        *reinterpret_cast<uint4*>(vs + dst) = *reinterpret_cast<const uint4*>(&sm.v_new[c * 8]);
-      }
-      if constexpr (kBulk) fence_proxy_async();  // before a bulk copy refills this slot
-      __syncwarp();
+  // Partial segments (at most the tile's first and last): their pair and units, merged at the end.
+  DecodePair part[2] = {{-1, 0, 0, 0}, {-1, 0, 0, 0}};
+  const int64_t out_stride = int64_t(G) * D;
+  int k = 0;
+  for (;;) {
+    const int seg_lo = max(u_lo, sp.u0), seg_hi = min(u_hi, sp.u1);
+    const int pos = sp.len - 1;  // the new token
+    const int pos_unit = sp.u0 + pos / kDecodeStageTokens;
+    const bool appends = p.k_new != nullptr && pos_unit >= seg_lo && pos_unit < seg_hi;
+    setup_segment<D, G, kPaged>(p, sm, rows, sp.pair, pos, appends);
+    const bool more = seg_hi < u_hi;
+    DecodePair np = sp;
+    if (more) {
+      np = next_pair(p, sp);
+      rows = load_rows<D, G>(p, sp.pair + 1);
     }
 
-    // S = q K^T: n-tile nt covers tokens 8nt..8nt+7; this thread supplies token 8nt + g.
-    float s[2][4];
+    // q as A fragments. k-step s = 2j + h pairs with chunk c = t + 4j of this thread's K row, half h:
+    // A column 2t, 2t+1 <- d = 8c + 4h + {0, 1};  A column 2t+8, 2t+9 <- d = 8c + 4h + {2, 3}.
+    uint32_t qa[D / 16][2];
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-      const int tok = 8 * nt + g;
-#pragma unroll
-      for (int j = 0; j < D / 32; ++j) {
-        const uint4 kv = lds128(ks + tok * D + chunk_at(t + 4 * j, tok) * 8);
-        mma_bf16(s[nt], qa[2 * j][0], 0u, qa[2 * j][1], 0u, kv.x, kv.y);
-        mma_bf16(s[nt], qa[2 * j + 1][0], 0u, qa[2 * j + 1][1], 0u, kv.z, kv.w);
-      }
+    for (int s = 0; s < D / 16; ++s) {
+      const int d = 8 * (t + 4 * (s / 2)) + 4 * (s % 2);
+      qa[s][0] = *reinterpret_cast<const uint32_t*>(&sm.q[g][d]);
+      qa[s][1] = *reinterpret_cast<const uint32_t*>(&sm.q[g][d + 2]);
     }
 
-    // Online softmax of row g over tokens 8nt + 2t + e (e < 2); the quad (same g) shares the row.
-    float x[2][2], mx = -INFINITY;
+    // o[j]: output columns of n-tile j = 8q + e; this thread's c0, c1 hold head g at
+    // d = 8 (2t + 8q) + e and d + 8 (c2, c3 belong to the zero rows 8..15).
+    float o[D / 8][4];
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        x[nt][e] = 8 * nt + 2 * t + e < valid ? s[nt][e] * p.scale_log2 : -INFINITY;
-        mx = fmaxf(mx, x[nt][e]);
-      }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m, mx);  // finite: every stage holds at least one token
-    const float alpha = exp2f(m - m_new);
-    float psum = 0.f;
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        x[nt][e] = exp2f(x[nt][e] - m_new);
-        psum += x[nt][e];
-      }
-    l = l * alpha + psum;
-    m = m_new;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      o[j][0] *= alpha;
-      o[j][1] *= alpha;
-    }
-    // P as the A fragment: the S accumulator layout (row g, tokens 2t+{0,1} of n-tile 0 and 1) is
-    // exactly A columns 2t+{0,1} and 2t+8+{0,1}.
-    const uint32_t pa0 = pack_bf16(x[0][0], x[0][1]), pa2 = pack_bf16(x[1][0], x[1][1]);
+    for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+    float m = -INFINITY, l = 0.f;  // running max (log2 domain) and this thread's share of the sum
 
-    // O += P V. B fragment of n-tile 8q + e, column g: element e of chunk g + 8q of tokens 2t, 2t+1
-    // (b0) and 2t+8, 2t+9 (b1); zero-filled rows past `valid` meet p = 0.
-#pragma unroll
-    for (int q = 0; q < D / 64; ++q) {
-      const int ch = g + 8 * q;
-      uint4 v0 = lds128(vs + (2 * t) * D + chunk_at(ch, 2 * t) * 8);
-      uint4 v1 = lds128(vs + (2 * t + 1) * D + chunk_at(ch, 2 * t + 1) * 8);
-      uint4 v2 = lds128(vs + (2 * t + 8) * D + chunk_at(ch, 2 * t + 8) * 8);
-      uint4 v3 = lds128(vs + (2 * t + 9) * D + chunk_at(ch, 2 * t + 9) * 8);
-      if constexpr (kBulk) {  // stale rows past `valid` may hold NaN, and 0 * NaN is NaN
-        const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-        if (2 * t >= valid) v0 = zero;
-        if (2 * t + 1 >= valid) v1 = zero;
-        if (2 * t + 8 >= valid) v2 = zero;
-        if (2 * t + 9 >= valid) v3 = zero;
+    for (; k < my_n && unit_of(k) < seg_hi; ++k) {
+      const int slot = k % slots;
+      if constexpr (kBulk) {
+        bar_wait(&bars[slot], (k / slots) & 1);
+      } else {
+        cp_async_wait_dyn(slots - 1);
+        __syncwarp();
       }
-      const uint32_t w0[4] = {v0.x, v0.y, v0.z, v0.w}, w1[4] = {v1.x, v1.y, v1.z, v1.w};
-      const uint32_t w2[4] = {v2.x, v2.y, v2.z, v2.w}, w3[4] = {v3.x, v3.y, v3.z, v3.w};
+      __nv_bfloat16* ks = my_ring + slot * 2 * kStageElems;
+      __nv_bfloat16* vs = ks + kStageElems;
+      const int tok0 = (unit_of(k) - sp.u0) * kDecodeStageTokens;
+      const int valid = min(kDecodeStageTokens, sp.len - tok0);
+      if (appends && pos >= tok0 && pos - tok0 < kDecodeStageTokens) {  // the new token's row: patch it
+        const int r = pos - tok0;
+        for (int c = lane; c < kChunks; c += 32) {
+          const int dst = r * D + chunk_at(c, r) * 8;
+          *reinterpret_cast<uint4*>(ks + dst) = *reinterpret_cast<const uint4*>(&sm.k_new[c * 8]);
+          *reinterpret_cast<uint4*>(vs + dst) = *reinterpret_cast<const uint4*>(&sm.v_new[c * 8]);
+        }
+        if constexpr (kBulk) fence_proxy_async();  // before a bulk copy refills this slot
+        __syncwarp();
+      }
+
+      // S = q K^T: n-tile nt covers tokens 8nt..8nt+7; this thread supplies token 8nt + g.
+      float s[2][4];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const uint32_t sel = (e & 1) ? 0x7632u : 0x5410u;  // high or low halves of the two words
-        const uint32_t b0 = __byte_perm(w0[e / 2], w1[e / 2], sel);
-        const uint32_t b1 = __byte_perm(w2[e / 2], w3[e / 2], sel);
-        mma_bf16(o[8 * q + e], pa0, 0u, pa2, 0u, b0, b1);
+      for (int nt = 0; nt < 2; ++nt) {
+        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+        const int tok = 8 * nt + g;
+#pragma unroll
+        for (int j = 0; j < D / 32; ++j) {
+          const uint4 kv = lds128(ks + tok * D + chunk_at(t + 4 * j, tok) * 8);
+          mma_bf16(s[nt], qa[2 * j][0], 0u, qa[2 * j][1], 0u, kv.x, kv.y);
+          mma_bf16(s[nt], qa[2 * j + 1][0], 0u, qa[2 * j + 1][1], 0u, kv.z, kv.w);
+        }
+      }
+
+      // Online softmax of row g over tokens 8nt + 2t + e (e < 2); the quad (same g) shares the row.
+      float x[2][2], mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          x[nt][e] = 8 * nt + 2 * t + e < valid ? s[nt][e] * p.scale_log2 : -INFINITY;
+          mx = fmaxf(mx, x[nt][e]);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m, mx);  // finite: every stage holds at least one token
+      const float alpha = exp2f(m - m_new);
+      float psum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          x[nt][e] = exp2f(x[nt][e] - m_new);
+          psum += x[nt][e];
+        }
+      l = l * alpha + psum;
+      m = m_new;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        o[j][0] *= alpha;
+        o[j][1] *= alpha;
+      }
+      // P as the A fragment: the S accumulator layout (row g, tokens 2t+{0,1} of n-tile 0 and 1) is
+      // exactly A columns 2t+{0,1} and 2t+8+{0,1}.
+      const uint32_t pa0 = pack_bf16(x[0][0], x[0][1]), pa2 = pack_bf16(x[1][0], x[1][1]);
+
+      // O += P V. B fragment of n-tile 8q + e, column g: element e of chunk g + 8q of tokens 2t, 2t+1
+      // (b0) and 2t+8, 2t+9 (b1); zero-filled rows past `valid` meet p = 0.
+#pragma unroll
+      for (int q = 0; q < D / 64; ++q) {
+        const int ch = g + 8 * q;
+        uint4 v0 = lds128(vs + (2 * t) * D + chunk_at(ch, 2 * t) * 8);
+        uint4 v1 = lds128(vs + (2 * t + 1) * D + chunk_at(ch, 2 * t + 1) * 8);
+        uint4 v2 = lds128(vs + (2 * t + 8) * D + chunk_at(ch, 2 * t + 8) * 8);
+        uint4 v3 = lds128(vs + (2 * t + 9) * D + chunk_at(ch, 2 * t + 9) * 8);
+        if constexpr (kBulk) {  // stale rows past `valid` may hold NaN, and 0 * NaN is NaN
+          const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+          if (2 * t >= valid) v0 = zero;
+          if (2 * t + 1 >= valid) v1 = zero;
+          if (2 * t + 8 >= valid) v2 = zero;
+          if (2 * t + 9 >= valid) v3 = zero;
+        }
+        const uint32_t w0[4] = {v0.x, v0.y, v0.z, v0.w}, w1[4] = {v1.x, v1.y, v1.z, v1.w};
+        const uint32_t w2[4] = {v2.x, v2.y, v2.z, v2.w}, w3[4] = {v3.x, v3.y, v3.z, v3.w};
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const uint32_t sel = (e & 1) ? 0x7632u : 0x5410u;  // high or low halves of the two words
+          const uint32_t b0 = __byte_perm(w0[e / 2], w1[e / 2], sel);
+          const uint32_t b1 = __byte_perm(w2[e / 2], w3[e / 2], sel);
+          mma_bf16(o[8 * q + e], pa0, 0u, pa2, 0u, b0, b1);
+        }
+      }
+      __syncwarp();  // every lane is done with the slot: refill it
+      issue(k + slots);
+    }
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+
+    // Combine the 4 warps (smem), then write the segment's result: the output when the segment is
+    // the whole pair, else a partial in slot 2 * tile + (0: the tile's first segment, 1: its last).
+    if (g < G) {
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        const int d = 8 * (2 * t + 8 * (j / 8)) + j % 8;
+        sm.o[warp][g][d] = o[j][0];
+        sm.o[warp][g][d + 8] = o[j][1];
+      }
+      if (t == 0) {
+        sm.m[warp][g] = m;
+        sm.l[warp][g] = l;
       }
     }
-    __syncwarp();  // the slot is refilled by the next issue
+    tile_sync();
+    const bool whole = seg_lo == sp.u0 && seg_hi == sp.u1;
+    const int which = seg_lo > u_lo ? 1 : 0;
+    const int64_t slot = 2 * int64_t(tile) + which;
+    for (int i = threadIdx.x; i < G * D / 4; i += kDecodeThreads) {
+      const int gg = i / (D / 4), d = (i % (D / 4)) * 4;
+      float mmax = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kDecodeWarps; ++w) mmax = fmaxf(mmax, sm.m[w][gg]);
+      float sum = 0.f;
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int w = 0; w < kDecodeWarps; ++w) {
+        const float f = exp2f(sm.m[w][gg] - mmax);  // 0 for a warp that had no stage
+        const float4 v = *reinterpret_cast<const float4*>(&sm.o[w][gg][d]);
+        sum += sm.l[w][gg] * f;
+        acc.x += f * v.x;
+        acc.y += f * v.y;
+        acc.z += f * v.z;
+        acc.w += f * v.w;
+      }
+      const float inv = 1.f / sum;
+      acc = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+      if (whole) {
+        store_bf16x4(p.out + sp.pair * out_stride + gg * D + d, acc);
+      } else {
+        *reinterpret_cast<float4*>(&p.o_part[(slot * G + gg) * D + d]) = acc;
+        if (d == 0) p.lse_part[slot * G + gg] = mmax + log2f(sum);
+      }
+    }
+    if (!whole) (which ? part[1] : part[0]) = sp;
+    if (!more) break;
+    sp = np;
   }
   if constexpr (kBulk) {
     __syncwarp();
     if (lane == 0)
-      for (int i = 0; i < kStages; ++i) bar_inval(&bars[i]);
+      for (int i = 0; i < slots; ++i) bar_inval(&bars[i]);
   } else {
     cp_async_wait<0>();
   }
-  l += __shfl_xor_sync(0xffffffffu, l, 1);
-  l += __shfl_xor_sync(0xffffffffu, l, 2);
 
-  // Combine the 4 warps (smem), then write the split's result.
-  tile_sync();  // every warp is done with its ring: reuse it as scratch
-  float* wo = reinterpret_cast<float*>(&sm.ring[0][0][0][0]);  // [warp][G][D]
-  if (g < G) {
+  // The last tile to finish a pair merges it (fence, count, fence): no tile waits for another.
+  // Threads 0 and 32 count the tile's two partials at once.
+  if (part[0].pair >= 0 || part[1].pair >= 0) {
+    __threadfence();
+    tile_sync();
+    if (lane == 0 && warp < 2) {
+      const DecodePair pt = warp == 0 ? part[0] : part[1];
+      int last = 0;
+      if (pt.pair >= 0) {
+        const int n = decode_tile_of(pt.u1 - 1, p.num_tiles, p.total_units) -
+                      decode_tile_of(pt.u0, p.num_tiles, p.total_units) + 1;
+        int* count = p.merge_count + pt.pair;
+        last = atomicAdd(count, 1) == n - 1;
+        if (last) *count = 0;  // ready for the next launch
+      }
+      sm.last[warp] = last;
+    }
+    tile_sync();
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      const int d = 8 * (2 * t + 8 * (j / 8)) + j % 8;
-      wo[(warp * G + g) * D + d] = o[j][0];
-      wo[(warp * G + g) * D + d + 8] = o[j][1];
-    }
-    if (t == 0) {
-      sm.m[warp][g] = m;
-      sm.l[warp][g] = l;
-    }
-  }
-  tile_sync();
-  const int64_t head0 = (int64_t(b) * p.num_kv_heads + hkv) * G;
-  const int64_t slot = (int64_t(b) * p.num_kv_heads + hkv) * p.max_splits + split;
-  for (int i = threadIdx.x; i < G * D / 4; i += kDecodeThreads) {
-    const int gg = i / (D / 4), d = (i % (D / 4)) * 4;
-    float mmax = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) mmax = fmaxf(mmax, sm.m[w][gg]);
-    float sum = 0.f;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) {
-      const float f = exp2f(sm.m[w][gg] - mmax);  // 0 for a warp that had no stage
-      const float4 v = *reinterpret_cast<const float4*>(&wo[(w * G + gg) * D + d]);
-      sum += sm.l[w][gg] * f;
-      acc.x += f * v.x;
-      acc.y += f * v.y;
-      acc.z += f * v.z;
-      acc.w += f * v.w;
-    }
-    const float inv = 1.f / sum;
-    acc = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
-    if (n == 1) {
-      store_bf16x4(p.out + (head0 + gg) * D + d, acc);
-    } else {
-      *reinterpret_cast<float4*>(&p.o_part[(slot * G + gg) * D + d]) = acc;
-      if (d == 0) p.lse_part[slot * G + gg] = mmax + log2f(sum);
-    }
+    for (int w = 0; w < 2; ++w)
+      if (sm.last[w]) {
+        __threadfence();
+        merge_pair<D, G>(p, sm, reinterpret_cast<float*>(ring), part[w].pair, part[w].u0, part[w].u1);
+      }
   }
   fence_proxy_async();  // this tile's generic smem writes before the next tile's bulk copies
-}
-
-// Merges the partial outputs of (b, hkv); a no-op for a sequence with one split. The partial tiles'
-// results are read with ld.global.cg (L2), as other blocks wrote them in this launch.
-template <int D, int G>
-__device__ void decode_merge_tile(const DecodeParams& p, int b, int hkv, char* smem) {
-  using namespace decode_detail;
-  const int n = decode_num_splits(p.seq_lens[b], p.split_tokens);
-  if (n <= 1) return;
-  float* w = reinterpret_cast<float*>(smem);                 // [n][G] lse, then weights
-  float* stat = w + kDecodeMaxSplits * kDecodeMaxGroup;      // [0, 8): max; [8, 16): 1 / sum
-  static_assert((kDecodeMaxSplits + 2) * kDecodeMaxGroup * 4 <= decode_smem_bytes<D>(), "merge scratch fits");
-  const int64_t slot0 = (int64_t(b) * p.num_kv_heads + hkv) * p.max_splits;
-  for (int i = threadIdx.x; i < n * G; i += kDecodeThreads) w[i] = __ldcg(p.lse_part + slot0 * G + i);
-  tile_sync();
-  if (threadIdx.x < G) {
-    float mmax = -INFINITY, sum = 0.f;
-    for (int s = 0; s < n; ++s) mmax = fmaxf(mmax, w[s * G + threadIdx.x]);
-    for (int s = 0; s < n; ++s) sum += exp2f(w[s * G + threadIdx.x] - mmax);
-    stat[threadIdx.x] = mmax;
-    stat[kDecodeMaxGroup + threadIdx.x] = 1.f / sum;
-  }
-  tile_sync();
-  for (int i = threadIdx.x; i < n * G; i += kDecodeThreads)
-    w[i] = exp2f(w[i] - stat[i % G]) * stat[kDecodeMaxGroup + i % G];
-  tile_sync();
-  const int64_t head0 = (int64_t(b) * p.num_kv_heads + hkv) * G;
-  for (int i = threadIdx.x; i < G * D / 4; i += kDecodeThreads) {
-    const int gg = i / (D / 4), d = (i % (D / 4)) * 4;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    const float* src = p.o_part + (slot0 * G + gg) * D + d;
-#pragma unroll 8
-    for (int s = 0; s < n; ++s) {
-      const float ws = w[s * G + gg];
-      const float4 v = __ldcg(reinterpret_cast<const float4*>(src + int64_t(s) * G * D));
-      acc.x += ws * v.x;
-      acc.y += ws * v.y;
-      acc.z += ws * v.z;
-      acc.w += ws * v.w;
-    }
-    store_bf16x4(p.out + (head0 + gg) * D + d, acc);
-  }
-  fence_proxy_async();
 }
 
 }  // namespace tw::kernels
