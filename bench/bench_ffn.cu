@@ -3,15 +3,21 @@
 // streaming-read floor measured in the same run. Weights are rotated so L2 holds none of them.
 //   bench_ffn [--models 8b,70b,chain] [--ms 1,4,16,64,128,256] [--reps 100] [--variants 'spec;spec;...']
 //   a variant spec is key=value pairs joined by ',' (keys: mainloop, order, sync, bk, sg = split_gate_up,
-//   sd = split_down, bps = blocks_per_sm, ks = k_split_warps; unset = FfnOptions' default), e.g.
+//   sd = split_down, bps = blocks_per_sm, ks = k_split_warps, ds = down_slices, pw = packed_weights (1); unset = FfnOptions' default), e.g.
 //   mainloop=sm90,order=kslices/col_major,sd=28
 //   bench_ffn --profile spec --models 8b --ms 16   runs one variant 3 times for ncu and prints
 //   the traffic model's DRAM bytes for its schedule
+//   bench_ffn --trace spec --models 8b --ms 16   records one launch's tile timeline per case (sm90),
+//   prints where the time went and writes ffn_trace_<model>_m<M>.json (scripts/plot_trace.py draws it)
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -96,7 +102,9 @@ FfnOptions parse_variant(const std::string& spec) {
     else if (k == "sd") o.split_down = std::stoi(v);
     else if (k == "bps") o.blocks_per_sm = std::stoi(v);
     else if (k == "ks") o.k_split_warps = std::stoi(v);
-    else throw InvalidArgument("variant '" + spec + "': unknown key '" + k + "' (mainloop, order, sync, bk, sg, sd, bps, ks)");
+    else if (k == "ds") o.down_slices = v;
+    else if (k == "pw") o.packed_weights = v == "1";
+    else throw InvalidArgument("variant '" + spec + "': unknown key '" + k + "' (mainloop, order, sync, bk, sg, sd, bps, ks, ds, pw)");
   }
   return o;
 }
@@ -113,23 +121,121 @@ TrafficReport predict(const FusedFfn& ffn, const Gpu& gpu) {
 
 }  // namespace
 
+// One launch of the fused FFN with its tile timeline recorded (after two untraced launches, the L2
+// flushed before each): prints where the time went and writes the timeline as JSON.
+void trace_case(const Gpu& gpu, const Model& md, int64_t m, const std::string& spec) {
+  const int64_t n1 = (md.gated ? 2 : 1) * md.f;
+  bf16 *wgu = dev_alloc<bf16>(n1 * md.d), *wd = dev_alloc<bf16>(md.d * md.f), *x = dev_alloc<bf16>(m * md.d),
+       *y = dev_alloc<bf16>(m * md.d);
+  fill_random<<<1024, 256>>>(wgu, n1 * md.d, 17, 1.f / std::sqrt(float(md.d)));
+  fill_random<<<1024, 256>>>(wd, md.d * md.f, 1017, 1.f / std::sqrt(float(md.f)));
+  fill_random<<<256, 256>>>(x, m * md.d, 99, 1.f);
+  FfnOptions opt = parse_variant(spec);
+  opt.trace = true;
+  FusedFfn ffn({m, md.d, md.f, md.gated}, opt);
+  if (ffn.uses_packed_weights()) {  // pack in place of the originals
+    bf16 *pgu = dev_alloc<bf16>(ffn.packed_size().gate_up), *pd = dev_alloc<bf16>(ffn.packed_size().down);
+    ffn.pack(wgu, wd, pgu, pd, 0);
+    TW_CUDA_CHECK(cudaDeviceSynchronize());
+    TW_CUDA_CHECK(cudaFree(wgu));
+    TW_CUDA_CHECK(cudaFree(wd));
+    wgu = pgu, wd = pd;
+  }
+  char* flush = dev_alloc<char>(size_t(gpu.prop.l2CacheSize) * 4);
+  cudaEvent_t e0, e1;
+  TW_CUDA_CHECK(cudaEventCreate(&e0));
+  TW_CUDA_CHECK(cudaEventCreate(&e1));
+  TW_CUDA_CHECK(cudaMemset(flush, 1, size_t(gpu.prop.l2CacheSize) * 4));
+  TW_CUDA_CHECK(cudaFuncSetAttribute(kernels::stream_read_bulk, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     kernels::kStreamStages * kernels::kStreamChunk));
+  for (int i = 0; i < 3; ++i) {
+    // Evict the weights by reading a buffer 4x the L2 (reads: no dirty lines whose write-backs
+    // would slow the traced launch's start, as a memset's do).
+    kernels::stream_read_bulk<<<gpu.prop.multiProcessorCount, 32, kernels::kStreamStages * kernels::kStreamChunk>>>(
+        flush, uint64_t(gpu.prop.l2CacheSize) * 4 / kernels::kStreamChunk);
+    TW_CUDA_CHECK(cudaEventRecord(e0));
+    ffn.run(x, wgu, wd, y, 0);
+    TW_CUDA_CHECK(cudaEventRecord(e1));
+  }
+  float launch_ms = 0;
+  TW_CUDA_CHECK(cudaEventSynchronize(e1));
+  TW_CUDA_CHECK(cudaEventElapsedTime(&launch_ms, e0, e1));
+  const auto times = ffn.plan().read_trace();
+  const TileGraph& g = ffn.graph().graph;
+
+  // Where the time went: per op, tile durations and waits; per SM, when it ran out of work.
+  nlohmann::json tiles = nlohmann::json::array();
+  std::map<int, double> sm_last;
+  struct OpStat {
+    int n = 0, waited = 0;
+    double busy = 0, wait = 0, max_wait = 0, first = 1e30, last = 0;
+  };
+  std::vector<OpStat> ops(g.ops().size());
+  double span = 0;
+  for (const auto& t : times) {
+    const Tile& tl = g.tile(t.tile);
+    if (t.done < 0) throw std::runtime_error("trace: tile " + std::to_string(t.tile) + " has no done time");
+    OpStat& o = ops[tl.op];
+    ++o.n;
+    o.busy += t.done - t.started;
+    const double w = t.ready - t.taken;
+    o.wait += w;
+    o.max_wait = std::max(o.max_wait, w);
+    o.waited += w > 1.0;
+    o.first = std::min(o.first, t.started);
+    o.last = std::max(o.last, t.done);
+    span = std::max(span, t.done);
+    sm_last[t.sm] = std::max(sm_last[t.sm], t.done);
+    tiles.push_back({{"id", t.tile}, {"op", tl.op}, {"tm", tl.tm}, {"tn", tl.tn}, {"ks", tl.ks}, {"sm", t.sm},
+                     {"taken", t.taken}, {"ready", t.ready}, {"started", t.started}, {"done", t.done}});
+  }
+  std::vector<double> last;
+  for (auto [sm, d] : sm_last) last.push_back(d);
+  std::sort(last.begin(), last.end());
+  std::printf("TRACE %s M=%lld '%s': launch %.1f us (events), tiles span %.1f us on %zu SMs; SMs out of work at "
+              "min %.1f / median %.1f / max %.1f us\n",
+              md.name.c_str(), (long long)m, spec.c_str(), launch_ms * 1e3, span, last.size(), last.front(),
+              last[last.size() / 2], last.back());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const OpStat& o = ops[i];
+    std::printf("  op %-8s %4d tiles  mean tile %.2f us  mean wait %.2f us (max %.2f, %d tiles > 1 us)  first start "
+                "%.1f  last done %.1f us\n",
+                g.op(int(i)).name.c_str(), o.n, o.busy / std::max(o.n, 1), o.wait / std::max(o.n, 1), o.max_wait,
+                o.waited, o.first, o.last);
+  }
+  nlohmann::json doc = {{"benchmark", "ffn_trace"}, {"gpu", gpu.prop.name}, {"model", md.name}, {"m", m},
+                        {"variant", spec}, {"grid", ffn.grid()}, {"launch_us", launch_ms * 1e3}, {"span_us", span},
+                        {"ops", nlohmann::json::array()}, {"tiles", tiles}, {"date_utc", utc_now()}};
+  for (const Op& o : g.ops()) doc["ops"].push_back(o.name);
+  const char* dir = std::getenv("TW_RESULTS_DIR");
+  std::filesystem::path p = std::filesystem::path(dir ? dir : "bench/results") / gpu.slug;
+  std::filesystem::create_directories(p);
+  p /= "ffn_trace_" + md.name + "_m" + std::to_string(m) + ".json";
+  std::ofstream(p) << doc.dump(1) << "\n";
+  std::printf("  timeline: %s\n", p.string().c_str());
+  for (void* q : {(void*)wgu, (void*)wd, (void*)x, (void*)y, (void*)flush}) TW_CUDA_CHECK(cudaFree(q));
+  TW_CUDA_CHECK(cudaEventDestroy(e0));
+  TW_CUDA_CHECK(cudaEventDestroy(e1));
+}
+
 int main(int argc, char** argv) {
   std::string models_arg = "8b,70b,chain", ms_arg = "1,4,16,64,128,256";
   int reps = 100;
-  std::string profile_spec;
-  // Both tile bodies with their default order, and with each op's split-K slices outermost.
-  std::vector<std::string> variant_specs = {"mainloop=sm80", "mainloop=sm80,order=kslices/col_major", "mainloop=sm90",
-                                            "mainloop=sm90,order=kslices/col_major"};
+  std::string profile_spec, trace_spec;
+  // Both tile bodies with their defaults, and the sm90 body on weights in the packed layout.
+  std::vector<std::string> variant_specs = {"mainloop=sm80", "mainloop=sm90", "mainloop=sm90,pw=1"};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--models") && i + 1 < argc) models_arg = argv[++i];
     else if (!std::strcmp(argv[i], "--ms") && i + 1 < argc) ms_arg = argv[++i];
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--variants") && i + 1 < argc) variant_specs = split_list(argv[++i], ';');
     else if (!std::strcmp(argv[i], "--profile") && i + 1 < argc) profile_spec = argv[++i];
+    else if (!std::strcmp(argv[i], "--trace") && i + 1 < argc) trace_spec = argv[++i];
     else {
       std::fprintf(stderr, "bench_ffn: unknown argument '%s'\nusage: bench_ffn [--models 8b,70b,chain] [--ms 1,16] [--reps 100]\n"
-                   "                 [--variants 'key=value,...;key=value,...']  (keys: mainloop order sync bk sg sd bps ks)\n"
-                   "                 [--profile variant]   (one variant, 3 launches, for ncu)\n", argv[i]);
+                   "                 [--variants 'key=value,...;key=value,...']  (keys: mainloop order sync bk sg sd bps ks ds pw)\n"
+                   "                 [--profile variant]   (one variant, 3 launches, for ncu)\n"
+                   "                 [--trace variant]     (one variant's tile timeline per case)\n", argv[i]);
       return 2;
     }
   }
@@ -151,6 +257,13 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_ffn: %s\n", e.what());
     return 2;
+  }
+
+  if (!trace_spec.empty()) {
+    const Gpu gpu = current_gpu();
+    for (const Model& md : models)
+      for (int64_t m : ms) trace_case(gpu, md, m, trace_spec);
+    return 0;
   }
 
   if (!profile_spec.empty()) {
@@ -261,8 +374,22 @@ int main(int argc, char** argv) {
           continue;
         }
         const FusedFfn& ffn = *made;
-        const double t = time_us([&](int s, cudaStream_t st) { ffn.run(x, wgu[s], wd[s], y, st); }, sets, 10, reps);
-        ffn.run(x, wgu[0], wd[0], y, 0);
+        // Packed variants stream copies of the weight sets in the packed layout (made once, as at
+        // model load; not timed).
+        std::vector<bf16*> pgu, pd;
+        if (ffn.uses_packed_weights())
+          for (int s = 0; s < sets; ++s) {
+            pgu.push_back(dev_alloc<bf16>(ffn.packed_size().gate_up));
+            pd.push_back(dev_alloc<bf16>(ffn.packed_size().down));
+            ffn.pack(wgu[s], wd[s], pgu[s], pd[s], 0);
+          }
+        TW_CUDA_CHECK(cudaDeviceSynchronize());  // the timing stream does not wait on stream 0
+        auto w1 = [&](int s) { return pgu.empty() ? wgu[s] : pgu[s]; };
+        auto w2 = [&](int s) { return pd.empty() ? wd[s] : pd[s]; };
+        std::fprintf(stderr, "  %s M=%lld %-40s", md.name.c_str(), (long long)m, v.name.c_str());
+        const double t = time_us([&](int s, cudaStream_t st) { ffn.run(x, w1(s), w2(s), y, st); }, sets, 10, reps);
+        std::fprintf(stderr, " %8.1f us\n", t);  // progress (the table comes at the end)
+        ffn.run(x, w1(0), w2(0), y, 0);
         TW_CUDA_CHECK(cudaDeviceSynchronize());
         const double err = rel_diff(y, y_ref, m * md.d);
         const auto& G = ffn.graph().graph;
@@ -273,7 +400,10 @@ int main(int argc, char** argv) {
                          {"rel_diff_vs_cublas", err}, {"tiles", G.num_tiles()}, {"grid", ffn.grid()},
                          {"split_gate_up", G.op(ffn.graph().op_gate_up).tiling.split_k},
                          {"split_down", G.op(ffn.graph().op_down).tiling.split_k},
-                         {"mainloop", ffn.uses_sm90() ? "sm90" : "sm80"}, {"order", ffn.schedule().name}});
+                         {"mainloop", ffn.uses_sm90() ? "sm90" : "sm80"}, {"order", ffn.schedule().name},
+                         {"packed_weights", ffn.uses_packed_weights()}});
+        for (bf16* p : pgu) TW_CUDA_CHECK(cudaFree(p));
+        for (bf16* p : pd) TW_CUDA_CHECK(cudaFree(p));
         if (err > 2e-2) std::printf("  WARNING %s M=%lld %s: rel diff vs cuBLAS %.3g\n", md.name.c_str(), (long long)m, v.name.c_str(), err);
         if (t < best) best = t, best_name = v.name;
       }

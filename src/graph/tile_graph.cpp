@@ -20,6 +20,7 @@ const char* to_string(OpKind k) {
     case OpKind::Gemm: return "gemm";
     case OpKind::GemmSiluMul: return "gemm_silu_mul";
     case OpKind::SiluMul: return "silu_mul";
+    case OpKind::DecodeAttention: return "decode_attention";
   }
   return "?";
 }
@@ -60,14 +61,60 @@ int TileGraph::tile_id(int op_id, int64_t tm, int64_t tn, int64_t ks) const {
   return o.first_tile + static_cast<int>((tm * o.grid_n + tn) * o.tiling.split_k + ks);
 }
 
-// K columns per split-K slice: whole BK steps, and no slice may be empty.
-static int64_t k_slice(const Op& o) {
+// K columns per even split-K slice: whole BK steps, and no slice may be empty.
+static int64_t even_slice(int64_t k, const Tiling& t) { return ceil_div(ceil_div(k, t.split_k), t.bk) * t.bk; }
+
+// Uneven K slices (as cuts) ending in `levels` tail levels. Dynamic tickets balance the SMs only
+// to within the length of the tiles they end on: the H200 tile timelines (bench_ffn --trace) show
+// SMs running out of work over ~13 us at the end of an 8B FFN of 512 KiB tiles. So the last
+// ceil(sms / tiles_per_slice) slices (about one tile per SM, run last by kslices/ orders) are half
+// the size of the others, the ones before them likewise a quarter, ... and the rest of K is cut
+// into slices of about `big` columns.
+std::vector<int64_t> tail_k_cuts(int64_t k, int64_t step, int64_t big, int64_t tiles_per_slice, int sms, int levels) {
+  const int64_t stages = (k + step - 1) / step, big_st = std::max<int64_t>(1, (big + step - 1) / step);
+  const int64_t per_level = std::max<int64_t>(1, (sms + tiles_per_slice - 1) / tiles_per_slice);
+  std::vector<int64_t> back;  // slice sizes in stages, last slice first
+  int64_t left = stages;
+  for (int lvl = levels; lvl >= 1; --lvl) {
+    const int64_t size = std::max<int64_t>(1, big_st >> lvl);
+    for (int64_t i = 0; i < per_level && left - size >= big_st; ++i, left -= size) back.push_back(size);
+  }
+  const int64_t front = std::max<int64_t>(1, (left + big_st / 2) / big_st);
+  std::vector<int64_t> cuts;
+  int64_t at = 0;
+  for (int64_t i = 0; i + 1 < front; ++i) cuts.push_back((at += left / front + (i < left % front)) * step);
+  at = left;
+  for (auto it = back.rbegin(); it != back.rend(); ++it) {
+    cuts.push_back(at * step);
+    at += *it;
+  }
+  return cuts;
+}
+
+int64_t Op::k_begin(int64_t ks) const {
+  if (ks >= tiling.split_k) return k;
+  if (!tiling.k_cuts.empty()) return ks == 0 ? 0 : tiling.k_cuts.at(ks - 1);
+  return std::min(k, ks * even_slice(k, tiling));
+}
+
+// Every slice non-empty and made of whole BK steps (the last may end at K).
+static void check_slices(const Op& o) {
   const Tiling& t = o.tiling;
-  const int64_t slice = ceil_div(ceil_div(o.k, t.split_k), t.bk) * t.bk;
-  if (ceil_div(o.k, slice) != t.split_k)
-    throw InvalidArgument("op '" + o.name + "': split_k " + std::to_string(t.split_k) + " leaves empty K slices (K=" +
-                          std::to_string(o.k) + ", BK=" + std::to_string(t.bk) + ")");
-  return slice;
+  if (t.k_cuts.empty()) {
+    if (ceil_div(o.k, even_slice(o.k, t)) != t.split_k)
+      throw InvalidArgument("op '" + o.name + "': split_k " + std::to_string(t.split_k) + " leaves empty K slices (K=" +
+                            std::to_string(o.k) + ", BK=" + std::to_string(t.bk) + ")");
+    return;
+  }
+  if (static_cast<int64_t>(t.k_cuts.size()) != t.split_k - 1)
+    throw InvalidArgument("op '" + o.name + "': " + std::to_string(t.k_cuts.size()) + " K cuts for split_k " +
+                          std::to_string(t.split_k) + " (need split_k - 1)");
+  for (int64_t ks = 0; ks + 1 < t.split_k; ++ks) {
+    const int64_t c = t.k_cuts[ks];
+    if (c % t.bk || c <= o.k_begin(ks) || c >= o.k)
+      throw InvalidArgument("op '" + o.name + "': K cut " + std::to_string(c) + " must be a multiple of BK=" +
+                            std::to_string(t.bk) + ", above the previous cut and below K=" + std::to_string(o.k));
+  }
 }
 
 static void check_tiling(const Tiling& t, const std::string& op) {
@@ -77,10 +124,11 @@ static void check_tiling(const Tiling& t, const std::string& op) {
   check_positive(t.split_k, "split_k of op '" + op + "'");
 }
 
-int TileGraph::add_gemm(std::string name, int a, int b, int c, Tiling t) {
+int TileGraph::add_gemm(std::string name, int a, int b, int c, Tiling t, int residual) {
   check_tensor(a, "A");
   check_tensor(b, "B");
   check_tensor(c, "C");
+  if (residual >= 0) check_tensor(residual, "residual");
   check_tiling(t, name);
   const Tensor &A = tensors_[a], &B = tensors_[b], &C = tensors_[c];
   if (A.cols != B.cols)
@@ -89,7 +137,12 @@ int TileGraph::add_gemm(std::string name, int a, int b, int c, Tiling t) {
   if (C.rows != A.rows || C.cols != B.rows)
     throw InvalidArgument("op '" + name + "': C is " + std::to_string(C.rows) + "x" + std::to_string(C.cols) +
                           ", expected " + std::to_string(A.rows) + "x" + std::to_string(B.rows));
+  if (residual >= 0 && (tensors_[residual].rows != C.rows || tensors_[residual].cols != C.cols))
+    throw InvalidArgument("op '" + name + "': residual is " + std::to_string(tensors_[residual].rows) + "x" +
+                          std::to_string(tensors_[residual].cols) + ", expected C's " + std::to_string(C.rows) + "x" +
+                          std::to_string(C.cols));
   Op o;
+  o.residual = residual;
   o.name = std::move(name);
   o.kind = OpKind::Gemm;
   o.m = A.rows, o.n = B.rows, o.k = A.cols;
@@ -104,7 +157,7 @@ int TileGraph::add_gemm(std::string name, int a, int b, int c, Tiling t) {
 int TileGraph::add_gemm_op(Op o) {
   const Tiling& t = o.tiling;
   const bool gated = o.kind == OpKind::GemmSiluMul;
-  const int64_t slice = k_slice(o);
+  check_slices(o);
   if (t.split_k > 1)
     o.workspace = add_tensor(o.name + ".partials", o.m, (gated ? 2 : 1) * o.n, 4, TensorRole::Workspace);
   o.grid_m = ceil_div(o.m, t.bm);
@@ -116,14 +169,15 @@ int TileGraph::add_gemm_op(Op o) {
         Tile tile;
         tile.op = static_cast<int>(ops_.size());
         tile.tm = tm, tile.tn = tn, tile.ks = ks;
-        tile.k0 = ks * slice;
-        tile.k1 = std::min(o.k, tile.k0 + slice);
+        tile.k0 = o.k_begin(ks);
+        tile.k1 = o.k_begin(ks + 1);
         tile.step_cols = t.bk;
         const int64_t r0 = tm * t.bm, r1 = std::min(o.m, r0 + t.bm);
         const int64_t c0 = tn * t.bn, c1 = std::min(o.n, c0 + t.bn);
         tile.reads.push_back({o.a, r0, r1, tile.k0, tile.k1});
         tile.reads.push_back({o.b, c0, c1, tile.k0, tile.k1});
         if (gated) tile.reads.push_back({o.b, o.n + c0, o.n + c1, tile.k0, tile.k1});
+        if (o.residual >= 0) tile.reads.push_back({o.residual, r0, r1, c0, c1});
         if (t.split_k > 1) {
           tile.writes.push_back({o.workspace, r0, r1, c0, c1});
           if (gated) tile.writes.push_back({o.workspace, r0, r1, o.n + c0, o.n + c1});
@@ -195,9 +249,10 @@ int TileGraph::add_silu_mul(std::string name, int a, int c, int64_t bm, int64_t 
 }
 
 // A tile depends on every earlier tile whose write overlaps one of its reads (read-after-write).
-// All writers of a tensor belong to one op with a regular output grid, so the candidate
-// producers of a region are found by index arithmetic and then confirmed by exact overlap:
-// linear in the number of edges, not quadratic in tiles.
+// All writers of a tensor belong to one op. A GEMM-like producer has a regular output grid, so the
+// candidate producers of a region are found by index arithmetic and then confirmed by exact
+// overlap: linear in the number of edges, not quadratic in tiles. Decode-attention tiles write pair
+// ranges (no grid): every one of them is tested, at most kDecodeMaxTiles per read region.
 void TileGraph::derive_deps(int first_new_tile) {
   const int op_id = tiles_[first_new_tile].op;
   for (int id = first_new_tile; id < num_tiles(); ++id) {
@@ -208,6 +263,15 @@ void TileGraph::derive_deps(int first_new_tile) {
       const Op& po = ops_[tiles_[ws.front()].op];
       if (r.tensor != po.c)
         throw InvalidArgument("op '" + ops_[t.op].name + "' reads the internal tensor '" + tensors_[r.tensor].name + "'");
+      if (po.kind == OpKind::DecodeAttention) {
+        for (int w : ws)
+          for (const Region& wr : tiles_[w].writes)
+            if (wr.overlaps(r)) {
+              t.deps.push_back(w);
+              break;
+            }
+        continue;
+      }
       const int64_t bm = po.tiling.bm, bn = po.tiling.bn;
       for (int64_t tm = r.r0 / bm; tm <= (r.r1 - 1) / bm && tm < po.grid_m; ++tm)
         for (int64_t tn = r.c0 / bn; tn <= (r.c1 - 1) / bn && tn < po.grid_n; ++tn)

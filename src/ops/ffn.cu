@@ -220,20 +220,55 @@ bool use_sm90(const FfnOptions& opt) {
   return major == 9;
 }
 
+// "even" -> 0, "tail:<n>" -> n (0..4).
+int tail_levels(const std::string& spec) {
+  if (spec == "even") return 0;
+  if (spec.rfind("tail:", 0) == 0 && spec.size() == 6 && spec[5] >= '0' && spec[5] <= '4') return spec[5] - '0';
+  throw InvalidArgument("FFN: down_slices must be 'even' or 'tail:<0..4>', got '" + spec + "'");
+}
+
+// The SMs tiles are spread over (132 on the H100/H200 SXM where no GPU is visible, e.g. the CLI).
+int sm_count() {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 132;
+  }
+  return sms;
+}
+
 // sm90 tiles: 128 weight rows x all activation rows of a row block, K in slices of about 512 KiB
-// of weights (more above 128 rows: each slice's fp32 reduction is 512 B per activation row).
-// Measured on the H200 (bench/results/h200/ffn.json): 512 KiB beat 128 KiB by 10-15% at M <= 64.
+// of weights (more above 128 rows: each slice's fp32 reduction is 512 B per activation row), the
+// down GEMM's last slices shorter (down_slices). Measured on the H200 (bench/results/h200/
+// ffn.json): 512 KiB beat 128 KiB by 10-15% at M <= 64.
 FfnTiling sm90_tiling(const FfnShape& s, const FfnOptions& opt) {
   if (opt.bk || opt.k_split_warps)
     throw InvalidArgument("FFN: bk and k_split_warps are sm80 options (mainloop '" + opt.mainloop + "' runs sm90 tiles)");
   const int rows = ffn_sm90::act_rows_for(s.m), step = ffn_sm90::stage_cols_for(rows);
-  auto split = [&](int64_t k, int given) {
-    const int64_t target = (int64_t(512) << 10) * std::max(1, rows / 128) / (2 * ffn_sm90::kTileRows);  // K columns
+  auto split = [&](int64_t k, int given, int64_t target_kib) {
+    const int64_t target = (target_kib << 10) / (2 * ffn_sm90::kTileRows);  // K columns
     return normalise_split(k, given ? given : static_cast<int>(std::max<int64_t>(1, (k + target / 2) / target)), step);
   };
+  // The first GEMM gets 4 MiB slices (unsplit at the Llama sizes): its tiles then end in plain
+  // stores, and a down tile's h columns are complete when one tile per column block is. Measured
+  // on the H200 (packed weights) against 512 KiB slices: 8B 87.5 -> 85.3 us at M = 1, 103.0 ->
+  // 91.9 at M = 64, 127.6 -> 106.9 at M = 128 (unpacked); 70B 362.6 -> 327.3 at M = 64.
+  const int64_t gate_up_kib = 4096, down_kib = int64_t(512) * std::max(1, rows / 128);
   FfnTiling t;
-  t.gate_up = {rows, s.gated ? ffn_sm90::kTileRows / 2 : ffn_sm90::kTileRows, step, split(s.d, opt.split_gate_up)};
-  t.down = {rows, ffn_sm90::kTileRows, step, split(s.f, opt.split_down)};
+  t.gate_up = {rows, s.gated ? ffn_sm90::kTileRows / 2 : ffn_sm90::kTileRows, step, split(s.d, opt.split_gate_up, gate_up_kib)};
+  t.down = {rows, ffn_sm90::kTileRows, step, split(s.f, opt.split_down, down_kib)};
+  const int levels = tail_levels(opt.down_slices);
+  if (levels > 0) {
+    const int64_t tiles_per_slice = ((s.m + rows - 1) / rows) * ((s.d + ffn_sm90::kTileRows - 1) / ffn_sm90::kTileRows);
+    t.down.k_cuts = tail_k_cuts(s.f, step, (s.f + t.down.split_k - 1) / t.down.split_k, tiles_per_slice, sm_count(), levels);
+    t.down.split_k = static_cast<int64_t>(t.down.k_cuts.size()) + 1;
+  }
+  for (const Tiling* x : {&t.gate_up, &t.down})
+    if (x->split_k > ffn_sm90::kMaxSlices)
+      throw InvalidArgument("FFN: " + std::to_string(x->split_k) + " K slices in one op; the sm90 tile body takes at most " +
+                            std::to_string(ffn_sm90::kMaxSlices));
+  if (std::max(s.d, s.f) / step > INT16_MAX)
+    throw InvalidArgument("FFN: K = " + std::to_string(std::max(s.d, s.f)) + " is too long for the sm90 tile body's slice table");
   return t;
 }
 
@@ -310,6 +345,13 @@ void FusedFfn::init(const FfnOptions& opt, const Schedule* order) {
   TW_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
 
   plan_ = std::make_unique<runtime::DevicePlan>(plan);
+  packed_ = opt.packed_weights;
+  if (packed_ && !sm90_)
+    throw InvalidArgument("FFN: packed_weights is a layout of the sm90 tile body (mainloop '" + opt.mainloop + "')");
+  if (opt.trace) {
+    if (!sm90_) throw InvalidArgument("FFN: trace is recorded by the sm90 tile body only (mainloop '" + opt.mainloop + "')");
+    plan_->enable_trace();
+  }
   TW_CUDA_CHECK(cudaMalloc(&h_, sizeof(bf16) * shape_.m * shape_.f));
   const Op& gu = G.op(g_.op_gate_up);
   const Op& dn = G.op(g_.op_down);
@@ -359,19 +401,40 @@ FusedFfn::Launch FusedFfn::prepare(const bf16* x, const bf16* w_gate_up, const b
   if (sm90_) {
     const int64_t m = shape_.m, d = shape_.d, f = shape_.f;
     const int step = static_cast<int>(gu.tiling.bk);
-    l.maps.w0 = shape_.gated ? ffn_sm90::gate_up_map(w_gate_up, f, d) : ffn_sm90::weight_map(w_gate_up, f, d);
-    l.maps.w1 = ffn_sm90::weight_map(w_down, d, f);
+    if (!packed_) {  // packed weights are read by bulk copies; their maps stay zero and unused
+      l.maps.w0 = shape_.gated ? ffn_sm90::gate_up_map(w_gate_up, f, d) : ffn_sm90::weight_map(w_gate_up, f, d);
+      l.maps.w1 = ffn_sm90::weight_map(w_down, d, f);
+    }
     l.maps.x = ffn_sm90::act_map(x, m, d, act_rows_);
     l.maps.h = ffn_sm90::act_map(h_, m, f, act_rows_);
-    auto args = [&](const Op& o, bf16* out, float* ws, int64_t k, int64_t slice, bool silu) {
-      // The first tile's slice: whole stages, or all of K (rounded up) when there is one slice.
-      return ffn_sm90::OpArgs{out, ws, int32_t(m), int32_t(o.n), int32_t(o.grid_n), int32_t((k + step - 1) / step),
-                              int32_t((slice + step - 1) / step), int32_t(o.tiling.split_k), silu ? 1 : 0};
+    auto args = [&](const Op& o, bf16* out, float* ws, bool silu, const bf16* w) {
+      ffn_sm90::OpArgs a{out, ws, int32_t(m), int32_t(o.n), int32_t(o.grid_n), int32_t(o.tiling.split_k), silu ? 1 : 0,
+                         packed_ ? w : nullptr, int32_t(ffn_sm90::packed_atoms(o.k)), {}};
+      // Slices as the graph cut them (whole stages; the last rounded up to cover K).
+      for (int64_t ks = 0; ks <= o.tiling.split_k; ++ks) a.slice_start[ks] = int16_t((o.k_begin(ks) + step - 1) / step);
+      return a;
     };
-    l.ops[g_.op_gate_up] = args(gu, h_, ws_, d, sl_gu, shape_.gated);
-    l.ops[g_.op_down] = args(dn, y, ws_ + ws_down_offset_, f, sl_dn, false);
+    l.ops[g_.op_gate_up] = args(gu, h_, ws_, shape_.gated, w_gate_up);
+    l.ops[g_.op_down] = args(dn, y, ws_ + ws_down_offset_, false, w_down);
   }
   return l;
+}
+
+FfnPackedSize FusedFfn::packed_size() const {
+  const int64_t block = ffn_sm90::kTileRows * 64;
+  return {ffn_sm90::packed_tiles(shape_.f, shape_.gated) * ffn_sm90::packed_atoms(shape_.d) * block,
+          ffn_sm90::packed_tiles(shape_.d, false) * ffn_sm90::packed_atoms(shape_.f) * block};
+}
+
+void FusedFfn::pack(const bf16* w_gate_up, const bf16* w_down, bf16* packed_gate_up, bf16* packed_down,
+                    cudaStream_t stream) const {
+  if (!packed_) throw InvalidArgument("FusedFfn::pack: this object was built without packed_weights");
+  check_ptr(w_gate_up, "w_gate_up");
+  check_ptr(w_down, "w_down");
+  check_ptr(packed_gate_up, "packed_gate_up");
+  check_ptr(packed_down, "packed_down");
+  ffn_sm90::pack_weights(w_gate_up, packed_gate_up, shape_.f, shape_.d, shape_.gated, stream);
+  ffn_sm90::pack_weights(w_down, packed_down, shape_.d, shape_.f, false, stream);
 }
 
 void FusedFfn::launch(const Launch& l, const runtime::ExecParams& ep, int grid, cudaStream_t stream) const {

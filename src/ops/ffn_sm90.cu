@@ -21,6 +21,7 @@
 // followed by fence.proxy.async.global before its activation copies are issued.
 #include "ffn_sm90.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "tileweave/graph/tile_graph.hpp"
@@ -44,6 +45,7 @@ using namespace sm90;
 
 struct TileQueue {
   DeviceTile tile[kQueue];
+  int32_t id[kQueue];
   uint64_t full[kQueue], empty[kQueue];
 };
 
@@ -55,8 +57,14 @@ __device__ __forceinline__ void red_add_v4(float4* p, float a, float b, float c,
 // same columns' 8 up rows (one 4-D box, tma.cuh), so each consumer thread holds a gate value and
 // its up partner in one fragment (registers 4q+e and 4q+2+e) and the epilogue needs no exchange.
 template <class Cfg>
-__device__ __forceinline__ void issue_weights(const Ring<Cfg>& ring, int s, const Maps& maps, int op, bool silu,
+__device__ __forceinline__ void issue_weights(const Ring<Cfg>& ring, int s, const Maps& maps, const OpArgs& o, int op,
                                               int tn, int kst, uint64_t policy) {
+  if (o.w_packed) {  // the stage's blocks are contiguous (pack_weights)
+    const __nv_bfloat16* src = o.w_packed + (int64_t(tn) * o.packed_atoms + kst * Cfg::kKAtoms) * (kTileRows * 64);
+    bulk_load(ring.w_atom(s, 0), src, Cfg::kKAtoms * Cfg::kWAtomBytes, &ring.full[s], policy);
+    return;
+  }
+  const bool silu = o.silu;
 #pragma unroll
   for (int a = 0; a < Cfg::kKAtoms; ++a) {
     const int col = kst * Cfg::kBK + 64 * a;
@@ -78,7 +86,7 @@ __device__ __forceinline__ void issue_acts(const Ring<Cfg>& ring, int s, const M
 }
 
 __device__ __forceinline__ int stages_of(const OpArgs& o, const DeviceTile& t) {
-  return min(o.slice_stages, o.k_stages - t.ks * o.slice_stages);
+  return o.slice_start[t.ks + 1] - o.slice_start[t.ks];
 }
 
 // Warp 0, all lanes (lane 0 issues; the warp polls the counters together).
@@ -98,13 +106,15 @@ __device__ void run_producer(const Ring<Cfg>& ring, TileQueue& q, const Maps& ma
     if (lane == 0) {
       mbar_wait(&q.empty[qs], qphase ^ 1, "queue empty");
       q.tile[qs] = id >= 0 ? t : DeviceTile{-1, 0, 0, 0, 0, 0, 0, -1};
+      q.id[qs] = id;
       mbar_arrive(&q.full[qs]);
+      if (id >= 0) runtime::trace_mark(ep, id, runtime::kTraceSm), runtime::trace_mark(ep, id, runtime::kTraceTaken);
     }
     if (++qs == kQueue) qs = 0, qphase ^= 1;
     if (id < 0) break;
 
     const OpArgs& o = cp.ops[t.op];
-    const int kst0 = t.ks * o.slice_stages, n = stages_of(o, t);
+    const int kst0 = o.slice_start[t.ks], n = stages_of(o, t);
     // Usually a tile's producers finished long ago (always for the first op): one poll, made
     // while the first stage's weights are on their way, says so, and each stage then gets its
     // weights and activations together. Otherwise the weights of a ring's worth of stages go out
@@ -112,22 +122,23 @@ __device__ void run_producer(const Ring<Cfg>& ring, TileQueue& q, const Maps& ma
     // tile's first ring's worth of stages cost ~0.7 us per tile on the H200: the ring sat full
     // of weights, idle, for a round trip to L2.)
     const int s0 = ps.stage;
-    if (lane == 0) issue_weights(ring, producer_acquire(ring, ps), maps, t.op, o.silu, t.tn, kst0, w_policy);
+    if (lane == 0) issue_weights(ring, producer_acquire(ring, ps), maps, o, t.op, t.tn, kst0, w_policy);
     const bool ready = runtime::counters_ready_warp(ep, slots.epoch, t);
     const int pre = ready ? 1 : min(n, ps.count);
     if (lane == 0)
       for (int j = 1; j < pre; ++j)
-        issue_weights(ring, producer_acquire(ring, ps), maps, t.op, o.silu, t.tn, kst0 + j, w_policy);
+        issue_weights(ring, producer_acquire(ring, ps), maps, o, t.op, t.tn, kst0 + j, w_policy);
     // A wait that expires (tests' bounded waits) has flagged the launch failed; the copies below
     // still go out, since their stages are armed for them, and no further ticket is taken.
     if (!ready) runtime::wait_counters_warp(ep, slots.epoch, t);
     if (lane == 0) {
+      runtime::trace_mark(ep, id, runtime::kTraceReady);
       ptx::fence_proxy_async(ptx::space_global);
       for (int j = 0, s = s0; j < pre; ++j, s = (s + 1 == ps.count ? 0 : s + 1))
         issue_acts(ring, s, maps, t.op, t.tm, kst0 + j, x_policy);
       for (int j = pre; j < n; ++j) {
         const int s = producer_acquire(ring, ps);
-        issue_weights(ring, s, maps, t.op, o.silu, t.tn, kst0 + j, w_policy);
+        issue_weights(ring, s, maps, o, t.op, t.tn, kst0 + j, w_policy);
         issue_acts(ring, s, maps, t.op, t.tm, kst0 + j, x_policy);
       }
       // The next ticket only now: its round trips (ticket, descriptor) overlap the consumers
@@ -168,7 +179,7 @@ __device__ __forceinline__ void for_each_output(const OpArgs& o, const DeviceTil
 // measured slower on the H200 at every M: 3-10% at M <= 16, 30% at M = 64.)
 template <class Cfg>
 __device__ __forceinline__ void finish_tile(const runtime::ExecParams& ep, uint32_t epoch, const OpArgs& o,
-                                            const DeviceTile& t, float (&acc)[Cfg::kAcc], int ct,
+                                            const DeviceTile& t, int32_t id, float (&acc)[Cfg::kAcc], int ct,
                                             volatile uint32_t* flag) {
   constexpr int kConsumers = 128 * Cfg::kConsumerWGs;
   auto store = [&](int q, const float (&v)[4]) {
@@ -209,7 +220,10 @@ __device__ __forceinline__ void finish_tile(const runtime::ExecParams& ep, uint3
   }
   ptx::fence_proxy_async(ptx::space_global);  // our stores, before a TMA elsewhere reads them
   named_bar_sync(1, kConsumers);
-  if (ct == 0) runtime::release_signal(ep, t);
+  if (ct == 0) {
+    runtime::release_signal(ep, t);
+    runtime::trace_mark(ep, id, runtime::kTraceDone);
+  }
 }
 
 template <class Cfg>
@@ -223,13 +237,15 @@ __device__ void run_consumer(const Ring<Cfg>& ring, TileQueue& q, const runtime:
   for (;;) {
     mbar_wait(&q.full[qs], qphase, "queue full");
     const DeviceTile t = q.tile[qs];
+    const int32_t id = q.id[qs];
     __syncwarp();
     if (threadIdx.x % 32 == 0) mbar_arrive(&q.empty[qs]);
     if (++qs == kQueue) qs = 0, qphase ^= 1;
     if (t.op < 0) break;
+    if (ct == 0) runtime::trace_mark(ep, id, runtime::kTraceStarted);
     const OpArgs& o = cp.ops[t.op];
     consume_tile(ring, ps, wg, stages_of(o, t), acc);
-    finish_tile<Cfg>(ep, epoch, o, t, acc, ct, flag);
+    finish_tile<Cfg>(ep, epoch, o, t, id, acc, ct, flag);
   }
 }
 #endif  // TW_SM90_ENABLED
@@ -251,8 +267,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(&q.empty[i], Cfg::kConsumerWarps);
     }
     ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
-    tma_prefetch_desc(&maps.w0);
-    tma_prefetch_desc(&maps.w1);
+    if (!cp.ops[0].w_packed) {  // packed weights are read by plain bulk copies: no weight maps
+      tma_prefetch_desc(&maps.w0);
+      tma_prefetch_desc(&maps.w1);
+    }
     tma_prefetch_desc(&maps.x);
     tma_prefetch_desc(&maps.h);
   }
@@ -290,6 +308,39 @@ void with_config(int act_rows, F&& f) {
 }
 
 }  // namespace
+
+// One thread per 16-byte chunk of the packed layout (ffn_sm90.hpp); grid-stride.
+__global__ void pack_weights_kernel(const int4* w, int4* out, int64_t rows, int64_t cols, int64_t atoms, int64_t chunks,
+                                    bool pairs) {
+  const int64_t row_chunks = cols / 8;
+  for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < chunks; c += int64_t(gridDim.x) * blockDim.x) {
+    const int phys = int(c % 8), r = int(c / 8 % kTileRows);
+    const int64_t a = c / (8 * kTileRows) % atoms, tile = c / (8 * kTileRows * atoms);
+    const int64_t col_chunk = a * 8 + (phys ^ (r % 8));  // the 128-B swizzle: chunk j of row r sits at j ^ (r % 8)
+    int64_t src = -1;
+    if (pairs) {  // group g = r / 16: 8 gate rows, then the same columns' 8 up rows
+      const int64_t col = tile * (kTileRows / 2) + (r / 16) * 8 + r % 8;
+      if (col < rows) src = (r % 16 < 8 ? 0 : rows) + col;
+    } else if (tile * kTileRows + r < rows) {
+      src = tile * kTileRows + r;
+    }
+    out[c] = src >= 0 && col_chunk < row_chunks ? w[src * row_chunks + col_chunk] : make_int4(0, 0, 0, 0);
+  }
+}
+
+int64_t packed_atoms(int64_t cols) { return ((cols + 63) / 64 + 1) / 2 * 2; }
+int64_t packed_tiles(int64_t rows, bool pairs) {
+  const int64_t per = pairs ? kTileRows / 2 : kTileRows;
+  return (rows + per - 1) / per;
+}
+
+void pack_weights(const bf16* w, bf16* out, int64_t rows, int64_t cols, bool pairs, cudaStream_t stream) {
+  const int64_t chunks = packed_tiles(rows, pairs) * packed_atoms(cols) * kTileRows * 8;
+  const int blocks = int(std::min<int64_t>((chunks + 255) / 256, 132 * 16));
+  pack_weights_kernel<<<blocks, 256, 0, stream>>>(reinterpret_cast<const int4*>(w), reinterpret_cast<int4*>(out), rows,
+                                                  cols, packed_atoms(cols), chunks, pairs);
+  TW_CUDA_CHECK_LAUNCH();
+}
 
 int act_rows_for(int64_t m) {
   for (int r : {8, 16, 32, 64, 128})

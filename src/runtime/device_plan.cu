@@ -1,6 +1,7 @@
 #include "tileweave/runtime/device_plan.hpp"
 
 #include <cuda/atomic>
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -48,7 +49,35 @@ DevicePlan::DevicePlan(const ExecPlan& plan) : plan_(plan) {
   p_.num_tiles = static_cast<int32_t>(plan.order.size());
 }
 
-DevicePlan::~DevicePlan() { cudaFree(mem_); }
+DevicePlan::~DevicePlan() {
+  cudaFree(mem_);
+  cudaFree(trace_);
+}
+
+void DevicePlan::enable_trace() {
+  if (trace_) return;
+  const size_t bytes = sizeof(unsigned long long) * kTraceWords * plan_.tiles.size();
+  TW_CUDA_CHECK(cudaMalloc(&trace_, bytes));
+  TW_CUDA_CHECK(cudaMemset(trace_, 0, bytes));
+  p_.trace = trace_;
+}
+
+std::vector<DevicePlan::TileTimes> DevicePlan::read_trace() const {
+  if (!trace_) throw InvalidArgument("DevicePlan::read_trace: tracing is off (call enable_trace before the launch)");
+  std::vector<unsigned long long> w(kTraceWords * plan_.tiles.size());
+  TW_CUDA_CHECK(cudaDeviceSynchronize());
+  TW_CUDA_CHECK(cudaMemcpy(w.data(), trace_, sizeof(w[0]) * w.size(), cudaMemcpyDeviceToHost));
+  unsigned long long t0 = ~0ull;
+  for (size_t i = 0; i < plan_.tiles.size(); ++i)
+    if (w[i * kTraceWords + kTraceTaken]) t0 = std::min(t0, w[i * kTraceWords + kTraceTaken]);
+  std::vector<TileTimes> out;
+  for (size_t i = 0; i < plan_.tiles.size(); ++i) {
+    const unsigned long long* r = &w[i * kTraceWords];
+    auto us = [&](int k) { return r[k] ? (double(r[k]) - double(t0)) * 1e-3 : -1.0; };
+    out.push_back({int(i), int(r[kTraceSm]), us(kTraceTaken), us(kTraceReady), us(kTraceStarted), us(kTraceDone)});
+  }
+  return out;
+}
 
 ExecParams DevicePlan::params(uint32_t spin_limit, uint32_t delay_ns) const {
   ExecParams p = p_;

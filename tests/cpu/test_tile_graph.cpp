@@ -34,6 +34,41 @@ TEST(TileGraph, EdgeTilesAreClipped) {
   EXPECT_EQ(G.bytes(last.writes[0]), 3 * 44 * 2);
 }
 
+TEST(TileGraph, UnevenKSlicesEndShort) {
+  // The 8B down GEMM at M <= 16 on 132 SMs: 32 output tiles per slice, so the last 5 slices (one
+  // tile per SM) are half the ~2048-column slices before them.
+  const std::vector<int64_t> cuts = tail_k_cuts(14336, 128, 2048, 32, 132, 1);
+  ASSERT_EQ(cuts.size(), 9u);
+  std::vector<int64_t> size;
+  for (size_t i = 0; i <= cuts.size(); ++i)
+    size.push_back((i < cuts.size() ? cuts[i] : 14336) - (i ? cuts[i - 1] : 0));
+  for (size_t i = 0; i < 5; ++i) EXPECT_GE(size[i], 14 * 128) << i;
+  for (size_t i = 5; i < size.size(); ++i) EXPECT_EQ(size[i], 8 * 128) << i;
+  EXPECT_TRUE(tail_k_cuts(14336, 128, 2048, 32, 132, 0).size() == 6u);  // no tail: 7 even slices
+  // Too short for a tail: one slice, no cuts.
+  EXPECT_TRUE(tail_k_cuts(256, 128, 2048, 32, 132, 2).empty());
+
+  // The graph cuts tiles at the given columns, and consumers depend on what they read.
+  Tiling down{16, 128, 128, int64_t(cuts.size()) + 1, cuts};
+  FfnGraph g = build_ffn_graph({16, 4096, 14336, true}, {{16, 64, 128, 1}, down});
+  const Op& dn = g.graph.op(g.op_down);
+  for (int64_t ks = 0; ks < dn.tiling.split_k; ++ks) {
+    const Tile& t = g.graph.tile(g.graph.tile_id(g.op_down, 0, 3, ks));
+    EXPECT_EQ(t.k0, dn.k_begin(ks));
+    EXPECT_EQ(t.k1 - t.k0, size[ks]);
+    EXPECT_EQ(t.deps.size(), size_t(size[ks] / 64)) << "one gate/up tile per 64 columns of h";
+  }
+  Tiling bad = down;
+  bad.k_cuts[2] = bad.k_cuts[1];  // an empty slice
+  EXPECT_THROW(build_ffn_graph({16, 4096, 14336, true}, {{16, 64, 128, 1}, bad}), InvalidArgument);
+  bad = down;
+  bad.k_cuts[0] += 64;  // not a whole BK step
+  EXPECT_THROW(build_ffn_graph({16, 4096, 14336, true}, {{16, 64, 128, 1}, bad}), InvalidArgument);
+  bad = down;
+  bad.k_cuts.pop_back();  // count does not match split_k
+  EXPECT_THROW(build_ffn_graph({16, 4096, 14336, true}, {{16, 64, 128, 1}, bad}), InvalidArgument);
+}
+
 TEST(TileGraph, BadInputIsNamed) {
   EXPECT_THROW(build_ffn_graph({0, 4096, 14336, true}, {}), InvalidArgument);
   try {

@@ -2,6 +2,7 @@
 // kernel (independent of the code under test). Fresh random inputs every run, outputs poisoned.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <random>
 #include <string>
 #include <tuple>
@@ -62,14 +63,27 @@ struct FfnData {
   }
   double check(const FusedFfn& f, bool two_kernels = false) {
     y.poison();
+    // Packed weights: repacked for every check (the weights may have changed), into poisoned
+    // buffers, so padding the packer fails to write shows up as NaN.
+    const bf16 *wgu_run = wgu.ptr, *wd_run = wd.ptr;
+    std::unique_ptr<DeviceBuffer<bf16>> pgu, pd;
+    if (f.uses_packed_weights()) {
+      const FfnPackedSize n = f.packed_size();
+      pgu = std::make_unique<DeviceBuffer<bf16>>(n.gate_up);
+      pd = std::make_unique<DeviceBuffer<bf16>>(n.down);
+      pgu->poison();
+      pd->poison();
+      f.pack(wgu.ptr, wd.ptr, pgu->ptr, pd->ptr, 0);
+      wgu_run = pgu->ptr, wd_run = pd->ptr;
+    }
     if (two_kernels) {
       cudaStream_t s2;
       TW_CUDA_CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
-      f.run_two_kernels(x.ptr, wgu.ptr, wd.ptr, y.ptr, 0, s2);
+      f.run_two_kernels(x.ptr, wgu_run, wd_run, y.ptr, 0, s2);
       TW_CUDA_CHECK(cudaStreamSynchronize(0));
       TW_CUDA_CHECK(cudaStreamDestroy(s2));
     } else {
-      f.run(x.ptr, wgu.ptr, wd.ptr, y.ptr, 0);
+      f.run(x.ptr, wgu_run, wd_run, y.ptr, 0);
     }
     EXPECT_EQ(f.plan().error(), 0u) << "a dependency wait timed out";
     return rel_error(y.download(), ref);
@@ -79,8 +93,13 @@ struct FfnData {
 constexpr double kTol = 1e-2;
 constexpr uint32_t kSpinLimit = 2'000'000;  // ~0.5 s of polling: a missing edge fails fast
 
-// Both tile bodies: sm80 (cp.async + mma.sync) and sm90 (TMA + wgmma, needs an sm_90 GPU).
-const std::vector<std::string> kMainloops = {"sm80", "sm90"};
+// Both tile bodies: sm80 (cp.async + mma.sync) and sm90 (TMA + wgmma, needs an sm_90 GPU), the
+// latter also with packed weights ("sm90p": FusedFfn::pack, FfnOptions::packed_weights).
+const std::vector<std::string> kMainloops = {"sm80", "sm90", "sm90p"};
+void set_mainloop(FfnOptions& opt, const std::string& ml) {
+  opt.mainloop = ml == "sm90p" ? "sm90" : ml;
+  opt.packed_weights = ml == "sm90p";
+}
 bool have_sm90() {
   int dev = 0, major = 0;
   TW_CUDA_CHECK(cudaGetDevice(&dev));
@@ -88,7 +107,7 @@ bool have_sm90() {
   return major == 9;
 }
 #define TW_REQUIRE_MAINLOOP(ml) \
-  if (std::string(ml) == "sm90" && !have_sm90()) GTEST_SKIP() << "mainloop sm90 needs an sm_90 GPU"
+  if (std::string(ml) != "sm80" && !have_sm90()) GTEST_SKIP() << "mainloop sm90 needs an sm_90 GPU"
 
 // (mainloop, M, d, F, gated, order, sync)
 using Case = std::tuple<std::string, int, int, int, bool, std::string, std::string>;
@@ -100,7 +119,7 @@ TEST_P(FusedFfnTest, MatchesReference) {
   TW_REQUIRE_MAINLOOP(mainloop);
   FfnData data({m, d, f, gated});
   FfnOptions opt;
-  opt.mainloop = mainloop;
+  set_mainloop(opt, mainloop);
   opt.order = order;
   opt.sync.policy = parse_sync_policy(sync);
   opt.sync.stride = 3;
@@ -134,13 +153,32 @@ TEST(FusedFfn, RepeatedLaunchesReuseCountersWithoutMemset) {
     TW_REQUIRE_MAINLOOP(ml);
     FfnData data({16, 1024, 2816, true});
     FfnOptions opt;
-    opt.mainloop = ml;
+    set_mainloop(opt, ml);
     opt.order = "kslices/col_major";
     opt.spin_limit = kSpinLimit;
     FusedFfn ffn(data.s, opt);
     for (int i = 0; i < 6; ++i) {
       data.new_input();
       EXPECT_LT(data.check(ffn), kTol) << ml << " launch " << i;
+    }
+  }
+}
+
+// Consecutive launches with different weight buffers (as a model's layers would run), packed and
+// not, with the previous buffers freed in between: each launch must read its own weights (a stale
+// tensor-map descriptor would read the previous layer's, or freed memory).
+TEST(FusedFfn, WeightsChangeBetweenLaunches) {
+  TW_REQUIRE_GPU();
+  for (const std::string& ml : kMainloops) {
+    TW_REQUIRE_MAINLOOP(ml);
+    FfnOptions opt;
+    set_mainloop(opt, ml);
+    opt.spin_limit = kSpinLimit;
+    const FfnShape s{16, 1024, 2816, true};
+    FusedFfn ffn(s, opt);
+    for (int layer = 0; layer < 3; ++layer) {
+      FfnData data(s);  // fresh weights in fresh buffers; the last layer's are freed
+      EXPECT_LT(data.check(ffn), kTol) << ml << " layer " << layer;
     }
   }
 }
@@ -152,10 +190,10 @@ TEST(FusedFfn, ExplicitSplitsAndBlocksPerSm) {
     TW_REQUIRE_MAINLOOP(ml);
     for (auto [sg, sd, b] : std::vector<std::tuple<int, int, int>>{{1, 1, 1}, {3, 7, 2}, {16, 44, 0}}) {
       FfnOptions opt;
-      opt.mainloop = ml;
+      set_mainloop(opt, ml);
       opt.split_gate_up = sg;
       opt.split_down = sd;
-      opt.blocks_per_sm = ml == "sm90" ? b % 2 : b;  // sm90: one CTA per SM
+      opt.blocks_per_sm = ml != "sm80" ? b % 2 : b;  // sm90: one CTA per SM
       opt.spin_limit = kSpinLimit;
       FusedFfn ffn(data.s, opt);
       EXPECT_LT(data.check(ffn), kTol) << ml << " splits " << sg << "/" << sd << " blocks/SM " << b;
@@ -174,7 +212,7 @@ TEST(FusedFfn, StressDelayedProducers) {
       if (std::string(order) == "dataflow" && std::string(sync) == "row") continue;  // refused (see below)
       FfnData data({16, 1024, 2816, true});
       FfnOptions opt;
-      opt.mainloop = ml;
+      set_mainloop(opt, ml);
       opt.order = order;
       opt.sync.policy = parse_sync_policy(sync);
       opt.spin_limit = 20'000'000;
@@ -194,7 +232,7 @@ TEST(FusedFfn, TwoKernelBaselineMatches) {
     TW_REQUIRE_MAINLOOP(ml);
     FfnData data({m, 1024, 2816, true});
     FfnOptions opt;
-    opt.mainloop = ml;
+    set_mainloop(opt, ml);
     opt.order = "op_by_op_column";
     opt.spin_limit = kSpinLimit;
     FusedFfn ffn(data.s, opt);
@@ -225,7 +263,17 @@ TEST(FusedFfn, BadInputIsRefusedBeforeLaunch) {
     two_ctas.mainloop = "sm90";
     two_ctas.blocks_per_sm = 2;
     EXPECT_THROW(FusedFfn({16, 1024, 2816, true}, two_ctas), InvalidArgument);
+    FfnOptions bad_slices;
+    bad_slices.down_slices = "tail:9";
+    EXPECT_THROW(FusedFfn({16, 1024, 2816, true}, bad_slices), InvalidArgument);
+    FusedFfn unpacked({16, 1024, 2816, true});  // pack() needs an object built for packed weights
+    FfnData d({16, 1024, 2816, true});
+    EXPECT_THROW(unpacked.pack(d.wgu.ptr, d.wd.ptr, d.wgu.ptr, d.wd.ptr, 0), InvalidArgument);
   }
+  FfnOptions packed_sm80;
+  packed_sm80.mainloop = "sm80";
+  packed_sm80.packed_weights = true;
+  EXPECT_THROW(FusedFfn({16, 1024, 2816, true}, packed_sm80), InvalidArgument);
   // A schedule with a consumer before its producers is refused, naming the tile.
   FfnShape s{16, 1024, 2816, true};
   FfnGraph g = build_ffn_graph(s, FusedFfn::tiling_for(s, {}));
@@ -297,7 +345,7 @@ TEST(FusedFfn, OrdersFromTheModelAndJson) {
   opt.spin_limit = kSpinLimit;
   for (const std::string& ml : kMainloops) {
     TW_REQUIRE_MAINLOOP(ml);
-    opt.mainloop = ml;
+    set_mainloop(opt, ml);
     const FfnGraph g = build_ffn_graph(data.s, FusedFfn::tiling_for(data.s, opt));
     for (const char* spec : {"hilbert", "snake", "chain_rows:1", "dataflow/col_major", "dataflow/kslices/col_major"}) {
       const Schedule s = schedule_from_json(g.graph, schedule_to_json(g.graph, make_order(g.graph, spec)));

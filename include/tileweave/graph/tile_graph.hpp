@@ -42,13 +42,25 @@ enum class OpKind {
   Gemm,         // C[M,N] = A[M,K] . B[N,K]^T  (B is a PyTorch Linear weight, [out, in])
   GemmSiluMul,  // C[M,N] = silu(A . Bg^T) * (A . Bu^T), B = [gate; up] stacked as [2N, K]
   SiluMul,      // C[M,N] = silu(A[:, :N]) * A[:, N:2N]   (the unfused elementwise op)
+  DecodeAttention,  // split-KV decode attention (graph/attention_graph.hpp): C = out [B, Hq*D]; its
+                    // tiles form a 1 x P grid (tile c at tm = 0, tn = c), each writing the output
+                    // of a range of (sequence, KV head) pairs, so the writes are not a regular grid
 };
 const char* to_string(OpKind k);
 
 struct Tiling {
   int64_t bm = 64, bn = 128, bk = 64;
   int64_t split_k = 1;  // K is cut into split_k slices; the slices' partial sums are reduced in-launch
+  // Uneven slices (optional): where each slice after the first begins, ascending multiples of bk
+  // inside (0, K), split_k - 1 of them. Empty: even slices of whole bk steps.
+  std::vector<int64_t> k_cuts;
 };
+
+// Uneven K slices ending on short ones (Tiling::k_cuts): the last `levels` groups of
+// ceil(sms / tiles_per_slice) slices -- about one tile per SM each, run last by kslices/ orders --
+// are 1/2^levels, ..., 1/2 the size of the others, which are about `big` columns; all whole
+// `step`s. See the definition for why.
+std::vector<int64_t> tail_k_cuts(int64_t k, int64_t step, int64_t big, int64_t tiles_per_slice, int sms, int levels);
 
 struct Op {
   std::string name;
@@ -56,13 +68,17 @@ struct Op {
   int64_t m = 0, n = 0, k = 0;
   Tiling tiling;
   int a = -1, b = -1, c = -1;  // tensor ids
+  int residual = -1;           // Gemm: R [M, N] added to C in the epilogue (-1: none)
   int workspace = -1;          // fp32 split-K accumulator [M, N] ([M, 2N] gate|up) when split_k > 1:
                                // every slice adds into it; the last slice to finish writes C
   int64_t grid_m = 0, grid_n = 0;
   int first_tile = 0, num_tiles = 0;  // tiles [first_tile, first_tile + num_tiles) belong to this op
+  // First K column of slice ks, 0 <= ks <= split_k (slice ks is [k_begin(ks), k_begin(ks + 1))).
+  int64_t k_begin(int64_t ks) const;
 };
 
-// One unit of work. A GEMM tile computes output block (tm, tn) over K slice ks.
+// One unit of work. A GEMM tile computes output block (tm, tn) over K slice ks. A decode-attention
+// tile is tn = its work tile index and [k0, k1) its 16-token KV units.
 // Reads of a GEMM tile are K-panels: the model walks them in column steps of `step_cols`
 // (the tiling's bk), so a tile's operand blocks stream through the cache as on the GPU.
 struct Tile {
@@ -75,13 +91,24 @@ struct Tile {
   double flops = 0;
 };
 
+struct DecodeAttentionShape;
+struct DecodePlan;
+struct DecodeAttentionTensorIds;
+
 class TileGraph {
  public:
   int add_tensor(std::string name, int64_t rows, int64_t cols, int elem_bytes, TensorRole role);
   // Adds an op and cuts it into tiles. Ops must be added producers first.
-  int add_gemm(std::string name, int a, int b, int c, Tiling t);
+  // residual >= 0: C = A . B^T + R (R [M, N], read by every K slice, since any may finish last).
+  int add_gemm(std::string name, int a, int b, int c, Tiling t, int residual = -1);
   int add_gemm_silu_mul(std::string name, int a, int b_gate_up, int c, Tiling t);
   int add_silu_mul(std::string name, int a, int c, int64_t bm, int64_t bn);
+  // The P work tiles of a decode-attention plan (defined in attention_graph.cpp). Tile c reads q,
+  // k_new, v_new of its pairs and the K/V rows of its units, and writes the output of its whole
+  // pair range: the last tile to finish a pair merges it, and which one that is is only known at
+  // run time, so a consumer of a pair's output depends on every tile holding a part of the pair.
+  int add_decode_attention(std::string name, const DecodeAttentionShape& s, const std::vector<int>& seq_lens,
+                           const std::vector<int>& page_table, const DecodePlan& plan, const DecodeAttentionTensorIds& t);
 
   const std::vector<Tensor>& tensors() const { return tensors_; }
   const std::vector<Op>& ops() const { return ops_; }

@@ -4,6 +4,8 @@
 
 #include <cuda_runtime.h>
 
+#include <vector>
+
 #include "tileweave/runtime/exec_params.hpp"
 
 namespace tw::runtime {
@@ -26,11 +28,23 @@ class DevicePlan {
   // Zeroes counters and state (needed only after an aborted launch).
   void reset();
 
+  // Tile timeline: after enable_trace(), launches of bodies that record it (the sm90 FFN) write
+  // each tile's times; read_trace() synchronises and returns the last launch's, in microseconds
+  // from its first ticket. Costs a few global stores per tile.
+  void enable_trace();
+  bool tracing() const { return trace_ != nullptr; }
+  struct TileTimes {
+    int tile, sm;
+    double taken, ready, started, done;  // us; negative: not recorded
+  };
+  std::vector<TileTimes> read_trace() const;
+
  private:
   ExecPlan plan_;
   char* mem_ = nullptr;
   size_t counter_bytes_ = 0;
   ExecParams p_{};
+  unsigned long long* trace_ = nullptr;
 };
 
 // CuSync's wait kernel on `stream`: returns once every block of the producer's current launch

@@ -26,6 +26,13 @@ struct ExecParams {
   int32_t num_tiles;
   uint32_t spin_limit;  // 0: wait forever (benchmarks); else abort after this many polls
   uint32_t delay_ns;    // stress mode: producers sleep up to this long before signalling
+  // Optional timeline (DevicePlan::enable_trace): kTraceWords words per tile id, see TraceWord.
+  unsigned long long* trace;
 };
+
+// Per tile, in %globaltimer nanoseconds except the SM: where the tile ran and when it was taken
+// (its ticket came up), had its dependencies met, was picked up by the block's compute threads,
+// and published its output.
+enum TraceWord { kTraceSm, kTraceTaken, kTraceReady, kTraceStarted, kTraceDone, kTraceWords };
 
 }  // namespace tw::runtime

@@ -134,6 +134,72 @@ __device__ __forceinline__ bool wait_dependencies(const ExecParams& p, BlockSlot
   return s.flag != 0;
 }
 
+// One whole warp: wait_counters_warp for tiles with many producers (hundreds of counters: an o_proj
+// tile after the decode-attention tiles of its heads). A lane's acquire loads are ordered one after
+// another, so wait_counters_warp pays one L2 round trip per 32 counters per poll (9 for 264
+// counters, even when all are reached). Here each lane polls its counters i, i + 32, ... with relaxed
+// loads, kBatch of them in flight at once, and the poll that sees them all reached is followed by an
+// acquire fence on every lane: a relaxed read of a release write then an acquire fence synchronises
+// with that write, as an acquire load would.
+__device__ __forceinline__ bool wait_counters_warp_wide(const ExecParams& p, uint32_t epoch, const DeviceTile& t) {
+  constexpr int kBatch = 8;
+  const int lane = threadIdx.x % 32;
+  uint32_t polls = 0, backoff = 32;
+  for (;;) {
+    bool mine = true;
+    for (int32_t base = t.wait_begin + lane; base < t.wait_end; base += 32 * kBatch) {
+      uint32_t value[kBatch], target[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int32_t i = base + 32 * j;
+        const WaitEntry w = i < t.wait_end ? p.waits[i] : WaitEntry{0, 0};
+        target[j] = w.count * (epoch + 1);
+        value[j] = cuda::atomic_ref<const uint32_t, cuda::thread_scope_device>(p.signals[w.counter])
+                       .load(cuda::memory_order_relaxed);
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) mine &= detail::reached(value[j], target[j]);
+    }
+    if (__all_sync(0xffffffffu, mine)) break;
+    __nanosleep(backoff);
+    backoff = min(backoff * 2, 256u);
+    if (p.spin_limit && ++polls > p.spin_limit) {
+      if (lane == 0) atomicExch(&p.state->error, 1u);
+      __syncwarp();
+      return false;
+    }
+  }
+  cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
+  __syncwarp();  // every lane's fence before what any lane does next
+  return true;
+}
+
+// wait_dependencies with wait_counters_warp_wide (same contract: all threads, once per tile, after
+// the tile's weight prologue is issued; thread 32 prefetches the next ticket meanwhile).
+__device__ __forceinline__ bool wait_dependencies_wide(const ExecParams& p, BlockSlots& s, const DeviceTile& t) {
+  if (threadIdx.x == 32) prefetch_next(p, s);
+  if (threadIdx.x < 32) {
+    const bool ok = wait_counters_warp_wide(p, s.epoch, t);
+    if (threadIdx.x == 0) s.flag = ok;
+  }
+  __syncthreads();
+  return s.flag != 0;
+}
+
+// One thread: stamps word w of tile id's timeline (no-op unless the plan traces).
+__device__ __forceinline__ void trace_mark(const ExecParams& p, int32_t id, TraceWord w) {
+  if (!p.trace) return;
+  unsigned long long v;
+  if (w == kTraceSm) {
+    uint32_t sm;
+    asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sm));
+    v = sm;
+  } else {
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(v));
+  }
+  p.trace[int64_t(id) * kTraceWords + w] = v;
+}
+
 __device__ __forceinline__ void stress_delay(const ExecParams& p, const DeviceTile& t) {
   if (p.delay_ns && threadIdx.x == 0) {
     uint32_t h = static_cast<uint32_t>(t.tm * 73856093) ^ static_cast<uint32_t>(t.tn * 19349663) ^
