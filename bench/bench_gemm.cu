@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "harness.cuh"
+#include "tileweave/ops/decode_gemm.hpp"
 #include "tileweave/ops/gemm.hpp"
 
 namespace {
@@ -200,6 +201,35 @@ int main(int argc, char** argv) {
         if (v.name == "load_only" || v.name == "no_epilogue") continue;  // diagnostics
         if (v.name == "default") default_us = us;
         if (us < best_us) best_us = us, best_name = v.name;
+      }
+      // The executor's tile body on a one-op graph (tw::DecodeGemm, the FFN's mainloop), on
+      // PyTorch-layout and on packed weights (packed copies of the sets, made untimed).
+      for (bool packed : {false, true}) {
+        tw::DecodeGemmOptions eo;
+        eo.packed_weights = packed;
+        tw::DecodeGemm eg(M, sh.N, sh.K, eo);
+        std::vector<__nv_bfloat16*> P;
+        if (packed)
+          for (int s = 0; s < sets; ++s) {
+            __nv_bfloat16* p;
+            TW_CUDA_CHECK(cudaMalloc(&p, eg.packed_size() * 2));
+            eg.pack(W[s], p, 0);
+            P.push_back(p);
+          }
+        TW_CUDA_CHECK(cudaDeviceSynchronize());
+        auto w_of = [&](int s) { return packed ? P[s] : W[s]; };
+        const double us = time_us([&](int s, cudaStream_t st) { eg.run(Y[s], X[s], w_of(s), st); }, sets, 10, 60);
+        const std::string name = packed ? "executor,packed" : "executor";
+        eg.run(Y[0], X[0], w_of(0), nullptr);
+        g.run(Yr[0], X[0], W[0], nullptr, lt_algo);
+        TW_CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<__nv_bfloat16> a(size_t(M) * sh.N), b(size_t(M) * sh.N);
+        TW_CUDA_CHECK(cudaMemcpy(a.data(), Y[0], a.size() * 2, cudaMemcpyDeviceToHost));
+        TW_CUDA_CHECK(cudaMemcpy(b.data(), Yr[0], b.size() * 2, cudaMemcpyDeviceToHost));
+        variants.push_back({{"variant", name}, {"us", us}, {"pct_of_floor", 100.0 * floor_us / us},
+                            {"rel_diff_vs_cublaslt", rel_diff(a, b)}});
+        if (us < best_us) best_us = us, best_name = name;
+        for (auto* p : P) TW_CUDA_CHECK(cudaFree(p));
       }
       // The checked output is the default's (the last non-diagnostic run on set 0 is re-done).
       tw::run_gemm(Y[0], X[0], W[0], M, sh.N, sh.K, nullptr, {});

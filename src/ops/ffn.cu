@@ -220,15 +220,31 @@ bool use_sm90(const FfnOptions& opt) {
   return major == 9;
 }
 
-// "even" -> 0, "tail:<n>" -> n (0..4).
-int tail_levels(const std::string& spec) {
-  if (spec == "even") return 0;
-  if (spec.rfind("tail:", 0) == 0 && spec.size() == 6 && spec[5] >= '0' && spec[5] <= '4') return spec[5] - '0';
-  throw InvalidArgument("FFN: down_slices must be 'even' or 'tail:<0..4>', got '" + spec + "'");
+// sm90 tiles: 128 weight rows x all activation rows of a row block, K in slices of about 512 KiB
+// of weights (more above 128 rows: each slice's fp32 reduction is 512 B per activation row), the
+// down GEMM's last slices shorter (down_slices). Measured on the H200 (bench/results/h200/
+// ffn.json): 512 KiB beat 128 KiB by 10-15% at M <= 64.
+FfnTiling sm90_tiling(const FfnShape& s, const FfnOptions& opt) {
+  if (opt.bk || opt.k_split_warps)
+    throw InvalidArgument("FFN: bk and k_split_warps are sm80 options (mainloop '" + opt.mainloop + "' runs sm90 tiles)");
+  // The first GEMM gets 4 MiB slices (unsplit at the Llama sizes): its tiles then end in plain
+  // stores, and a down tile's h columns are complete when one tile per column block is. Measured
+  // on the H200 (packed weights) against 512 KiB slices: 8B 87.5 -> 85.3 us at M = 1, 103.0 ->
+  // 91.9 at M = 64, 127.6 -> 106.9 at M = 128 (unpacked); 70B 362.6 -> 327.3 at M = 64.
+  const int rows = ffn_sm90::act_rows_for(s.m);
+  FfnTiling t;
+  t.gate_up = ffn_sm90::op_tiling(s.m, s.gated ? 2 * s.f : s.f, s.d, 4096, opt.split_gate_up, "even");
+  if (s.gated) t.gate_up.bn = ffn_sm90::kTileRows / 2;  // 64 h columns: their gate and up rows
+  t.down = ffn_sm90::op_tiling(s.m, s.d, s.f, int64_t(512) * std::max(1, rows / 128), opt.split_down, opt.down_slices);
+  return t;
 }
 
+}  // namespace
+
+namespace ffn_sm90 {
+
 // The SMs tiles are spread over (132 on the H100/H200 SXM where no GPU is visible, e.g. the CLI).
-int sm_count() {
+static int sm_count() {
   int dev = 0, sms = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
     cudaGetLastError();
@@ -237,42 +253,30 @@ int sm_count() {
   return sms;
 }
 
-// sm90 tiles: 128 weight rows x all activation rows of a row block, K in slices of about 512 KiB
-// of weights (more above 128 rows: each slice's fp32 reduction is 512 B per activation row), the
-// down GEMM's last slices shorter (down_slices). Measured on the H200 (bench/results/h200/
-// ffn.json): 512 KiB beat 128 KiB by 10-15% at M <= 64.
-FfnTiling sm90_tiling(const FfnShape& s, const FfnOptions& opt) {
-  if (opt.bk || opt.k_split_warps)
-    throw InvalidArgument("FFN: bk and k_split_warps are sm80 options (mainloop '" + opt.mainloop + "' runs sm90 tiles)");
-  const int rows = ffn_sm90::act_rows_for(s.m), step = ffn_sm90::stage_cols_for(rows);
-  auto split = [&](int64_t k, int given, int64_t target_kib) {
-    const int64_t target = (target_kib << 10) / (2 * ffn_sm90::kTileRows);  // K columns
-    return normalise_split(k, given ? given : static_cast<int>(std::max<int64_t>(1, (k + target / 2) / target)), step);
-  };
-  // The first GEMM gets 4 MiB slices (unsplit at the Llama sizes): its tiles then end in plain
-  // stores, and a down tile's h columns are complete when one tile per column block is. Measured
-  // on the H200 (packed weights) against 512 KiB slices: 8B 87.5 -> 85.3 us at M = 1, 103.0 ->
-  // 91.9 at M = 64, 127.6 -> 106.9 at M = 128 (unpacked); 70B 362.6 -> 327.3 at M = 64.
-  const int64_t gate_up_kib = 4096, down_kib = int64_t(512) * std::max(1, rows / 128);
-  FfnTiling t;
-  t.gate_up = {rows, s.gated ? ffn_sm90::kTileRows / 2 : ffn_sm90::kTileRows, step, split(s.d, opt.split_gate_up, gate_up_kib)};
-  t.down = {rows, ffn_sm90::kTileRows, step, split(s.f, opt.split_down, down_kib)};
-  const int levels = tail_levels(opt.down_slices);
+Tiling op_tiling(int64_t m, int64_t n, int64_t k, int64_t target_kib, int split, const std::string& slices) {
+  int levels = -1;
+  if (slices == "even") levels = 0;
+  if (slices.rfind("tail:", 0) == 0 && slices.size() == 6 && slices[5] >= '0' && slices[5] <= '4') levels = slices[5] - '0';
+  if (levels < 0) throw InvalidArgument("sm90 tiles: K slices must be 'even' or 'tail:<0..4>', got '" + slices + "'");
+  if (split < 0) throw InvalidArgument("sm90 tiles: split must be >= 0, got " + std::to_string(split));
+  const int rows = act_rows_for(m), step = stage_cols_for(rows);
+  const int64_t target = (target_kib << 10) / (2 * kTileRows);  // K columns
+  Tiling t{rows, kTileRows, step,
+           normalise_split(k, split ? split : static_cast<int>(std::max<int64_t>(1, (k + target / 2) / target)), step)};
   if (levels > 0) {
-    const int64_t tiles_per_slice = ((s.m + rows - 1) / rows) * ((s.d + ffn_sm90::kTileRows - 1) / ffn_sm90::kTileRows);
-    t.down.k_cuts = tail_k_cuts(s.f, step, (s.f + t.down.split_k - 1) / t.down.split_k, tiles_per_slice, sm_count(), levels);
-    t.down.split_k = static_cast<int64_t>(t.down.k_cuts.size()) + 1;
+    const int64_t tiles_per_slice = ((m + rows - 1) / rows) * ((n + kTileRows - 1) / kTileRows);
+    t.k_cuts = tail_k_cuts(k, step, (k + t.split_k - 1) / t.split_k, tiles_per_slice, sm_count(), levels);
+    t.split_k = static_cast<int64_t>(t.k_cuts.size()) + 1;
   }
-  for (const Tiling* x : {&t.gate_up, &t.down})
-    if (x->split_k > ffn_sm90::kMaxSlices)
-      throw InvalidArgument("FFN: " + std::to_string(x->split_k) + " K slices in one op; the sm90 tile body takes at most " +
-                            std::to_string(ffn_sm90::kMaxSlices));
-  if (std::max(s.d, s.f) / step > INT16_MAX)
-    throw InvalidArgument("FFN: K = " + std::to_string(std::max(s.d, s.f)) + " is too long for the sm90 tile body's slice table");
+  if (t.split_k > kMaxSlices)
+    throw InvalidArgument("sm90 tiles: " + std::to_string(t.split_k) + " K slices in one op; the tile body takes at most " +
+                          std::to_string(kMaxSlices));
+  if (k / step > INT16_MAX)
+    throw InvalidArgument("sm90 tiles: K = " + std::to_string(k) + " is too long for the tile body's slice table");
   return t;
 }
 
-}  // namespace
+}  // namespace ffn_sm90
 
 FfnTiling FusedFfn::tiling_for(const FfnShape& s, const FfnOptions& opt) {
   if (s.m <= 0) throw InvalidArgument("FFN: M must be >= 1, got " + std::to_string(s.m));

@@ -6,6 +6,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
+
+#include "tileweave/graph/tile_graph.hpp"
 
 #include "tileweave/runtime/exec_params.hpp"
 
@@ -57,6 +60,11 @@ int64_t packed_tiles(int64_t rows, bool gate_up_pairs);  // rows: F for paired W
 // w [rows, cols] (paired: [2 * rows, cols] = [gate; up]) into out[packed_tiles * packed_atoms * kTileRows * 64].
 void pack_weights(const __nv_bfloat16* w, __nv_bfloat16* out, int64_t rows, int64_t cols, bool gate_up_pairs,
                   cudaStream_t stream);
+
+// The tiling of one GEMM op [m, k] x [n, k]^T for this body: kTileRows weight rows x all activation
+// rows per tile, K in slices of ~target_kib KiB of weights (split > 0: that many slices), the last
+// ones shorter for slices = "tail:<n>" (tail_k_cuts), or "even". InvalidArgument on bad values.
+Tiling op_tiling(int64_t m, int64_t n, int64_t k, int64_t target_kib, int split, const std::string& slices);
 
 CUtensorMap weight_map(const __nv_bfloat16* w, int64_t rows, int64_t cols);
 CUtensorMap gate_up_map(const __nv_bfloat16* w_gate_up, int64_t f, int64_t cols);

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "tileweave/util/cuda_check.hpp"
@@ -66,6 +67,22 @@ struct DeviceBuffer {
   // 0xFF bytes: NaN in bf16, fp16 and fp32, so an element nobody wrote fails the check.
   void poison() { TW_CUDA_CHECK(cudaMemset(ptr, 0xFF, n * sizeof(T))); }
 };
+
+// out[r, c] = sum_j a[r, j] * w[c, j] in double: the reference for Linear layers (w [n, k] as in
+// PyTorch), a naive kernel independent of the code under test. TA: __nv_bfloat16 or double.
+template <class TA>
+__global__ void ref_linear_bf16w(const TA* a, const __nv_bfloat16* w, double* out, int64_t m, int64_t n, int64_t k) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= m * n) return;
+  const int64_t r = i / n, c = i % n;
+  double s = 0;
+  for (int64_t j = 0; j < k; ++j) {
+    double av;
+    if constexpr (std::is_same_v<TA, __nv_bfloat16>) av = double(__bfloat162float(a[r * k + j])); else av = a[r * k + j];
+    s += av * double(__bfloat162float(w[c * k + j]));
+  }
+  out[i] = s;
+}
 
 // ||out - ref|| / ||ref||; any non-finite output makes it infinite.
 inline double rel_error(const std::vector<__nv_bfloat16>& out, const std::vector<double>& ref) {

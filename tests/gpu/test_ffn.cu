@@ -17,20 +17,6 @@ using namespace tw;
 using namespace tw::test;
 using bf16 = __nv_bfloat16;
 
-__device__ double to_double(bf16 v) { return double(__bfloat162float(v)); }
-template <class TA>
-__global__ void ref_linear_bf16w(const TA* a, const bf16* w, double* out, int64_t m, int64_t n, int64_t k) {
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i >= m * n) return;
-  const int64_t r = i / n, c = i % n;
-  double s = 0;
-  for (int64_t j = 0; j < k; ++j) {
-    double av;
-    if constexpr (std::is_same_v<TA, bf16>) av = to_double(a[r * k + j]); else av = a[r * k + j];
-    s += av * to_double(w[c * k + j]);
-  }
-  out[i] = s;
-}
 __global__ void ref_silu_mul(const double* gu, double* h, int64_t m, int64_t f) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= m * f) return;

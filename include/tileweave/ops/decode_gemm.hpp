@@ -1,0 +1,60 @@
+// Decode GEMM on the tile executor: Y[M, N] = X[M, K] W[N, K]^T (bf16, fp32 accumulation; W a
+// PyTorch Linear weight) as a one-op tile graph run by the fused FFN's sm90 tile body -- a TMA (or
+// bulk-copy, for packed weights) producer warp taking the tickets, wgmma consumers, split-K
+// reduced in the launch, K slices that end short. The standalone GEMM and the fused ops thus share
+// one mainloop, one tiling rule and one weight layout.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tileweave/graph/tile_graph.hpp"
+#include "tileweave/order/schedule.hpp"
+#include "tileweave/runtime/device_plan.hpp"
+
+namespace tw {
+
+struct DecodeGemmOptions {
+  bool packed_weights = false;   // run() takes W as written by pack() (one contiguous copy per stage)
+  std::string order = "kslices/col_major";  // any make_order spec
+  int split_k = 0;               // K slices; 0 = about 512 KiB of weights per tile
+  std::string k_slices = "tail:1";  // "even", or "tail:<n>": the last waves of tiles shorter
+  uint32_t spin_limit = 0;       // tests: bounded waits
+};
+
+class DecodeGemm {
+ public:
+  // Needs an sm_90 GPU; M >= 1, N >= 1, K >= 8 with K % 8 == 0 (InvalidArgument otherwise).
+  DecodeGemm(int64_t m, int64_t n, int64_t k, const DecodeGemmOptions& opt = {});
+  ~DecodeGemm();
+  DecodeGemm(const DecodeGemm&) = delete;
+  DecodeGemm& operator=(const DecodeGemm&) = delete;
+
+  // One launch; graph-capturable. Pointers: device, 16-byte aligned.
+  void run(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* w, cudaStream_t stream) const;
+  // W [N, K] into `packed` (packed_size() elements), for objects built with packed_weights.
+  void pack(const __nv_bfloat16* w, __nv_bfloat16* packed, cudaStream_t stream) const;
+  int64_t packed_size() const;
+
+  const TileGraph& graph() const { return g_; }
+  const Schedule& schedule() const { return sched_; }
+  const runtime::DevicePlan& plan() const { return *plan_; }
+  int grid() const { return grid_; }
+
+ private:
+  int64_t m_, n_, k_;
+  bool packed_;
+  TileGraph g_;
+  int op_ = -1;
+  Schedule sched_;
+  std::unique_ptr<runtime::DevicePlan> plan_;
+  float* ws_ = nullptr;  // split-K accumulators, zero between launches
+  int grid_ = 0, act_rows_ = 0;
+  uint32_t spin_limit_ = 0;
+};
+
+}  // namespace tw

@@ -1,0 +1,81 @@
+#include "tileweave/ops/decode_gemm.hpp"
+
+#include "ffn_sm90.hpp"
+#include "tileweave/order/orders.hpp"
+#include "tileweave/runtime/exec_plan.hpp"
+#include "tileweave/util/cuda_check.hpp"
+
+namespace tw {
+namespace {
+using bf16 = __nv_bfloat16;
+
+void check_ptr(const void* p, const char* name) {
+  if (!p) throw InvalidArgument(std::string("DecodeGemm: ") + name + " is null");
+  if (reinterpret_cast<uintptr_t>(p) % 16) throw InvalidArgument(std::string("DecodeGemm: ") + name + " is not 16-byte aligned");
+}
+}  // namespace
+
+DecodeGemm::DecodeGemm(int64_t m, int64_t n, int64_t k, const DecodeGemmOptions& opt)
+    : m_(m), n_(n), k_(k), packed_(opt.packed_weights), spin_limit_(opt.spin_limit) {
+  if (m < 1) throw InvalidArgument("DecodeGemm: M must be >= 1, got " + std::to_string(m));
+  if (n < 1) throw InvalidArgument("DecodeGemm: N must be >= 1, got " + std::to_string(n));
+  if (k < 8 || k % 8) throw InvalidArgument("DecodeGemm: K must be a positive multiple of 8, got " + std::to_string(k));
+  int dev = 0, major = 0, sms = 0;
+  TW_CUDA_CHECK(cudaGetDevice(&dev));
+  TW_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  TW_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  if (major != 9) throw InvalidArgument("DecodeGemm: needs an sm_90 GPU (H100/H200); this one is sm_" + std::to_string(major) + "x");
+  // K is split only to give every SM work: with at least a wave of output tiles, 4 MiB slices
+  // (unsplit at the Llama sizes), as for the FFN's first GEMM; else ~512 KiB (x M/128) slices.
+  const int64_t rows = ffn_sm90::act_rows_for(m);
+  const int64_t out_tiles = ((m + rows - 1) / rows) * ((n + ffn_sm90::kTileRows - 1) / ffn_sm90::kTileRows);
+  const int64_t target_kib = out_tiles >= sms ? 4096 : 512 * std::max<int64_t>(1, rows / 128);
+  const Tiling t = ffn_sm90::op_tiling(m, n, k, target_kib, opt.split_k, opt.k_slices);
+  const int x = g_.add_tensor("x", m, k, 2, TensorRole::Input);
+  const int w = g_.add_tensor("w", n, k, 2, TensorRole::Weight);
+  const int y = g_.add_tensor("y", m, n, 2, TensorRole::Output);
+  op_ = g_.add_gemm("gemm", x, w, y, t);
+  sched_ = make_order(g_, opt.order);
+  plan_ = std::make_unique<runtime::DevicePlan>(make_exec_plan(g_, sched_));
+  act_rows_ = static_cast<int>(t.bm);
+  ffn_sm90::prepare_kernel(act_rows_);
+  grid_ = sms;  // one CTA per SM (the tile body takes over half an SM's shared memory)
+  const Op& o = g_.op(op_);
+  const size_t ws_floats = o.tiling.split_k > 1 ? size_t(o.grid_m) * o.grid_n * ffn_sm90::kTileRows * act_rows_ : 1;
+  TW_CUDA_CHECK(cudaMalloc(&ws_, ws_floats * sizeof(float)));
+  TW_CUDA_CHECK(cudaMemset(ws_, 0, ws_floats * sizeof(float)));
+}
+
+DecodeGemm::~DecodeGemm() { cudaFree(ws_); }
+
+int64_t DecodeGemm::packed_size() const {
+  return ffn_sm90::packed_tiles(n_, false) * ffn_sm90::packed_atoms(k_) * ffn_sm90::kTileRows * 64;
+}
+
+void DecodeGemm::pack(const bf16* w, bf16* packed, cudaStream_t stream) const {
+  if (!packed_) throw InvalidArgument("DecodeGemm::pack: this object was built without packed_weights");
+  check_ptr(w, "w");
+  check_ptr(packed, "packed");
+  ffn_sm90::pack_weights(w, packed, n_, k_, false, stream);
+}
+
+void DecodeGemm::run(bf16* y, const bf16* x, const bf16* w, cudaStream_t stream) const {
+  check_ptr(y, "y");
+  check_ptr(x, "x");
+  check_ptr(w, "w");
+  const Op& o = g_.op(op_);
+  const int step = static_cast<int>(o.tiling.bk);
+  ffn_sm90::Maps maps{};
+  if (!packed_) maps.w0 = ffn_sm90::weight_map(w, n_, k_);
+  maps.x = ffn_sm90::act_map(x, m_, k_, act_rows_);
+  maps.h = maps.x;  // the body prefetches every map; this op reads only x
+  maps.w1 = maps.w0;
+  ffn_sm90::OpArgs ops[2]{};
+  ops[0] = {y, ws_, int32_t(m_), int32_t(n_), int32_t(o.grid_n), int32_t(o.tiling.split_k), 0,
+            packed_ ? w : nullptr, int32_t(ffn_sm90::packed_atoms(k_)), {}};
+  for (int64_t ks = 0; ks <= o.tiling.split_k; ++ks) ops[0].slice_start[ks] = int16_t((o.k_begin(ks) + step - 1) / step);
+  ops[1] = ops[0];  // no tile of op 1 exists
+  ffn_sm90::launch(plan_->params(spin_limit_), maps, ops, act_rows_, grid_, stream);
+}
+
+}  // namespace tw
