@@ -21,24 +21,9 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-// Unit-variance uniform noise from a hash of the index: never zeros (METHOD.md), cheap to make.
-__global__ void fill_noise(bf16* p, size_t n, uint64_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint64_t z = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    const float u = float(z >> 40) * (1.0f / 16777216.0f);
-    p[i] = __float2bfloat16((2.f * u - 1.f) * 1.7320508f);
-  }
-}
-
 __global__ void empty_kernel() {}
 
-void noise(bf16* p, size_t n, uint64_t seed) {
-  fill_noise<<<1024, 256>>>(p, n, seed);
-  TW_CUDA_CHECK_LAUNCH();
-}
+void noise(bf16* p, size_t n, uint64_t seed) { tw::bench::fill_noise_bf16(p, n, seed); }
 
 struct Case {
   int batch;

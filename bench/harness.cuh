@@ -2,10 +2,12 @@
 // with rotated input sets (so L2 holds none of what is timed), and the JSON result file.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -112,6 +114,38 @@ inline Floor measure_floor(const Gpu& gpu, size_t bytes = size_t(8) << 30) {
   TW_CUDA_CHECK(cudaFree(buf));
   TW_CUDA_CHECK(cudaFree(sink));
   return f;
+}
+
+// Unit-variance uniform noise (times `scale`) from a hash of the index: never zeros (METHOD.md),
+// cheap to make on the GPU for gigabytes of K/V.
+static __global__ void fill_noise_bf16_kernel(__nv_bfloat16* p, size_t n, uint64_t seed, float scale) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint64_t z = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    const float u = float(z >> 40) * (1.0f / 16777216.0f);
+    p[i] = __float2bfloat16((2.f * u - 1.f) * 1.7320508f * scale);
+  }
+}
+inline void fill_noise_bf16(__nv_bfloat16* p, size_t n, uint64_t seed, float scale = 1.f) {
+  fill_noise_bf16_kernel<<<1024, 256>>>(p, n, seed, scale);
+  TW_CUDA_CHECK_LAUNCH();
+}
+
+// ||a - b|| / ||b|| over two bf16 device arrays; infinite if a holds a non-finite value.
+inline double rel_diff_bf16(const __nv_bfloat16* a_dev, const __nv_bfloat16* b_dev, size_t n) {
+  std::vector<__nv_bfloat16> a(n), b(n);
+  TW_CUDA_CHECK(cudaMemcpy(a.data(), a_dev, n * sizeof(a[0]), cudaMemcpyDeviceToHost));
+  TW_CUDA_CHECK(cudaMemcpy(b.data(), b_dev, n * sizeof(b[0]), cudaMemcpyDeviceToHost));
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double x = __bfloat162float(a[i]), y = __bfloat162float(b[i]);
+    if (!std::isfinite(x)) return INFINITY;
+    num += (x - y) * (x - y);
+    den += y * y;
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
 }
 
 inline std::string utc_now() {

@@ -51,6 +51,10 @@ expect_json search --gemm 48x48x16 --tile 16x16x16 --cache 2048 --p 1 --json --q
 expect_json bounds --json
 expect_json orders --json
 expect_json orders --model chain --m 32 --tile 16x128x64 --show chain_rows:1 --json
+expect_ok "decode attention" sim --attention 16x4096
+expect_ok "too large to draw" orders --attention 1x4096 --show kslices/col_major
+expect_ok "heuristic search" search --attention 2x300 --time-limit 1 --quiet
+expect_json bounds --attention 1x4096 --split-k 8 --json
 
 # Bad input.
 expect_error "got 0" sim --m 0
@@ -59,6 +63,10 @@ expect_error "99999999999" sim --m 99999999999
 expect_error "abc" sim --m abc
 expect_error "M must be positive, got 0" sim --gemm 0x16x16
 expect_error "10x10" sim --gemm 10x10
+expect_error "length L must be positive, got 0" sim --attention 1x0
+expect_error "not of the form AxB" sim --attention 16
+expect_error "--tile does not apply" sim --attention 16x4096 --tile 16x16x16
+expect_error "split_k 17" sim --attention 1x4096 --split-k 17
 expect_error "absurd" sim --gemm 2000000000x64x64
 expect_error "K-steps is absurd" sim --gemm 1048576x1048576x1048576 --tile 1024x1024x1024
 expect_error "BM 128 is larger than M 64" sim --gemm 64x64x64 --tile 128x16x16

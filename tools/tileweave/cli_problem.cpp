@@ -4,6 +4,7 @@
 #include <cctype>
 #include <fmt/format.h>
 
+#include "tileweave/graph/attention_graph.hpp"
 #include "tileweave/graph/gemm_graph.hpp"
 #include "tileweave/model/presets.hpp"
 
@@ -15,6 +16,9 @@ void add_problem_options(CLI::App& cmd, ProblemOptions& o) {
   cmd.add_option("--d", o.d, "hidden size, overriding the model preset's");
   cmd.add_option("--ffn", o.ffn, "intermediate size, overriding the model preset's");
   cmd.add_option("--gemm", o.gemm, "one GEMM MxNxK instead of a model FFN");
+  cmd.add_option("--attention", o.attention,
+                 "decode attention -> o_proj BxL (Llama-3-8B: 32/8 heads, d 128, hidden 4096; B sequences of L "
+                 "tokens) instead of a model FFN, tiled as the GPU executor runs it");
   cmd.add_option("--tile", o.tile, "tile BMxBNxBK (default 128x128x64, clipped to the problem)");
   cmd.add_option("--split-k", o.split_k, "K slices of the last GEMM")->capture_default_str();
   cmd.add_option("--gpu", o.gpu, "GPU preset for L2 size and SM count: h100 | h200 | a100")->capture_default_str();
@@ -50,19 +54,20 @@ void check_dim(int64_t v, const std::string& what) {
   if (v > kMaxDim) throw InvalidArgument(what + " " + std::to_string(v) + " is absurd (max " + std::to_string(kMaxDim) + ")");
 }
 
-// "AxBxC" -> three positive numbers.
-void parse_triple(const std::string& text, const std::string& what, int64_t out[3]) {
+// "AxBxC" (n = 3) or "AxB" (n = 2) -> n numbers.
+void parse_dims(const std::string& text, const std::string& what, int64_t* out, int n = 3) {
+  const std::string form = n == 3 ? "AxBxC" : "AxB";
   size_t at = 0;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < n; ++i) {
     const size_t x = text.find('x', at);
-    const std::string part = text.substr(at, i < 2 ? x - at : std::string::npos);
-    if ((i < 2 && x == std::string::npos) || part.empty() || part.size() > 12 ||
+    const std::string part = text.substr(at, i < n - 1 ? x - at : std::string::npos);
+    if ((i < n - 1 && x == std::string::npos) || part.empty() || part.size() > 12 ||
         !std::all_of(part.begin(), part.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)) || c == '-'; }))
-      throw InvalidArgument(what + " '" + text + "' is not of the form AxBxC");
+      throw InvalidArgument(what + " '" + text + "' is not of the form " + form);
     try {
       out[i] = std::stoll(part);
     } catch (const std::exception&) {
-      throw InvalidArgument(what + " '" + text + "' is not of the form AxBxC");
+      throw InvalidArgument(what + " '" + text + "' is not of the form " + form);
     }
     at = x + 1;
   }
@@ -74,7 +79,7 @@ Tiling make_tiling(const ProblemOptions& o, int64_t m, int64_t n, int64_t k) {
     t.bm = std::min(t.bm, m), t.bn = std::min(t.bn, n), t.bk = std::min(t.bk, k);
   } else {
     int64_t v[3];
-    parse_triple(o.tile, "tile", v);
+    parse_dims(o.tile, "tile", v);
     t = {v[0], v[1], v[2], 1};
     check_dim(t.bm, "tile BM"), check_dim(t.bn, "tile BN"), check_dim(t.bk, "tile BK");
     if (t.bm > m) throw InvalidArgument(fmt::format("tile BM {} is larger than M {}", t.bm, m));
@@ -117,9 +122,35 @@ Problem make_problem(const ProblemOptions& o) {
   const std::string cache_text = fmt::format("cache {}, {} B lines{}, P = {}", cap_text,
                                              p.cache.line_bytes, p.cache.sets > 1 ? fmt::format(", {} sets", p.cache.sets) : "",
                                              p.cache.in_flight);
+  if (!o.attention.empty()) {
+    if (!o.gemm.empty()) throw InvalidArgument("--attention and --gemm name two problems: give one");
+    if (!o.tile.empty()) throw InvalidArgument("--tile does not apply to --attention (its tiles are the executor's)");
+    int64_t v[2];
+    parse_dims(o.attention, "attention shape", v, 2);
+    check_dim(v[0], "batch B"), check_dim(v[1], "length L");
+    if (v[0] * v[1] > (int64_t{1} << 21))
+      throw InvalidArgument(fmt::format("attention {}x{}: {} cached tokens is absurd for the model (max 2^21)", v[0], v[1],
+                                        v[0] * v[1]));
+    // Llama-3-8B attention, planned for this GPU as the fused executor plans it (two tiles per SM).
+    DecodeAttentionShape s;
+    s.batch = static_cast<int>(v[0]);
+    s.max_seq_len = v[1];
+    s.tiles_per_sm = 2;
+    const std::vector<int> lens(s.batch, static_cast<int>(v[1]));
+    validate_decode_attention(s, lens, {});
+    const DecodePlan plan = plan_decode_for(s, lens, gpu.sms);
+    const int64_t hidden = 4096;
+    const Tiling t = attention_oproj_tiling(s, hidden, o.split_k > 1 ? static_cast<int>(o.split_k) : 0);
+    p.graph = build_attention_oproj_graph(s, lens, {}, plan, hidden, t, false).graph;
+    p.description = fmt::format("Llama-3-8B decode attention (32/8 heads, d 128) B = {}, L = {}: {} attention tiles; "
+                                "o_proj {}x{}x{}, tiles {}x{}x{}, split-K {}; {} ({})",
+                                v[0], v[1], plan.num_tiles, v[0], hidden, 32 * 128, t.bm, t.bn, t.bk, t.split_k,
+                                cache_text, o.gpu);
+    return p;
+  }
   if (!o.gemm.empty()) {
     int64_t v[3];
-    parse_triple(o.gemm, "GEMM shape", v);
+    parse_dims(o.gemm, "GEMM shape", v);
     check_dim(v[0], "M"), check_dim(v[1], "N"), check_dim(v[2], "K");
     Tiling t = make_tiling(o, v[0], v[1], v[2]);
     t.split_k = o.split_k;

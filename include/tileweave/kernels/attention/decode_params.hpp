@@ -6,21 +6,14 @@
 
 #include <cstdint>
 
+#include "tileweave/kernels/attention/decode_units.hpp"
+
 namespace tw::kernels {
 
-constexpr int kDecodeMaxGroup = 8;     // query heads per KV head: the 8 rows of an mma tile that hold heads
-constexpr int kDecodeStageTokens = 16; // tokens per unit of work and smem stage = the k extent of one P.V mma
-constexpr int kDecodeWarps = 4;        // warps per tile; each streams its own stages
-constexpr int kDecodeThreads = kDecodeWarps * 32;
-constexpr int kDecodeMaxSlots = 8;     // ring slots per warp (stages in flight)
-constexpr int kDecodeMaxTiles = 4096;  // bounds num_tiles (and the workspace)
-
-// The work is cut stream-K style: a *pair* is one (sequence b, KV head h), index b * Hkv + h; it
-// holds ceil(len_b / 16) units of 16 tokens, and the pairs' units are numbered one after another.
-// Tile c of num_tiles takes units [c * U / num_tiles, (c + 1) * U / num_tiles), U = total_units:
-// every tile streams the same bytes (to 16 tokens), whatever the lengths. A tile runs its range
-// pair by pair (a *segment* per pair); a segment that is a whole pair writes the output, one that
-// is part of a pair writes a partial result, and the last tile to finish a pair merges them.
+// The work is cut stream-K style (decode_units.hpp: pairs, 16-token units, the even cut). A tile
+// runs its range pair by pair (a *segment* per pair); a segment that is a whole pair writes the
+// output, one that is part of a pair writes a partial result, and the last tile to finish a pair
+// merges them.
 struct DecodeParams {
   // The new token: q [B, Hq, D], k_new / v_new [B, Hkv, D] (k_new == nullptr: no append, no RoPE on k).
   const __nv_bfloat16* q = nullptr;
@@ -53,21 +46,5 @@ struct DecodeParams {
   bool rope = false;
   float inv_freq[64] = {};  // RoPE (rotate-half): angle_i = float(pos) * inv_freq[i], i < D/2
 };
-
-#ifdef __CUDACC__
-#define TW_DECODE_HD __host__ __device__
-#else
-#define TW_DECODE_HD
-#endif
-TW_DECODE_HD inline int decode_units(int seq_len) { return (seq_len + kDecodeStageTokens - 1) / kDecodeStageTokens; }
-// First unit of tile c.
-TW_DECODE_HD inline int decode_tile_start(int c, int num_tiles, int total_units) {
-  return static_cast<int>(int64_t(c) * total_units / num_tiles);
-}
-// The tile holding unit u: the largest c with decode_tile_start(c) <= u.
-TW_DECODE_HD inline int decode_tile_of(int u, int num_tiles, int total_units) {
-  return static_cast<int>((int64_t(u + 1) * num_tiles - 1) / total_units);
-}
-#undef TW_DECODE_HD
 
 }  // namespace tw::kernels

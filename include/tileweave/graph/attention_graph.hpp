@@ -1,0 +1,97 @@
+// Decode attention on the host: its shape, its validation, the stream-K plan (which 16-token units
+// each work tile streams; kernels/attention/decode_units.hpp has the arithmetic), and the tile graph
+// of attention -> o_proj. No CUDA here: the GPU ops (ops/attention.hpp, ops/attention_oproj.hpp)
+// plan with these functions, and the traffic model and the CLI build the same graph from them.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tileweave/graph/tile_graph.hpp"
+
+namespace tw {
+
+enum class KvLayout { Contiguous, Paged };
+// How K/V stream into shared memory: 16-byte cp.async (sm_80+) or Hopper bulk copies (sm_90).
+enum class KvLoad { Auto, CpAsync, Bulk };
+
+struct DecodeAttentionShape {
+  int batch = 1;
+  int num_q_heads = 32, num_kv_heads = 8;  // num_q_heads / num_kv_heads in 1..8 (GQA group)
+  int head_dim = 128;                      // 64 or 128
+  KvLayout layout = KvLayout::Contiguous;
+  int64_t max_seq_len = 0;                 // contiguous: S of [B, Hkv, S, D]
+  int page_size = 0;                       // paged: a multiple of 16 (16..256 typical)
+  int num_pages = 0;                       // paged: pages in the pool
+  int pages_per_seq = 0;                   // paged: row length of the page table [B, pages_per_seq]
+  float scale = 0.f;                       // softmax scale; 0: 1/sqrt(head_dim)
+  float rope_theta = 10000.f;              // rotate-half RoPE base; <= 0: no RoPE
+  bool append = true;                      // false: the cache already holds all seq_lens[b] tokens
+  // Overrides of the plan (0: planned): work tiles (blocks of one launch, <= kDecodeMaxTiles),
+  // tiles per SM the plan aims for, and 16-token stages in flight per warp (1..kDecodeMaxSlots).
+  int num_tiles = 0;
+  int tiles_per_sm = 0;
+  int ring_slots = 0;
+  KvLoad kv_load = KvLoad::Auto;
+};
+
+// Checks the shape, the lengths (seq_lens[b] counts the cache after the append) and the page table;
+// InvalidArgument "decode attention: ..." naming the bad value.
+void validate_decode_attention(const DecodeAttentionShape& s, const std::vector<int>& seq_lens,
+                               const std::vector<int>& page_table);
+
+// K and V bytes the tiles read.
+int64_t decode_kv_bytes(const DecodeAttentionShape& s, const std::vector<int>& seq_lens);
+
+// The stream-K plan as the kernel reads it: pair_info [npairs + 1] and tile_first [num_tiles].
+struct DecodePlan {
+  int num_tiles = 0, total_units = 0;
+  int tiles_per_sm = 0;         // what plan_decode_for aimed for (0 from plan_decode)
+  std::vector<int> pair_info;   // {first unit, sequence length} per pair, flattened int2
+  std::vector<int> tile_first;  // {pair, its first unit, its end unit, its length} per tile, flattened int4
+};
+// The plan for num_tiles tiles (clamped to [1, total units]).
+DecodePlan plan_decode(const std::vector<int>& seq_lens, int num_kv_heads, int num_tiles);
+// The planner: the plan DecodeAttention runs on a GPU with `sms` SMs, the shape's overrides
+// respected. Expects a validated shape (validate_decode_attention).
+DecodePlan plan_decode_for(const DecodeAttentionShape& s, const std::vector<int>& seq_lens, int sms);
+
+// A unit of executor work: work tile `tile` (kernels::decode_work_tile). Tiles depend on nothing
+// and never wait for each other. The output rows of pair i = b * Hkv + h (query heads h * G ..
+// h * G + G - 1 of sequence b) are written by the tile that holds the pair whole, or by whichever
+// of the tiles holding a part of it finishes last: a consumer of those rows depends on every tile
+// with pair_begin <= i < pair_end.
+struct DecodeTileDesc {
+  int tile = 0;
+  int pair_begin = 0, pair_end = 0;
+};
+std::vector<DecodeTileDesc> decode_tile_descs(const DecodePlan& plan);
+
+// The tensors of a decode-attention op in a TileGraph, as 2-D bf16 tensors:
+//   q, out [B, Hq*D]; k_new, v_new [B, Hkv*D] (only with append);
+//   k_cache, v_cache: one row per cached token, [B*Hkv*max_seq_len, D] contiguous or
+//   [num_pages*Hkv*page_size, D] paged.
+struct DecodeAttentionTensorIds {
+  int q = -1, k_new = -1, v_new = -1, k_cache = -1, v_cache = -1, out = -1;
+};
+
+// O = attention(q, K, V) [B, Hq*D]; Y = O . Wo^T (+ R) [B, hidden]. The o_proj tiles cut K = Hq*D
+// in slices (split-K), so a slice is a range of heads and its tiles depend only on the attention
+// tiles that hold those heads of their rows.
+struct AttentionOprojGraph {
+  TileGraph graph;
+  DecodeAttentionTensorIds attn;  // attn.out is O
+  int w_o = -1, residual = -1, y = -1;
+  int op_attention = -1, op_oproj = -1;
+};
+AttentionOprojGraph build_attention_oproj_graph(const DecodeAttentionShape& s, const std::vector<int>& seq_lens,
+                                                const std::vector<int>& page_table, const DecodePlan& plan,
+                                                int64_t hidden, const Tiling& oproj, bool residual);
+
+// The o_proj tiling the executor's sm80 weight tiles run (ops/attention_oproj.hpp): at B <= 16,
+// 16 weight rows x 256 K per stage (the FFN's measured choice at M <= 16: fewer split-K reductions);
+// above, 64 weight rows x 128 K, up to 64 rows of O per tile. split_k 0: K slices of whole KV-head
+// groups holding about 128 KiB of weights per tile (measured best; at B <= 16 that is all of K).
+Tiling attention_oproj_tiling(const DecodeAttentionShape& s, int64_t hidden, int split_k = 0);
+
+}  // namespace tw

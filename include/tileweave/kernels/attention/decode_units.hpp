@@ -1,0 +1,37 @@
+// The stream-K unit arithmetic of split-KV decode attention, shared by the host (the planner and
+// the tile graph, which must stay CUDA-free) and the device tiles. Plain C++17, no CUDA headers.
+//
+// A *pair* is one (sequence b, KV head h), index b * Hkv + h; it holds ceil(len_b / 16) units of
+// 16 tokens, and the pairs' units are numbered one after another. Tile c of num_tiles takes units
+// [c * U / num_tiles, (c + 1) * U / num_tiles), U = total_units: every tile streams the same bytes
+// (to 16 tokens), whatever the lengths.
+#pragma once
+
+#include <cstdint>
+
+namespace tw::kernels {
+
+constexpr int kDecodeMaxGroup = 8;     // query heads per KV head: the 8 rows of an mma tile that hold heads
+constexpr int kDecodeStageTokens = 16; // tokens per unit of work and smem stage = the k extent of one P.V mma
+constexpr int kDecodeWarps = 4;        // warps per tile; each streams its own stages
+constexpr int kDecodeThreads = kDecodeWarps * 32;
+constexpr int kDecodeMaxSlots = 8;     // ring slots per warp (stages in flight)
+constexpr int kDecodeMaxTiles = 4096;  // bounds num_tiles (and the workspace)
+
+#ifdef __CUDACC__
+#define TW_DECODE_HD __host__ __device__
+#else
+#define TW_DECODE_HD
+#endif
+TW_DECODE_HD inline int decode_units(int seq_len) { return (seq_len + kDecodeStageTokens - 1) / kDecodeStageTokens; }
+// First unit of tile c.
+TW_DECODE_HD inline int decode_tile_start(int c, int num_tiles, int total_units) {
+  return static_cast<int>(int64_t(c) * total_units / num_tiles);
+}
+// The tile holding unit u: the largest c with decode_tile_start(c) <= u.
+TW_DECODE_HD inline int decode_tile_of(int u, int num_tiles, int total_units) {
+  return static_cast<int>((int64_t(u + 1) * num_tiles - 1) / total_units);
+}
+#undef TW_DECODE_HD
+
+}  // namespace tw::kernels

@@ -1,0 +1,296 @@
+// Decode attention on the host: validation, the stream-K plan and planner, the op's tiles in a
+// TileGraph, and the attention -> o_proj graph.
+#include "tileweave/graph/attention_graph.hpp"
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+
+#include "tileweave/kernels/attention/decode_units.hpp"
+
+namespace tw {
+
+namespace {
+
+using kernels::decode_units;
+
+// The planner's defaults, from the H200 variants of bench_attention (2026-11-22):
+// - Small work (no more pairs than SMs, at most kSmallBytesPerSm of K/V per SM): one tile per SM,
+//   tiles cut at pair boundaries: the fewest partials and merges on the latency-bound cases
+//   (B = 16, L = 4096: 67.6 us against 69.1 with two tiles per SM).
+// - Otherwise two tiles per SM (8 warps per SM keep up with the stream, 4 fall 3-4% short), cut
+//   evenly over every slot.
+// The ring depth (stages per warp) depends on shared memory and stays with the GPU op.
+constexpr int64_t kSmallBytesPerSm = int64_t(8) << 20;
+// A tile streams at least one stage per warp.
+constexpr int kMinUnitsPerTile = kernels::kDecodeWarps;
+
+// Tiles for `slots_max` co-resident ones, each streaming at least kMinUnitsPerTile units. `aligned`:
+// when all pairs are equally long and fewer than the slots, each pair gets the same whole number of
+// tiles, so that tile boundaries fall on pair boundaries (no tile holds parts of two pairs, and a
+// pair's merge waits for the fewest tiles).
+int plan_tiles(const std::vector<int>& lens, int num_kv_heads, int slots_max, bool aligned) {
+  const int npairs = static_cast<int>(lens.size()) * num_kv_heads;
+  int units = 0;
+  for (int len : lens) units += decode_units(len) * num_kv_heads;
+  const int most = std::clamp((units + kMinUnitsPerTile - 1) / kMinUnitsPerTile, 1, slots_max);
+  const bool uniform = std::all_of(lens.begin(), lens.end(), [&](int l) { return decode_units(l) == decode_units(lens[0]); });
+  if (!aligned || !uniform || npairs > most) return most;
+  return npairs * std::max(1, most / npairs);
+}
+
+[[noreturn]] void bad(const std::string& what) { throw InvalidArgument("decode attention: " + what); }
+
+}  // namespace
+
+void validate_decode_attention(const DecodeAttentionShape& s, const std::vector<int>& lens, const std::vector<int>& table) {
+  if (s.batch < 1) bad("batch " + std::to_string(s.batch) + " must be >= 1");
+  if (s.num_kv_heads < 1) bad("num_kv_heads " + std::to_string(s.num_kv_heads) + " must be >= 1");
+  if (s.num_q_heads < 1 || s.num_q_heads % s.num_kv_heads != 0)
+    bad("num_q_heads " + std::to_string(s.num_q_heads) + " is not a multiple of num_kv_heads " +
+        std::to_string(s.num_kv_heads));
+  const int group = s.num_q_heads / s.num_kv_heads;
+  if (group > kernels::kDecodeMaxGroup)
+    bad("group size " + std::to_string(group) + " (num_q_heads / num_kv_heads) exceeds 8");
+  if (s.head_dim != 64 && s.head_dim != 128) bad("head_dim " + std::to_string(s.head_dim) + " is not 64 or 128");
+  auto in_range = [](const char* name, int v, int hi) {
+    if (v < 0 || v > hi) bad(std::string(name) + " " + std::to_string(v) + " is outside [0, " + std::to_string(hi) + "]");
+  };
+  in_range("num_tiles", s.num_tiles, kernels::kDecodeMaxTiles);
+  in_range("tiles_per_sm", s.tiles_per_sm, 2);
+  in_range("ring_slots", s.ring_slots, kernels::kDecodeMaxSlots);
+  if (int64_t(lens.size()) != s.batch)
+    bad("seq_lens has " + std::to_string(lens.size()) + " entries for batch " + std::to_string(s.batch));
+  for (int b = 0; b < s.batch; ++b)
+    if (lens[b] < 1)
+      bad("seq_lens[" + std::to_string(b) + "] = " + std::to_string(lens[b]) + ": a sequence holds at least the new token");
+  const int max_len = *std::max_element(lens.begin(), lens.end());
+  int64_t units = 0;
+  for (int len : lens) units += int64_t(decode_units(len)) * s.num_kv_heads;
+  if (units > INT32_MAX / 2) bad("the cache holds " + std::to_string(units) + " 16-token units, over 2^30");
+  if (s.layout == KvLayout::Contiguous) {
+    if (max_len > s.max_seq_len)
+      bad("seq_lens up to " + std::to_string(max_len) + " exceed max_seq_len " + std::to_string(s.max_seq_len));
+    if (!table.empty()) bad("a page table was given for a contiguous cache");
+    return;
+  }
+  if (s.page_size < 16 || s.page_size % 16 != 0)
+    bad("page_size " + std::to_string(s.page_size) + " is not a positive multiple of 16");
+  if (s.num_pages < 1) bad("num_pages " + std::to_string(s.num_pages) + " must be >= 1");
+  if (s.pages_per_seq < 1) bad("pages_per_seq " + std::to_string(s.pages_per_seq) + " must be >= 1");
+  if (int64_t(table.size()) != int64_t(s.batch) * s.pages_per_seq)
+    bad("page table has " + std::to_string(table.size()) + " entries, expected batch * pages_per_seq = " +
+        std::to_string(int64_t(s.batch) * s.pages_per_seq));
+  for (int b = 0; b < s.batch; ++b) {
+    const int pages = (lens[b] + s.page_size - 1) / s.page_size;
+    if (pages > s.pages_per_seq)
+      bad("seq_lens[" + std::to_string(b) + "] = " + std::to_string(lens[b]) + " needs " + std::to_string(pages) +
+          " pages, the page table has " + std::to_string(s.pages_per_seq) + " per sequence");
+    for (int i = 0; i < pages; ++i) {
+      const int page = table[int64_t(b) * s.pages_per_seq + i];
+      if (page < 0 || page >= s.num_pages)
+        bad("page_table[" + std::to_string(b) + "][" + std::to_string(i) + "] = " + std::to_string(page) +
+            " is outside [0, " + std::to_string(s.num_pages) + ")");
+    }
+  }
+}
+
+int64_t decode_kv_bytes(const DecodeAttentionShape& s, const std::vector<int>& lens) {
+  const int64_t tokens = std::accumulate(lens.begin(), lens.end(), int64_t(0));
+  return tokens * s.num_kv_heads * s.head_dim * 2 /*bytes*/ * 2 /*K and V*/;
+}
+
+DecodePlan plan_decode(const std::vector<int>& seq_lens, int num_kv_heads, int num_tiles) {
+  DecodePlan pl;
+  const int npairs = static_cast<int>(seq_lens.size()) * num_kv_heads;
+  pl.pair_info.resize(2 * size_t(npairs + 1));
+  int units = 0;
+  for (int i = 0; i < npairs; ++i) {
+    const int len = seq_lens[i / num_kv_heads];
+    pl.pair_info[2 * i] = units;
+    pl.pair_info[2 * i + 1] = len;
+    units += decode_units(len);
+  }
+  pl.pair_info[2 * npairs] = units;
+  pl.total_units = units;
+  pl.num_tiles = std::clamp(num_tiles, 1, units);
+  pl.tile_first.resize(4 * size_t(pl.num_tiles));
+  int i = 0;
+  for (int c = 0; c < pl.num_tiles; ++c) {
+    const int u = kernels::decode_tile_start(c, pl.num_tiles, units);
+    while (pl.pair_info[2 * (i + 1)] <= u) ++i;
+    const int f[4] = {i, pl.pair_info[2 * i], pl.pair_info[2 * (i + 1)], pl.pair_info[2 * i + 1]};
+    std::copy(f, f + 4, pl.tile_first.begin() + 4 * c);
+  }
+  return pl;
+}
+
+DecodePlan plan_decode_for(const DecodeAttentionShape& s, const std::vector<int>& seq_lens, int sms) {
+  if (sms < 1) bad("the GPU's SM count " + std::to_string(sms) + " must be >= 1");
+  const int64_t npairs = int64_t(s.batch) * s.num_kv_heads;
+  const bool small = npairs <= sms && decode_kv_bytes(s, seq_lens) <= kSmallBytesPerSm * sms;
+  const int tiles_per_sm = s.tiles_per_sm > 0 ? s.tiles_per_sm : (small ? 1 : 2);
+  const int slots_max = std::min(sms * tiles_per_sm, kernels::kDecodeMaxTiles);
+  const int tiles = s.num_tiles > 0 ? s.num_tiles : plan_tiles(seq_lens, s.num_kv_heads, slots_max, tiles_per_sm == 1);
+  DecodePlan pl = plan_decode(seq_lens, s.num_kv_heads, tiles);
+  pl.tiles_per_sm = tiles_per_sm;
+  return pl;
+}
+
+std::vector<DecodeTileDesc> decode_tile_descs(const DecodePlan& plan) {
+  std::vector<DecodeTileDesc> out(plan.num_tiles);
+  for (int c = 0; c < plan.num_tiles; ++c) {
+    const int last_unit = kernels::decode_tile_start(c + 1, plan.num_tiles, plan.total_units) - 1;
+    int pair = plan.tile_first[4 * c];
+    while (plan.pair_info[2 * (pair + 1)] <= last_unit) ++pair;
+    out[c] = {c, plan.tile_first[4 * c], pair + 1};
+  }
+  return out;
+}
+
+int TileGraph::add_decode_attention(std::string name, const DecodeAttentionShape& s, const std::vector<int>& lens,
+                                    const std::vector<int>& table, const DecodePlan& plan,
+                                    const DecodeAttentionTensorIds& t) {
+  validate_decode_attention(s, lens, table);
+  const int B = s.batch, Hkv = s.num_kv_heads, G = s.num_q_heads / Hkv, D = s.head_dim;
+  const int npairs = B * Hkv;
+  const bool paged = s.layout == KvLayout::Paged;
+  auto bad_op = [&](const std::string& what) { return InvalidArgument("op '" + name + "': " + what); };
+  if (plan.num_tiles < 1 || plan.pair_info.size() != 2 * size_t(npairs + 1) ||
+      plan.tile_first.size() != 4 * size_t(plan.num_tiles))
+    throw bad_op("the plan's tables do not fit " + std::to_string(npairs) + " (sequence, KV head) pairs and " +
+                 std::to_string(plan.num_tiles) + " tiles");
+  for (int i = 0; i < npairs; ++i)
+    if (plan.pair_info[2 * i + 1] != lens[i / Hkv])
+      throw bad_op("the plan was made for length " + std::to_string(plan.pair_info[2 * i + 1]) + " of sequence " +
+                   std::to_string(i / Hkv) + ", seq_lens says " + std::to_string(lens[i / Hkv]));
+  auto expect = [&](int id, const char* what, int64_t rows, int64_t cols) {
+    check_tensor(id, what);
+    const Tensor& T = tensors_[id];
+    if (T.rows != rows || T.cols != cols || T.elem_bytes != 2)
+      throw bad_op(std::string(what) + " is " + std::to_string(T.rows) + "x" + std::to_string(T.cols) + " (" +
+                   std::to_string(T.elem_bytes) + " B elements), expected bf16 " + std::to_string(rows) + "x" +
+                   std::to_string(cols));
+  };
+  const int64_t qd = int64_t(s.num_q_heads) * D;
+  const int64_t cache_rows = paged ? int64_t(s.num_pages) * Hkv * s.page_size : int64_t(npairs) * s.max_seq_len;
+  expect(t.q, "q", B, qd);
+  expect(t.out, "out", B, qd);
+  expect(t.k_cache, "k_cache", cache_rows, D);
+  expect(t.v_cache, "v_cache", cache_rows, D);
+  if (s.append) {
+    expect(t.k_new, "k_new", B, int64_t(Hkv) * D);
+    expect(t.v_new, "v_new", B, int64_t(Hkv) * D);
+  }
+
+  Op o;
+  o.name = std::move(name);
+  o.kind = OpKind::DecodeAttention;
+  o.m = B, o.n = qd, o.k = plan.total_units;
+  o.a = t.q, o.b = t.k_cache, o.c = t.out;
+  // Not a grid: bm x bn is the whole output; split_k 1 is what make_exec_plan and the model read.
+  o.tiling.bm = B, o.tiling.bn = qd, o.tiling.bk = kernels::kDecodeStageTokens, o.tiling.split_k = 1;
+  o.grid_m = 1, o.grid_n = plan.num_tiles;
+  o.first_tile = num_tiles();
+  // Row of token `tok` of pair `pair` in the K (or V) cache tensor.
+  auto cache_row = [&](int pair, int tok) -> int64_t {
+    if (!paged) return int64_t(pair) * s.max_seq_len + tok;
+    const int b = pair / Hkv, h = pair % Hkv;
+    const int page = table[int64_t(b) * s.pages_per_seq + tok / s.page_size];
+    return (int64_t(page) * Hkv + h) * s.page_size + tok % s.page_size;
+  };
+  for (const DecodeTileDesc& d : decode_tile_descs(plan)) {
+    Tile tile;
+    tile.op = static_cast<int>(ops_.size());
+    tile.tn = d.tile;
+    tile.k0 = kernels::decode_tile_start(d.tile, plan.num_tiles, plan.total_units);
+    tile.k1 = kernels::decode_tile_start(d.tile + 1, plan.num_tiles, plan.total_units);
+    // Per sequence of the pair range: q (and the new k, v) of its heads in, their output out.
+    for (int b = d.pair_begin / Hkv; b <= (d.pair_end - 1) / Hkv; ++b) {
+      const int h0 = std::max(d.pair_begin, b * Hkv) - b * Hkv, h1 = std::min(d.pair_end, (b + 1) * Hkv) - b * Hkv;
+      tile.reads.push_back({t.q, b, b + 1, int64_t(h0) * G * D, int64_t(h1) * G * D});
+      if (s.append) {
+        tile.reads.push_back({t.k_new, b, b + 1, int64_t(h0) * D, int64_t(h1) * D});
+        tile.reads.push_back({t.v_new, b, b + 1, int64_t(h0) * D, int64_t(h1) * D});
+      }
+      tile.writes.push_back({t.out, b, b + 1, int64_t(h0) * G * D, int64_t(h1) * G * D});
+    }
+    // The K/V rows the tile streams: its units of each pair, up to the sequence's end (the kernel
+    // zero-fills a short last stage, reading nothing there), one region per page when paged.
+    for (int pair = d.pair_begin; pair < d.pair_end; ++pair) {
+      const int pu0 = plan.pair_info[2 * pair], pu1 = plan.pair_info[2 * (pair + 1)], len = plan.pair_info[2 * pair + 1];
+      const int tok0 = static_cast<int>(std::max<int64_t>(tile.k0, pu0) - pu0) * kernels::kDecodeStageTokens;
+      const int tok1 = std::min(static_cast<int>(std::min<int64_t>(tile.k1, pu1) - pu0) * kernels::kDecodeStageTokens, len);
+      for (int tok = tok0; tok < tok1;) {
+        const int end = paged ? std::min(tok1, (tok / s.page_size + 1) * s.page_size) : tok1;
+        const int64_t r = cache_row(pair, tok);
+        tile.reads.push_back({t.k_cache, r, r + (end - tok), 0, D});
+        tile.reads.push_back({t.v_cache, r, r + (end - tok), 0, D});
+        tok = end;
+      }
+      tile.flops += 4.0 * G * D * (tok1 - tok0);  // q.K^T and P.V for the group's G heads
+    }
+    tiles_.push_back(std::move(tile));
+  }
+  o.num_tiles = num_tiles() - o.first_tile;
+  ops_.push_back(o);
+  derive_deps(o.first_tile);
+  return static_cast<int>(ops_.size()) - 1;
+}
+
+Tiling attention_oproj_tiling(const DecodeAttentionShape& s, int64_t hidden, int split_k) {
+  if (hidden < 1) throw InvalidArgument("o_proj: hidden size " + std::to_string(hidden) + " must be >= 1");
+  const int64_t k = int64_t(s.num_q_heads) * s.head_dim;
+  Tiling t;
+  t.bm = t.bn = s.batch <= 16 ? 16 : 64;
+  t.bk = s.batch <= 16 ? 256 : 128;
+  if (split_k < 0 || split_k > (k + t.bk - 1) / t.bk)
+    throw InvalidArgument("o_proj: split_k " + std::to_string(split_k) + " is outside [0, " +
+                          std::to_string((k + t.bk - 1) / t.bk) + "] (K = " + std::to_string(k) + " in steps of " +
+                          std::to_string(t.bk) + ")");
+  if (split_k > 0) {
+    t.split_k = split_k;
+  } else {
+    // Slices of whole KV-head groups (and whole K steps), about 128 KiB of weights per tile. Measured
+    // on the H200 (bench/results/h200/bench_attention_oproj.json, Llama-3-8B, B 1..64): 128 KiB tiles
+    // (1 slice at B <= 16, 4 at B = 64) were the fastest split: per-tile costs (the pipeline fill,
+    // the wait, split-K reductions) outweigh finer dependencies, as the attention tiles end together.
+    const int64_t group_cols = int64_t(s.num_q_heads / std::max(1, s.num_kv_heads)) * s.head_dim;
+    const int64_t unit = std::lcm(std::max<int64_t>(group_cols, 1), t.bk);
+    const int64_t target = (int64_t(128) << 10) / 2 / t.bn;
+    const int64_t slice = std::max<int64_t>(1, (target + unit / 2) / unit) * unit;
+    t.split_k = std::max<int64_t>(1, (k + slice - 1) / slice);
+  }
+  // Whole K steps per slice and no empty slice (as TileGraph cuts them).
+  const int64_t slice = ((k + t.split_k - 1) / t.split_k + t.bk - 1) / t.bk * t.bk;
+  t.split_k = (k + slice - 1) / slice;
+  return t;
+}
+
+AttentionOprojGraph build_attention_oproj_graph(const DecodeAttentionShape& s, const std::vector<int>& seq_lens,
+                                                const std::vector<int>& page_table, const DecodePlan& plan,
+                                                int64_t hidden, const Tiling& oproj, bool residual) {
+  validate_decode_attention(s, seq_lens, page_table);
+  if (hidden < 1) throw InvalidArgument("o_proj: hidden size " + std::to_string(hidden) + " must be >= 1");
+  AttentionOprojGraph g;
+  TileGraph& G = g.graph;
+  const int64_t B = s.batch, qd = int64_t(s.num_q_heads) * s.head_dim, kvd = int64_t(s.num_kv_heads) * s.head_dim;
+  const int64_t cache_rows = s.layout == KvLayout::Paged ? int64_t(s.num_pages) * s.num_kv_heads * s.page_size
+                                                         : B * s.num_kv_heads * s.max_seq_len;
+  g.attn.q = G.add_tensor("q", B, qd, 2, TensorRole::Input);
+  if (s.append) {
+    g.attn.k_new = G.add_tensor("k_new", B, kvd, 2, TensorRole::Input);
+    g.attn.v_new = G.add_tensor("v_new", B, kvd, 2, TensorRole::Input);
+  }
+  g.attn.k_cache = G.add_tensor("k_cache", cache_rows, s.head_dim, 2, TensorRole::Input);
+  g.attn.v_cache = G.add_tensor("v_cache", cache_rows, s.head_dim, 2, TensorRole::Input);
+  g.attn.out = G.add_tensor("o", B, qd, 2, TensorRole::Intermediate);
+  g.w_o = G.add_tensor("w_o", hidden, qd, 2, TensorRole::Weight);
+  if (residual) g.residual = G.add_tensor("residual", B, hidden, 2, TensorRole::Input);
+  g.y = G.add_tensor("y", B, hidden, 2, TensorRole::Output);
+  g.op_attention = G.add_decode_attention("attention", s, seq_lens, page_table, plan, g.attn);
+  g.op_oproj = G.add_gemm("o_proj", g.attn.out, g.w_o, g.y, oproj, g.residual);
+  return g;
+}
+
+}  // namespace tw

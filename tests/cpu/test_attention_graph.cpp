@@ -1,0 +1,333 @@
+// Decode attention on the host: the stream-K plan, the attention op's tiles in a TileGraph, and the
+// attention -> o_proj graph (dependencies, schedules, executor plan, traffic model, bounds, search).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <set>
+
+#include "tileweave/graph/attention_graph.hpp"
+#include "tileweave/kernels/attention/decode_units.hpp"
+#include "tileweave/model/cache_model.hpp"
+#include "tileweave/order/bounds.hpp"
+#include "tileweave/order/orders.hpp"
+#include "tileweave/order/search.hpp"
+#include "tileweave/runtime/exec_plan.hpp"
+
+using namespace tw;
+
+namespace {
+
+// Llama-3-8B-like attention heads, odd lengths and a hidden size that is not a tile multiple.
+DecodeAttentionShape contiguous_shape(const std::vector<int>& lens, int hq, int hkv, int d) {
+  DecodeAttentionShape s;
+  s.batch = static_cast<int>(lens.size());
+  s.num_q_heads = hq;
+  s.num_kv_heads = hkv;
+  s.head_dim = d;
+  s.max_seq_len = *std::max_element(lens.begin(), lens.end()) + 5;
+  return s;
+}
+
+// A paged shape with the pages of all sequences dealt in a shuffled order.
+DecodeAttentionShape paged_shape(const std::vector<int>& lens, int hq, int hkv, int d, int page, std::vector<int>& table) {
+  DecodeAttentionShape s = contiguous_shape(lens, hq, hkv, d);
+  s.layout = KvLayout::Paged;
+  s.max_seq_len = 0;
+  s.page_size = page;
+  s.pages_per_seq = (*std::max_element(lens.begin(), lens.end()) + page - 1) / page;
+  s.num_pages = s.batch * s.pages_per_seq + 3;
+  std::vector<int> perm(s.num_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937(11));
+  table.assign(size_t(s.batch) * s.pages_per_seq, 0);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = perm[i];
+  return s;
+}
+
+// The attention tiles a consumer of O[rows, cols) must wait for, by brute force over the plan:
+// every tile holding a unit of a pair (b, h) whose output columns [h*G*D, (h+1)*G*D) meet cols.
+std::vector<int> covering_tiles(const DecodeAttentionShape& s, const DecodePlan& pl, int first_tile, int64_t r0,
+                                int64_t r1, int64_t c0, int64_t c1) {
+  const int G = s.num_q_heads / s.num_kv_heads, D = s.head_dim;
+  std::set<int> out;
+  for (int b = int(r0); b < r1; ++b)
+    for (int h = 0; h < s.num_kv_heads; ++h) {
+      if (int64_t(h + 1) * G * D <= c0 || int64_t(h) * G * D >= c1) continue;
+      const int pair = b * s.num_kv_heads + h;
+      for (int u = pl.pair_info[2 * pair]; u < pl.pair_info[2 * (pair + 1)]; ++u)
+        out.insert(first_tile + kernels::decode_tile_of(u, pl.num_tiles, pl.total_units));
+    }
+  return {out.begin(), out.end()};
+}
+
+void check_deps(const AttentionOprojGraph& g, const DecodeAttentionShape& s, const DecodePlan& pl) {
+  const TileGraph& G = g.graph;
+  const Op& attn = G.op(g.op_attention);
+  const Op& oproj = G.op(g.op_oproj);
+  ASSERT_EQ(attn.num_tiles, pl.num_tiles);
+  for (int i = attn.first_tile; i < attn.first_tile + attn.num_tiles; ++i) EXPECT_TRUE(G.tile(i).deps.empty());
+  for (int i = oproj.first_tile; i < oproj.first_tile + oproj.num_tiles; ++i) {
+    const Tile& t = G.tile(i);
+    const Region& o = t.reads[0];
+    ASSERT_EQ(o.tensor, g.attn.out);
+    EXPECT_EQ(t.deps, covering_tiles(s, pl, attn.first_tile, o.r0, o.r1, o.c0, o.c1)) << "o_proj tile " << i;
+  }
+}
+
+int64_t tensor_bytes_read(const TrafficReport& r, int tensor) { return r.per_tensor.at(tensor).dram_read; }
+
+}  // namespace
+
+// The stream-K plan: every tile gets the same units to one, the pair table is a prefix sum, and
+// tile_first names the pair holding each tile's first unit.
+TEST(DecodePlan, CutsUnitsEvenly) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<int> lens(1 + rng() % 40);
+    for (auto& l : lens) l = 1 + int(rng() % (rng() % 2 ? 40 : 20000));
+    const int hkv = 1 + int(rng() % 8), want_tiles = 1 + int(rng() % 300);
+    const DecodePlan pl = plan_decode(lens, hkv, want_tiles);
+    const int npairs = int(lens.size()) * hkv;
+    int units = 0;
+    for (int i = 0; i < npairs; ++i) {
+      ASSERT_EQ(pl.pair_info[2 * i], units);
+      ASSERT_EQ(pl.pair_info[2 * i + 1], lens[i / hkv]);
+      units += (lens[i / hkv] + 15) / 16;
+    }
+    ASSERT_EQ(pl.pair_info[2 * npairs], units);
+    ASSERT_EQ(pl.total_units, units);
+    ASSERT_EQ(pl.num_tiles, std::min(want_tiles, units));
+    int lo = INT32_MAX, hi = 0;
+    for (int c = 0; c < pl.num_tiles; ++c) {
+      const int u0 = kernels::decode_tile_start(c, pl.num_tiles, units);
+      const int u1 = kernels::decode_tile_start(c + 1, pl.num_tiles, units);
+      lo = std::min(lo, u1 - u0);
+      hi = std::max(hi, u1 - u0);
+      const int pair = pl.tile_first[4 * c];
+      ASSERT_LE(pl.pair_info[2 * pair], u0);
+      ASSERT_GT(pl.pair_info[2 * (pair + 1)], u0);
+      ASSERT_EQ(pl.tile_first[4 * c + 1], pl.pair_info[2 * pair]);
+      ASSERT_EQ(pl.tile_first[4 * c + 2], pl.pair_info[2 * (pair + 1)]);
+      ASSERT_EQ(pl.tile_first[4 * c + 3], lens[pair / hkv]);
+      ASSERT_EQ(kernels::decode_tile_of(u0, pl.num_tiles, units), c);
+      ASSERT_EQ(kernels::decode_tile_of(u1 - 1, pl.num_tiles, units), c);
+    }
+    EXPECT_GE(lo, 1);
+    EXPECT_LE(hi - lo, 1);
+  }
+}
+
+// The executor's tile list: tiles in order, their pair ranges overlapping by at most the pair
+// they share, together covering every pair.
+TEST(DecodePlan, TilesCoverEveryPair) {
+  DecodeAttentionShape s = contiguous_shape({70000, 3, 900}, 8, 2, 128);
+  const auto tiles = decode_tile_descs(plan_decode_for(s, {70000, 3, 900}, 132));
+  EXPECT_EQ(tiles.front().pair_begin, 0);
+  EXPECT_EQ(tiles.back().pair_end, 6);
+  for (size_t i = 0; i < tiles.size(); ++i) {
+    EXPECT_EQ(tiles[i].tile, int(i));
+    EXPECT_LT(tiles[i].pair_begin, tiles[i].pair_end);
+    if (i > 0) EXPECT_GE(tiles[i].pair_begin, tiles[i - 1].pair_end - 1);
+    if (i > 0) EXPECT_LE(tiles[i].pair_begin, tiles[i - 1].pair_end);
+  }
+}
+
+// The planner: one tile per SM cut at pair boundaries for small work, two per SM otherwise.
+TEST(DecodePlan, PlannerFollowsTheWork) {
+  const std::vector<int> one(1, 4096), many(64, 32768);
+  const DecodePlan small = plan_decode_for(contiguous_shape(one, 32, 8, 128), one, 132);
+  EXPECT_EQ(small.tiles_per_sm, 1);
+  EXPECT_EQ(small.num_tiles % 8, 0);  // whole tiles per pair
+  const DecodePlan large = plan_decode_for(contiguous_shape(many, 32, 8, 128), many, 132);
+  EXPECT_EQ(large.tiles_per_sm, 2);
+  EXPECT_EQ(large.num_tiles, 264);
+  DecodeAttentionShape forced = contiguous_shape(one, 32, 8, 128);
+  forced.tiles_per_sm = 2;
+  EXPECT_EQ(plan_decode_for(forced, one, 132).num_tiles, 264);
+  EXPECT_THROW(plan_decode_for(forced, one, 0), InvalidArgument);
+}
+
+// o_proj tiles depend on exactly the attention tiles that hold their rows and heads, for plans
+// whose tiles hold many pairs and pairs many tiles, every split and both tile shapes.
+TEST(AttentionOprojGraph, DepsAreExactlyTheCoveringAttentionTiles) {
+  const std::vector<int> lens = {17, 255, 4096};
+  for (int hkv : {8, 4, 32})
+    for (int d : {64, 128})
+      for (int tiles : {1, 5, 37, 264})
+        for (int split : {0, 1, 3, 8}) {
+          SCOPED_TRACE("hkv " + std::to_string(hkv) + ", d " + std::to_string(d) + ", tiles " + std::to_string(tiles) +
+                       ", split " + std::to_string(split));
+          const DecodeAttentionShape s = contiguous_shape(lens, 32, hkv, d);
+          const DecodePlan pl = plan_decode(lens, hkv, tiles);
+          const auto g = build_attention_oproj_graph(s, lens, {}, pl, 1000, attention_oproj_tiling(s, 1000, split), false);
+          check_deps(g, s, pl);
+        }
+  // More sequences than one o_proj row block (64 rows at B > 16): rows select the tiles too.
+  std::vector<int> many(70);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = 1 + int(i * 37 % 300);
+  const DecodeAttentionShape s = contiguous_shape(many, 32, 8, 128);
+  const DecodePlan pl = plan_decode(many, 8, 131);
+  const Tiling t = attention_oproj_tiling(s, 4096, 0);
+  EXPECT_EQ(t.bm, 64);
+  const auto g = build_attention_oproj_graph(s, many, {}, pl, 4096, t, true);
+  check_deps(g, s, pl);
+  EXPECT_EQ(g.graph.op(g.op_oproj).grid_m, 2);
+}
+
+// The default o_proj split: slices of whole KV-head groups, about 128 KiB of weights per tile.
+TEST(AttentionOprojGraph, DefaultSplitFollowsHeadGroups) {
+  const std::vector<int> one(1, 4096), wide(64, 4096);
+  const Tiling small = attention_oproj_tiling(contiguous_shape(one, 32, 8, 128), 4096);
+  EXPECT_EQ(small.bm, 16);
+  EXPECT_EQ(small.bn, 16);
+  EXPECT_EQ(small.split_k, 1);  // 16 weight rows x all 4096 columns
+  const Tiling large = attention_oproj_tiling(contiguous_shape(wide, 32, 8, 128), 4096);
+  EXPECT_EQ(large.bm, 64);
+  EXPECT_EQ(large.split_k, 4);  // 1024 columns = 2 groups of 4 heads x 128
+  // One group per slice where a group holds the target: 8 heads x 128, 64 weight rows.
+  EXPECT_EQ(attention_oproj_tiling(contiguous_shape(wide, 64, 8, 128), 4096).split_k, 8);
+  EXPECT_THROW(attention_oproj_tiling(contiguous_shape(one, 32, 8, 128), 4096, 17), InvalidArgument);
+  EXPECT_THROW(attention_oproj_tiling(contiguous_shape(one, 32, 8, 128), 0), InvalidArgument);
+}
+
+// What the tiles read: every cached token's K and V row exactly once (paged: page by page), q and
+// the new k/v of each pair, and every pair's output rows written.
+TEST(AttentionOprojGraph, TilesReadEveryTokenOnce) {
+  const std::vector<int> lens = {17, 255, 4096, 1};
+  std::vector<int> table;
+  for (bool paged : {false, true}) {
+    const DecodeAttentionShape s = paged ? paged_shape(lens, 16, 4, 64, 32, table) : contiguous_shape(lens, 16, 4, 64);
+    if (!paged) table.clear();
+    const DecodePlan pl = plan_decode(lens, 4, 29);
+    const auto g = build_attention_oproj_graph(s, lens, table, pl, 512, attention_oproj_tiling(s, 512), false);
+    const TileGraph& G = g.graph;
+    const Op& attn = G.op(g.op_attention);
+    std::vector<int> seen(G.tensor(g.attn.k_cache).rows, 0);
+    int64_t k_new_cols = 0, out_cols = 0;
+    for (int i = attn.first_tile; i < attn.first_tile + attn.num_tiles; ++i) {
+      for (const Region& r : G.tile(i).reads) {
+        if (r.tensor == g.attn.k_cache)
+          for (int64_t row = r.r0; row < r.r1; ++row) ++seen[row];
+        if (r.tensor == g.attn.k_new) k_new_cols += r.cols();
+      }
+      for (const Region& w : G.tile(i).writes) out_cols += w.cols();
+    }
+    // Expected rows: token t of (b, h) at its contiguous or paged row.
+    std::vector<int> want(seen.size(), 0);
+    for (int b = 0; b < s.batch; ++b)
+      for (int h = 0; h < 4; ++h)
+        for (int t = 0; t < lens[b]; ++t) {
+          const int64_t row = paged ? (int64_t(table[b * s.pages_per_seq + t / 32]) * 4 + h) * 32 + t % 32
+                                    : (int64_t(b) * 4 + h) * s.max_seq_len + t;
+          want[row] = 1;
+        }
+    EXPECT_EQ(seen, want) << (paged ? "paged" : "contiguous");
+    // A pair split over n tiles is read (q, k_new) and written by each of them.
+    EXPECT_GE(k_new_cols, int64_t(s.batch) * 4 * 64);
+    EXPECT_GE(out_cols, int64_t(s.batch) * 16 * 64);
+  }
+}
+
+// Every named order of the graph is a valid schedule, and the executor plan maps each o_proj
+// tile's dependencies to one wait per attention tile counter.
+TEST(AttentionOprojGraph, SchedulesAndExecPlan) {
+  const std::vector<int> lens = {17, 255, 4096};
+  const DecodeAttentionShape s = contiguous_shape(lens, 32, 8, 128);
+  const DecodePlan pl = plan_decode(lens, 8, 37);
+  const auto g = build_attention_oproj_graph(s, lens, {}, pl, 4096, attention_oproj_tiling(s, 4096, 4), true);
+  const TileGraph& G = g.graph;
+  for (const std::string& spec : named_orders(G)) {
+    SCOPED_TRACE(spec);
+    const Schedule sch = make_order(G, spec);
+    EXPECT_NO_THROW(validate(G, sch));
+    const ExecPlan plan = make_exec_plan(G, sch);
+    for (int id = 0; id < G.num_tiles(); ++id) {
+      const DeviceTile& d = plan.tiles[id];
+      const Tile& t = G.tile(id);
+      ASSERT_EQ(d.wait_end - d.wait_begin, int(t.deps.size()));
+      for (int w = d.wait_begin; w < d.wait_end; ++w) {
+        // Tile sync on the attention op: counter c is attention tile c, signalled once per launch.
+        EXPECT_EQ(plan.waits[w].counter, t.deps[w - d.wait_begin]);
+        EXPECT_EQ(plan.waits[w].count, 1u);
+      }
+    }
+  }
+  const Schedule ks = make_order(G, "kslices/col_major");
+  for (int i = 0; i < G.op(g.op_attention).num_tiles; ++i) EXPECT_EQ(G.tile(ks.order[i]).op, g.op_attention);
+  // A row-synchronised attention op: one counter for all tiles, so o_proj waits for all of them.
+  const ExecPlan row = make_exec_plan(G, ks, {{g.op_attention, {SyncPolicy::Row, 1}}});
+  const DeviceTile& last = row.tiles[G.num_tiles() - 1];
+  ASSERT_EQ(last.wait_end - last.wait_begin, 1);
+  EXPECT_EQ(row.waits[last.wait_begin].count, uint32_t(pl.num_tiles));
+}
+
+// The traffic model on the graph: K/V, Wo and q read once each from DRAM, bounds below it, and a
+// search that starts from the named orders.
+TEST(AttentionOprojGraph, ModelCountsTheBytesTheTilesRead) {
+  const std::vector<int> lens = {17, 255, 4096};
+  std::vector<int> table;
+  for (bool paged : {false, true}) {
+    SCOPED_TRACE(paged ? "paged" : "contiguous");
+    const DecodeAttentionShape s = paged ? paged_shape(lens, 32, 8, 128, 16, table) : contiguous_shape(lens, 32, 8, 128);
+    if (!paged) table.clear();
+    const DecodePlan pl = plan_decode(lens, 8, 64);
+    const auto g = build_attention_oproj_graph(s, lens, table, pl, 4096, attention_oproj_tiling(s, 4096), false);
+    CacheConfig c;  // 60 MiB, 32 B lines
+    c.in_flight = 132;
+    const TrafficReport r = simulate(g.graph, make_order(g.graph, "kslices/col_major"), c);
+    const int64_t tokens = 17 + 255 + 4096;
+    EXPECT_EQ(tensor_bytes_read(r, g.attn.k_cache), tokens * 8 * 128 * 2);
+    EXPECT_EQ(tensor_bytes_read(r, g.attn.v_cache), tokens * 8 * 128 * 2);
+    EXPECT_EQ(tensor_bytes_read(r, g.w_o), int64_t(4096) * 4096 * 2);
+    EXPECT_EQ(tensor_bytes_read(r, g.attn.q), 3 * 4096 * 2);
+    EXPECT_EQ(tensor_bytes_read(r, g.attn.out), 0);  // O stays in the cache between the ops
+    const TrafficBounds b = traffic_bounds(g.graph, c);
+    EXPECT_LE(b.best(), r.dram_total());
+  }
+  // The heuristic search runs on it (small graph, few evaluations).
+  const std::vector<int> tiny = {40, 7};
+  const DecodeAttentionShape s = contiguous_shape(tiny, 4, 2, 64);
+  const DecodePlan pl = plan_decode(tiny, 2, 3);
+  const auto g = build_attention_oproj_graph(s, tiny, {}, pl, 64, attention_oproj_tiling(s, 64), false);
+  CacheConfig c;
+  c.capacity_bytes = 8 << 10;
+  c.in_flight = 2;
+  HeuristicOptions o;
+  o.max_evaluations = 200;
+  const HeuristicResult h = heuristic_search(g.graph, c, o);
+  EXPECT_NO_THROW(validate(g.graph, h.best));
+  EXPECT_LE(h.traffic, h.seed_traffic);
+}
+
+TEST(AttentionOprojGraph, BadInputIsNamed) {
+  const std::vector<int> lens = {17, 255};
+  const DecodeAttentionShape s = contiguous_shape(lens, 32, 8, 128);
+  const DecodePlan pl = plan_decode(lens, 8, 10);
+  const Tiling t = attention_oproj_tiling(s, 4096);
+  try {
+    build_attention_oproj_graph(s, {17, 256}, {}, pl, 4096, t, false);  // the plan is for other lengths
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("256"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(build_attention_oproj_graph(s, lens, {}, plan_decode(lens, 4, 10), 4096, t, false), InvalidArgument);
+  EXPECT_THROW(build_attention_oproj_graph(s, lens, {}, pl, 0, t, false), InvalidArgument);
+  EXPECT_THROW(build_attention_oproj_graph(s, {17, 0}, {}, pl, 4096, t, false), InvalidArgument);
+  // The op checks its tensors' shapes.
+  TileGraph G;
+  DecodeAttentionTensorIds ids;
+  ids.q = G.add_tensor("q", 2, 4096, 2, TensorRole::Input);
+  ids.k_new = G.add_tensor("k_new", 2, 1024, 2, TensorRole::Input);
+  ids.v_new = G.add_tensor("v_new", 2, 1024, 2, TensorRole::Input);
+  ids.k_cache = G.add_tensor("k", 2 * 8 * s.max_seq_len, 128, 2, TensorRole::Input);
+  ids.v_cache = G.add_tensor("v", 2 * 8 * s.max_seq_len, 64, 2, TensorRole::Input);  // wrong head dim
+  ids.out = G.add_tensor("o", 2, 4096, 2, TensorRole::Intermediate);
+  try {
+    G.add_decode_attention("attn", s, lens, {}, pl, ids);
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("v_cache"), std::string::npos) << e.what();
+  }
+}
