@@ -67,20 +67,6 @@ std::vector<std::string> split_list(const std::string& s, char sep = ',') {
   return out;
 }
 
-double rel_diff(const bf16* a_dev, const bf16* b_dev, size_t n) {
-  std::vector<bf16> a(n), b(n);
-  TW_CUDA_CHECK(cudaMemcpy(a.data(), a_dev, n * 2, cudaMemcpyDeviceToHost));
-  TW_CUDA_CHECK(cudaMemcpy(b.data(), b_dev, n * 2, cudaMemcpyDeviceToHost));
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const double x = __bfloat162float(a[i]), y = __bfloat162float(b[i]);
-    if (!std::isfinite(x)) return INFINITY;
-    num += (x - y) * (x - y);
-    den += y * y;
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
-
 struct Variant {
   std::string name;
   FfnOptions opt;
@@ -391,7 +377,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, " %8.1f us\n", t);  // progress (the table comes at the end)
         ffn.run(x, w1(0), w2(0), y, 0);
         TW_CUDA_CHECK(cudaDeviceSynchronize());
-        const double err = rel_diff(y, y_ref, m * md.d);
+        const double err = rel_diff_bf16(y, y_ref, m * md.d);
         const auto& G = ffn.graph().graph;
         const TrafficReport model = predict(ffn, gpu);
         fused.push_back({{"variant", v.name}, {"us", t}, {"model_dram_read_bytes", model.dram_read},
