@@ -109,7 +109,7 @@ TrafficReport predict(const FusedFfn& ffn, const Gpu& gpu) {
 
 // One launch of the fused FFN with its tile timeline recorded (after two untraced launches, the L2
 // flushed before each): prints where the time went and writes the timeline as JSON.
-void trace_case(const Gpu& gpu, const Model& md, int64_t m, const std::string& spec) {
+void trace_case(const Gpu& gpu, const Floor& floor, const Model& md, int64_t m, const std::string& spec) {
   const int64_t n1 = (md.gated ? 2 : 1) * md.f;
   bf16 *wgu = dev_alloc<bf16>(n1 * md.d), *wd = dev_alloc<bf16>(md.d * md.f), *x = dev_alloc<bf16>(m * md.d),
        *y = dev_alloc<bf16>(m * md.d);
@@ -132,8 +132,6 @@ void trace_case(const Gpu& gpu, const Model& md, int64_t m, const std::string& s
   TW_CUDA_CHECK(cudaEventCreate(&e0));
   TW_CUDA_CHECK(cudaEventCreate(&e1));
   TW_CUDA_CHECK(cudaMemset(flush, 1, size_t(gpu.prop.l2CacheSize) * 4));
-  TW_CUDA_CHECK(cudaFuncSetAttribute(kernels::stream_read_bulk, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     kernels::kStreamStages * kernels::kStreamChunk));
   for (int i = 0; i < 3; ++i) {
     // Evict the weights by reading a buffer 4x the L2 (reads: no dirty lines whose write-backs
     // would slow the traced launch's start, as a memset's do).
@@ -178,10 +176,11 @@ void trace_case(const Gpu& gpu, const Model& md, int64_t m, const std::string& s
   std::vector<double> last;
   for (auto [sm, d] : sm_last) last.push_back(d);
   std::sort(last.begin(), last.end());
-  std::printf("TRACE %s M=%lld '%s': launch %.1f us (events), tiles span %.1f us on %zu SMs; SMs out of work at "
-              "min %.1f / median %.1f / max %.1f us\n",
-              md.name.c_str(), (long long)m, spec.c_str(), launch_ms * 1e3, span, last.size(), last.front(),
-              last[last.size() / 2], last.back());
+  const double wbytes = double(n1 * md.d + md.d * md.f) * 2, floor_us = wbytes / (floor.tbps() * 1e12) * 1e6;
+  std::printf("TRACE %s M=%lld '%s': launch %.1f us (events; weights at %.1f%% of the %.3f TB/s floor), tiles span "
+              "%.1f us on %zu SMs; SMs out of work at min %.1f / median %.1f / max %.1f us\n",
+              md.name.c_str(), (long long)m, spec.c_str(), launch_ms * 1e3, 100 * floor_us / (launch_ms * 1e3),
+              floor.tbps(), span, last.size(), last.front(), last[last.size() / 2], last.back());
   for (size_t i = 0; i < ops.size(); ++i) {
     const OpStat& o = ops[i];
     std::printf("  op %-8s %4d tiles  mean tile %.2f us  mean wait %.2f us (max %.2f, %d tiles > 1 us)  first start "
@@ -191,6 +190,7 @@ void trace_case(const Gpu& gpu, const Model& md, int64_t m, const std::string& s
   }
   nlohmann::json doc = {{"benchmark", "ffn_trace"}, {"gpu", gpu.prop.name}, {"model", md.name}, {"m", m},
                         {"variant", spec}, {"grid", ffn.grid()}, {"launch_us", launch_ms * 1e3}, {"span_us", span},
+                        {"floor_read_tbps", floor.tbps()}, {"floor_us", floor_us},
                         {"ops", nlohmann::json::array()}, {"tiles", tiles}, {"date_utc", utc_now()}};
   for (const Op& o : g.ops()) doc["ops"].push_back(o.name);
   const char* dir = std::getenv("TW_RESULTS_DIR");
@@ -247,8 +247,9 @@ int main(int argc, char** argv) {
 
   if (!trace_spec.empty()) {
     const Gpu gpu = current_gpu();
+    const Floor floor = measure_floor(gpu);  // the traced launch's bandwidth is read against it
     for (const Model& md : models)
-      for (int64_t m : ms) trace_case(gpu, md, m, trace_spec);
+      for (int64_t m : ms) trace_case(gpu, floor, md, m, trace_spec);
     return 0;
   }
 

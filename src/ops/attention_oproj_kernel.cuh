@@ -82,7 +82,7 @@ __device__ __forceinline__ void oproj_tile(const runtime::ExecParams& ep, runtim
   // (up to all P of them: the wide wait polls them with one round trip).
   const bool ok = sm80::weight_tile_mainloop<NT, BK, KS>(
       acc, a, [&](int r) -> int64_t { return c0 + r < o.n ? c0 + r : -1; },
-      [&] { return runtime::wait_dependencies_wide(ep, slots, t); }, smem);
+      [&] { return runtime::wait_dependencies<8>(ep, slots, t); }, smem);
   if (!ok) return;  // aborted wait: publish nothing, the launch is failing
 
   // This thread's results: acc[j][e] is row m0 + 8j + 2q + (e & 1) of column c0 + 16G + g + 8(e / 2)

@@ -6,14 +6,7 @@
 #include "tileweave/util/cuda_check.hpp"
 
 namespace tw {
-namespace {
 using bf16 = __nv_bfloat16;
-
-void check_ptr(const void* p, const char* name) {
-  if (!p) throw InvalidArgument(std::string("DecodeGemm: ") + name + " is null");
-  if (reinterpret_cast<uintptr_t>(p) % 16) throw InvalidArgument(std::string("DecodeGemm: ") + name + " is not 16-byte aligned");
-}
-}  // namespace
 
 DecodeGemm::DecodeGemm(int64_t m, int64_t n, int64_t k, const DecodeGemmOptions& opt)
     : m_(m), n_(n), k_(k), packed_(opt.packed_weights), spin_limit_(opt.spin_limit) {
@@ -54,15 +47,15 @@ int64_t DecodeGemm::packed_size() const {
 
 void DecodeGemm::pack(const bf16* w, bf16* packed, cudaStream_t stream) const {
   if (!packed_) throw InvalidArgument("DecodeGemm::pack: this object was built without packed_weights");
-  check_ptr(w, "w");
-  check_ptr(packed, "packed");
+  ffn_sm90::check_operand("DecodeGemm", w, "w");
+  ffn_sm90::check_operand("DecodeGemm", packed, "packed");
   ffn_sm90::pack_weights(w, packed, n_, k_, false, stream);
 }
 
 void DecodeGemm::run(bf16* y, const bf16* x, const bf16* w, cudaStream_t stream) const {
-  check_ptr(y, "y");
-  check_ptr(x, "x");
-  check_ptr(w, "w");
+  ffn_sm90::check_operand("DecodeGemm", y, "y");
+  ffn_sm90::check_operand("DecodeGemm", x, "x");
+  ffn_sm90::check_operand("DecodeGemm", w, "w");
   const Op& o = g_.op(op_);
   const int step = static_cast<int>(o.tiling.bk);
   ffn_sm90::Maps maps{};

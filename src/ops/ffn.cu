@@ -193,11 +193,6 @@ int normalise_split(int64_t k, int split, int bk) {
   return static_cast<int>((k + slice - 1) / slice);
 }
 
-void check_ptr(const void* p, const char* name) {
-  if (!p) throw InvalidArgument(std::string("FusedFfn::run: ") + name + " is null");
-  if (reinterpret_cast<uintptr_t>(p) % 16)
-    throw InvalidArgument(std::string("FusedFfn::run: ") + name + " is not 16-byte aligned");
-}
 
 void use_mode(int& mode, int want) {
   if (mode && mode != want)
@@ -242,6 +237,11 @@ FfnTiling sm90_tiling(const FfnShape& s, const FfnOptions& opt) {
 }  // namespace
 
 namespace ffn_sm90 {
+
+void check_operand(const char* op, const void* p, const char* name) {
+  if (!p) throw InvalidArgument(std::string(op) + ": " + name + " is null");
+  if (reinterpret_cast<uintptr_t>(p) % 16) throw InvalidArgument(std::string(op) + ": " + name + " is not 16-byte aligned");
+}
 
 // The SMs tiles are spread over (132 on the H100/H200 SXM where no GPU is visible, e.g. the CLI).
 static int sm_count() {
@@ -387,10 +387,10 @@ struct FusedFfn::Launch {
 };
 
 FusedFfn::Launch FusedFfn::prepare(const bf16* x, const bf16* w_gate_up, const bf16* w_down, bf16* y) const {
-  check_ptr(x, "x");
-  check_ptr(w_gate_up, "w_gate_up");
-  check_ptr(w_down, "w_down");
-  check_ptr(y, "y");
+  ffn_sm90::check_operand("FusedFfn", x, "x");
+  ffn_sm90::check_operand("FusedFfn", w_gate_up, "w_gate_up");
+  ffn_sm90::check_operand("FusedFfn", w_down, "w_down");
+  ffn_sm90::check_operand("FusedFfn", y, "y");
   const TileGraph& G = g_.graph;
   const Op& gu = G.op(g_.op_gate_up);
   const Op& dn = G.op(g_.op_down);
@@ -433,10 +433,10 @@ FfnPackedSize FusedFfn::packed_size() const {
 void FusedFfn::pack(const bf16* w_gate_up, const bf16* w_down, bf16* packed_gate_up, bf16* packed_down,
                     cudaStream_t stream) const {
   if (!packed_) throw InvalidArgument("FusedFfn::pack: this object was built without packed_weights");
-  check_ptr(w_gate_up, "w_gate_up");
-  check_ptr(w_down, "w_down");
-  check_ptr(packed_gate_up, "packed_gate_up");
-  check_ptr(packed_down, "packed_down");
+  ffn_sm90::check_operand("FusedFfn", w_gate_up, "w_gate_up");
+  ffn_sm90::check_operand("FusedFfn", w_down, "w_down");
+  ffn_sm90::check_operand("FusedFfn", packed_gate_up, "packed_gate_up");
+  ffn_sm90::check_operand("FusedFfn", packed_down, "packed_down");
   ffn_sm90::pack_weights(w_gate_up, packed_gate_up, shape_.f, shape_.d, shape_.gated, stream);
   ffn_sm90::pack_weights(w_down, packed_down, shape_.d, shape_.f, false, stream);
 }

@@ -61,6 +61,10 @@ int64_t packed_tiles(int64_t rows, bool gate_up_pairs);  // rows: F for paired W
 void pack_weights(const __nv_bfloat16* w, __nv_bfloat16* out, int64_t rows, int64_t cols, bool gate_up_pairs,
                   cudaStream_t stream);
 
+// Operands of the ops on this body: non-null device pointers, 16-byte aligned (TMA and bulk copies
+// need it). Throws InvalidArgument naming `op` and the operand.
+void check_operand(const char* op, const void* p, const char* name);
+
 // The tiling of one GEMM op [m, k] x [n, k]^T for this body: kTileRows weight rows x all activation
 // rows per tile, K in slices of ~target_kib KiB of weights (split > 0: that many slices), the last
 // ones shorter for slices = "tail:<n>" (tail_k_cuts), or "even". InvalidArgument on bad values.

@@ -34,9 +34,6 @@ struct BlockSlots {
 };
 
 namespace detail {
-__device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
-  return cuda::atomic_ref<const uint32_t, cuda::thread_scope_device>(*p).load(cuda::memory_order_acquire);
-}
 __device__ __forceinline__ bool reached(uint32_t value, uint32_t target) {
   return static_cast<int32_t>(value - target) >= 0;  // wrap-safe
 }
@@ -77,45 +74,65 @@ __device__ __forceinline__ int32_t next_tile(const ExecParams& p, BlockSlots& s)
   return s.cur_id;
 }
 
-// One whole warp: polls tile t's producer counters, one lane per counter (a consumer of many
-// producer tiles pays one round trip per poll, not one per counter). Returns false on every lane
-// if a bounded wait expired (and flags the launch as failed).
+// One whole warp: one poll of tile t's producer counters, true on every lane if all are reached.
+// Lane l reads counters l, l + 32, ... with relaxed loads, kBatch of them in flight at once: an
+// o_proj tile after the decode-attention tiles of its heads has hundreds of producers, and acquire
+// loads, being ordered one after another, would pay one L2 round trip per 32 counters per poll.
+// The default kBatch = 1 keeps the FFN bodies spill-free (4 or 8 spilled in the sm90 producer warp,
+// 56 registers after setmaxnreg, and in two sm80 kernels); their tiles have a few dozen producers.
+// The attention -> o_proj kernel polls with 8.
+// Callers that see true issue the acquire fence (see below) before reading produced data.
+template <int kBatch>
+__device__ __forceinline__ bool counters_reached_warp(const ExecParams& p, uint32_t epoch, const DeviceTile& t) {
+  bool mine = true;
+  for (int32_t base = t.wait_begin + int32_t(threadIdx.x % 32); base < t.wait_end; base += 32 * kBatch) {
+    uint32_t value[kBatch], target[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int32_t i = base + 32 * j;
+      const WaitEntry w = i < t.wait_end ? p.waits[i] : WaitEntry{0, 0};
+      target[j] = w.count * (epoch + 1);
+      value[j] = cuda::atomic_ref<const uint32_t, cuda::thread_scope_device>(p.signals[w.counter])
+                     .load(cuda::memory_order_relaxed);
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) mine &= detail::reached(value[j], target[j]);
+  }
+  return __all_sync(0xffffffffu, mine);
+}
+
+// After a poll that saw every counter reached: a relaxed read of a release write followed by an
+// acquire fence synchronises with that write, as an acquire load would. The __syncwarp orders every
+// lane's fence before what any lane does next (e.g. lane 0's copies).
+__device__ __forceinline__ void acquire_after_poll() {
+  cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
+  __syncwarp();
+}
+
+// One whole warp: waits until tile t's producer counters are reached, then acquires. Returns false
+// on every lane if a bounded wait expired (and flags the launch as failed).
+template <int kBatch = 1>
 __device__ __forceinline__ bool wait_counters_warp(const ExecParams& p, uint32_t epoch, const DeviceTile& t) {
-  static_assert(sizeof(WaitEntry) == 8, "WaitEntry layout");
-  const int lane = threadIdx.x % 32;
-  bool ok = true;
-  for (int32_t base = t.wait_begin; base < t.wait_end && ok; base += 32) {
-    const int32_t i = base + lane;
-    const bool mine = i < t.wait_end;
-    const WaitEntry w = mine ? p.waits[i] : WaitEntry{0, 0};
-    const uint32_t target = w.count * (epoch + 1);
-    uint32_t polls = 0, backoff = 32;
-    while (!__all_sync(0xffffffffu, !mine || detail::reached(detail::load_acquire(&p.signals[w.counter]), target))) {
-      __nanosleep(backoff);
-      backoff = min(backoff * 2, 256u);
-      if (p.spin_limit && ++polls > p.spin_limit) {
-        if (lane == 0) atomicExch(&p.state->error, 1u);
-        ok = false;
-        break;
-      }
+  uint32_t polls = 0, backoff = 32;
+  while (!counters_reached_warp<kBatch>(p, epoch, t)) {
+    __nanosleep(backoff);
+    backoff = min(backoff * 2, 256u);
+    if (p.spin_limit && ++polls > p.spin_limit) {
+      if (threadIdx.x % 32 == 0) atomicExch(&p.state->error, 1u);
+      __syncwarp();
+      return false;
     }
   }
-  __syncwarp();  // orders every lane's acquire before what any lane does next (e.g. lane 0's copies)
-  return ok;
+  acquire_after_poll();
+  return true;
 }
 
 // One whole warp: a single poll of tile t's producer counters, true (on every lane) if all have
-// been reached -- with the acquires done, as after wait_counters_warp.
+// been reached -- with the acquire done, as after wait_counters_warp.
+template <int kBatch = 1>
 __device__ __forceinline__ bool counters_ready_warp(const ExecParams& p, uint32_t epoch, const DeviceTile& t) {
-  const int lane = threadIdx.x % 32;
-  bool ready = true;
-  for (int32_t base = t.wait_begin; base < t.wait_end; base += 32) {
-    const int32_t i = base + lane;
-    const bool mine = i < t.wait_end;
-    const WaitEntry w = mine ? p.waits[i] : WaitEntry{0, 0};
-    ready &= __all_sync(0xffffffffu, !mine || detail::reached(detail::load_acquire(&p.signals[w.counter]), w.count * (epoch + 1)));
-  }
-  __syncwarp();
+  const bool ready = counters_reached_warp<kBatch>(p, epoch, t);
+  if (ready) acquire_after_poll();
   return ready;
 }
 
@@ -124,62 +141,11 @@ __device__ __forceinline__ bool counters_ready_warp(const ExecParams& p, uint32_
 // descriptor. The barrier then orders every thread's later reads after the acquire. Readers must
 // still bypass L1 for produced data (ld.cg / cp.async.cg): L1 is not coherent with other SMs'
 // writes. Returns false if a bounded wait expired.
+template <int kBatch = 1>
 __device__ __forceinline__ bool wait_dependencies(const ExecParams& p, BlockSlots& s, const DeviceTile& t) {
   if (threadIdx.x == 32) prefetch_next(p, s);
   if (threadIdx.x < 32) {
-    const bool ok = wait_counters_warp(p, s.epoch, t);
-    if (threadIdx.x == 0) s.flag = ok;
-  }
-  __syncthreads();
-  return s.flag != 0;
-}
-
-// One whole warp: wait_counters_warp for tiles with many producers (hundreds of counters: an o_proj
-// tile after the decode-attention tiles of its heads). A lane's acquire loads are ordered one after
-// another, so wait_counters_warp pays one L2 round trip per 32 counters per poll (9 for 264
-// counters, even when all are reached). Here each lane polls its counters i, i + 32, ... with relaxed
-// loads, kBatch of them in flight at once, and the poll that sees them all reached is followed by an
-// acquire fence on every lane: a relaxed read of a release write then an acquire fence synchronises
-// with that write, as an acquire load would.
-__device__ __forceinline__ bool wait_counters_warp_wide(const ExecParams& p, uint32_t epoch, const DeviceTile& t) {
-  constexpr int kBatch = 8;
-  const int lane = threadIdx.x % 32;
-  uint32_t polls = 0, backoff = 32;
-  for (;;) {
-    bool mine = true;
-    for (int32_t base = t.wait_begin + lane; base < t.wait_end; base += 32 * kBatch) {
-      uint32_t value[kBatch], target[kBatch];
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        const int32_t i = base + 32 * j;
-        const WaitEntry w = i < t.wait_end ? p.waits[i] : WaitEntry{0, 0};
-        target[j] = w.count * (epoch + 1);
-        value[j] = cuda::atomic_ref<const uint32_t, cuda::thread_scope_device>(p.signals[w.counter])
-                       .load(cuda::memory_order_relaxed);
-      }
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) mine &= detail::reached(value[j], target[j]);
-    }
-    if (__all_sync(0xffffffffu, mine)) break;
-    __nanosleep(backoff);
-    backoff = min(backoff * 2, 256u);
-    if (p.spin_limit && ++polls > p.spin_limit) {
-      if (lane == 0) atomicExch(&p.state->error, 1u);
-      __syncwarp();
-      return false;
-    }
-  }
-  cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
-  __syncwarp();  // every lane's fence before what any lane does next
-  return true;
-}
-
-// wait_dependencies with wait_counters_warp_wide (same contract: all threads, once per tile, after
-// the tile's weight prologue is issued; thread 32 prefetches the next ticket meanwhile).
-__device__ __forceinline__ bool wait_dependencies_wide(const ExecParams& p, BlockSlots& s, const DeviceTile& t) {
-  if (threadIdx.x == 32) prefetch_next(p, s);
-  if (threadIdx.x < 32) {
-    const bool ok = wait_counters_warp_wide(p, s.epoch, t);
+    const bool ok = wait_counters_warp<kBatch>(p, s.epoch, t);
     if (threadIdx.x == 0) s.flag = ok;
   }
   __syncthreads();
