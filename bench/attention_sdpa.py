@@ -4,10 +4,11 @@
   python3 bench/attention_sdpa.py --out DIR [--merge bench_attention.json] [--quick]
 
 Same shapes as bench/bench_attention.cu (32 query heads, 8 KV heads, d = 128, bf16, one query
-token, KV length L), same method: >= 512 MB of KV sets in rotation so L2 holds none of a replay's
-input, one CUDA graph per set, one event pair per replay, the median. SDPA gets the KV heads as
-they are (enable_gqa=True): no expanded copies. With --merge, each contiguous case of the C++
-result gets sdpa_us and speedup_vs_sdpa, and the table is printed last.
+token, KV length L), same methods: >= 512 MB of KV sets in rotation so L2 holds none of a replay's
+input; sdpa_us: one CUDA graph per set, one event pair per replay, the median; sdpa_seq_us: the
+sets' calls back to back in one graph (>= 8), the graph's median time / calls. SDPA gets the KV
+heads as they are (enable_gqa=True): no expanded copies. With --merge, each contiguous case of the
+C++ result gets sdpa_us, speedup_vs_sdpa and (back to back) sdpa_seq_us, seq_speedup_vs_sdpa.
 """
 import argparse
 import json
@@ -52,6 +53,20 @@ def time_sdpa(batch, length, warmup=10):
                 F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
             pool = g.pool()
             graphs.append(g)
+        order = [i % sets for i in range(max(sets, 8))]
+        seq = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(seq, pool=pool):
+            for i in order:
+                F.scaled_dot_product_attention(q, kv[i][0], kv[i][1], enable_gqa=True)
+    seq_times = []
+    for i in range(2 + 15):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        seq.replay()
+        e1.record()
+        torch.cuda.synchronize()
+        if i >= 2:
+            seq_times.append(e0.elapsed_time(e1) * 1e3 / len(order))
     for i in range(warmup):
         graphs[i % sets].replay()
     ev = [torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
@@ -61,9 +76,9 @@ def time_sdpa(batch, length, warmup=10):
     ev[reps].record()
     torch.cuda.synchronize()
     times = [ev[i].elapsed_time(ev[i + 1]) * 1e3 for i in range(reps)]
-    del graphs, kv
+    del graphs, seq, kv
     torch.cuda.empty_cache()
-    return {"sdpa_us": statistics.median(times), "sets": sets}
+    return {"sdpa_us": statistics.median(times), "sdpa_seq_us": statistics.median(seq_times), "sets": sets}
 
 
 def main():
@@ -81,7 +96,8 @@ def main():
             torch.cuda.empty_cache()
         r.update({"B": batch, "L": length})
         rows.append(r)
-        print(f"sdpa B={batch:3d} L={length:7d}: {r.get('sdpa_us', r.get('skipped'))}", flush=True)
+        print(f"sdpa B={batch:3d} L={length:7d}: {r.get('sdpa_us', r.get('skipped'))} "
+              f"(back to back {r.get('sdpa_seq_us', '-')})", flush=True)
     doc = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "num_q_heads": HQ,
            "num_kv_heads": HKV, "head_dim": D, "cases": rows}
     os.makedirs(args.out, exist_ok=True)
@@ -92,21 +108,29 @@ def main():
     with open(args.merge) as f:
         res = json.load(f)
     sdpa = {(r["B"], r["L"]): r["sdpa_us"] for r in rows if "sdpa_us" in r}
+    sdpa_seq = {(r["B"], r["L"]): r["sdpa_seq_us"] for r in rows if "sdpa_seq_us" in r}
     res["sdpa"] = {"torch": torch.__version__, "method": "F.scaled_dot_product_attention(enable_gqa=True), "
-                   "CUDA graph per KV set, >= 512 MB of sets rotated, median of per-replay events"}
+                   "CUDA graph per KV set, >= 512 MB of sets rotated, median of per-replay events; seq: the sets "
+                   "back to back in one graph (>= 8 calls), graph time / calls"}
     print(f"\nfloor {res['floor_read_tbps']:.3f} TB/s  ({res['gpu']}, {res['date_utc']})")
     names = sorted({n for c in res["cases"] for n in c.get("variants_us", {})})
-    print(f"{'B':>3} {'L':>7} {'layout':<11} {'us':>9} {'TB/s':>6} {'floor%':>7} {'sdpa_us':>9} {'x sdpa':>7}  "
+    print(f"{'B':>3} {'L':>7} {'layout':<11} {'us':>9} {'TB/s':>6} {'floor%':>7} {'sdpa_us':>9} {'x sdpa':>7} "
+          f"{'seq_us':>9} {'floor%':>7} {'sdpa_seq':>9} {'x sdpa':>7}  "
           + " ".join(f"{n[:13]:>13}" for n in names))
     for c in res["cases"]:
         key = (c["B"], c["L"])
         if c["layout"] == "contiguous" and key in sdpa:
             c["sdpa_us"] = sdpa[key]
             c["speedup_vs_sdpa"] = sdpa[key] / c["time_us"]
+            if key in sdpa_seq and "seq_us" in c:
+                c["sdpa_seq_us"] = sdpa_seq[key]
+                c["seq_speedup_vs_sdpa"] = sdpa_seq[key] / c["seq_us"]
         lay = c["layout"] + ("" if c["layout"] == "contiguous" else str(c["page_size"]))
         s_us = f"{c['sdpa_us']:9.2f}" if "sdpa_us" in c else f"{'-':>9}"
         s_x = f"{c['speedup_vs_sdpa']:7.2f}" if "speedup_vs_sdpa" in c else f"{'-':>7}"
-        print(f"{c['B']:3d} {c['L']:7d} {lay:<11} {c['time_us']:9.2f} {c['tbps']:6.3f} {c['pct_floor']:6.1f}% {s_us} {s_x}"
+        q_us = f"{c['seq_us']:9.2f} {c['seq_pct_floor']:6.1f}%" if "seq_us" in c else f"{'-':>9} {'-':>7}"
+        q_s = f"{c['sdpa_seq_us']:9.2f} {c['seq_speedup_vs_sdpa']:7.2f}" if "sdpa_seq_us" in c else f"{'-':>9} {'-':>7}"
+        print(f"{c['B']:3d} {c['L']:7d} {lay:<11} {c['time_us']:9.2f} {c['tbps']:6.3f} {c['pct_floor']:6.1f}% {s_us} {s_x} {q_us} {q_s}"
               + "  " + " ".join(f"{c.get('variants_us', {}).get(n, 0):13.2f}" for n in names))
     with open(args.merge, "w") as f:
         json.dump(res, f, indent=2)

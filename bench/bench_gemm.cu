@@ -3,7 +3,9 @@
 // timed; the streaming-read floor and the bf16 GEMM peak are measured in the same run; the floor of
 // a case is max(weight+activation bytes / read floor, 2MNK / GEMM peak). cuBLASLt gets its best of
 // the first 8 heuristic algorithms (timed), not just the first.
-//   bench_gemm [--quick]      JSON -> $TW_RESULTS_DIR/<gpu>/gemm.json (or bench/results/<gpu>/)
+//   bench_gemm [--quick] [--ms 1,16] [--split-sweep]
+//     JSON -> $TW_RESULTS_DIR/<gpu>/gemm.json (or bench/results/<gpu>/); --split-sweep adds the
+//     executor on packed weights with K cut in 1, 2, 4 and 8 slices (the default picks its own)
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 
@@ -92,7 +94,18 @@ double rel_diff(const std::vector<__nv_bfloat16>& a, const std::vector<__nv_bflo
 
 int main(int argc, char** argv) {
   using namespace tw::bench;
-  const bool quick = argc > 1 && !std::strcmp(argv[1], "--quick");
+  bool quick = false, split_sweep = false;
+  std::vector<int> ms_arg;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--split-sweep")) split_sweep = true;
+    else if (!std::strcmp(argv[i], "--ms") && i + 1 < argc)
+      for (const char* p = argv[++i]; *p; p += *p == ',') ms_arg.push_back(int(std::strtol(p, const_cast<char**>(&p), 10)));
+    else {
+      std::fprintf(stderr, "usage: %s [--quick] [--ms 1,16,...] [--split-sweep]\n", argv[0]);
+      return 2;
+    }
+  }
   const Gpu gpu = current_gpu();
   if (!tw::gemm_sm90_supported()) {
     std::printf("bench_gemm: needs an sm_90 GPU, found %s: skipped\n", gpu.prop.name);
@@ -126,8 +139,9 @@ int main(int argc, char** argv) {
   ResultFile out("gemm", gpu, floor);
   out.doc["gemm_peak_tflops"] = peak_tflops;
   out.doc["method"] =
-      "CUDA-graph replay, median of 60 after 10 warm-up, weights+activations rotated over sets totalling >= 1 GB "
-      "(L2 holds none); floor = max(bytes/read floor, flops/GEMM peak); cuBLASLt = best of <= 8 heuristic algos";
+      "us: one launch per CUDA-graph replay, median of 60 after 10 warm-up; seq_us: the sets' launches back to back in "
+      "one graph, graph time / launches; weights+activations rotated over sets totalling >= 1 GB (L2 holds none); "
+      "floor = max(bytes/read floor, flops/GEMM peak); cuBLASLt = best of <= 8 heuristic algos";
 
   struct Shape {
     const char* name;
@@ -137,7 +151,7 @@ int main(int argc, char** argv) {
                                      {"8B down", 4096, 14336},
                                      {"70B gate_up", 57344, 8192},
                                      {"70B down", 8192, 28672}};
-  const std::vector<int> Ms = quick ? std::vector<int>{1, 64} : std::vector<int>{1, 4, 16, 64, 128, 256};
+  const std::vector<int> Ms = !ms_arg.empty() ? ms_arg : quick ? std::vector<int>{1, 64} : std::vector<int>{1, 4, 16, 64, 128, 256};
   std::vector<std::string> table;
   char line[256];
   for (const Shape& sh : shapes) {
@@ -165,7 +179,9 @@ int main(int argc, char** argv) {
         double us = time_us([&](int s, cudaStream_t st) { g.run(Yr[s], X[s], W[s], st, a); }, sets, 3, 20);
         if (us < lt_us) lt_us = us, lt_algo = a;
       }
-      lt_us = time_us([&](int s, cudaStream_t st) { g.run(Yr[s], X[s], W[s], st, lt_algo); }, sets, 10, 60);
+      auto run_lt = [&](int s, cudaStream_t st) { g.run(Yr[s], X[s], W[s], st, lt_algo); };
+      lt_us = time_us(run_lt, sets, 10, 60);
+      const double lt_seq_us = time_us_seq(run_lt, sets);
       // Ours: the default and the knobs around it; "load only" (skip_mma) is a diagnostic, never
       // the reported time: the operand stream through the same ring with no wgmma and no epilogue.
       struct Variant {
@@ -187,16 +203,20 @@ int main(int argc, char** argv) {
       add("promote_256", [](tw::GemmOptions& o) { o.weights_promote_256 = true; });
       add("no_epilogue", [](tw::GemmOptions& o) { o.skip_epilogue = true; });
       add("load_only", [](tw::GemmOptions& o) { o.skip_mma = true; });
-      double best_us = 1e30, default_us = 0, load_us = 0;
-      std::string best_name;
+      double best_us = 1e30, default_us = 0, load_us = 0, best_seq_us = 1e30;
+      std::string best_name, best_seq_name;
       nlohmann::json variants = nlohmann::json::array();
       for (const Variant& v : vs) {
         for (int s = 0; s < sets; ++s) tw::run_gemm(Y[s], X[s], W[s], M, sh.N, sh.K, nullptr, v.opt);  // warm, outside capture
         TW_CUDA_CHECK(cudaDeviceSynchronize());
-        const double us = time_us(
-            [&](int s, cudaStream_t st) { tw::run_gemm(Y[s], X[s], W[s], M, sh.N, sh.K, st, v.opt); }, sets, 10,
-            v.name == "default" ? 60 : 30);
+        auto run = [&](int s, cudaStream_t st) { tw::run_gemm(Y[s], X[s], W[s], M, sh.N, sh.K, st, v.opt); };
+        const double us = time_us(run, sets, 10, v.name == "default" ? 60 : 30);
         variants.push_back({{"variant", v.name}, {"us", us}, {"pct_of_floor", 100.0 * floor_us / us}});
+        if (v.name == "default") {
+          const double seq = time_us_seq(run, sets);
+          variants.back()["seq_us"] = seq;
+          if (seq < best_seq_us) best_seq_us = seq, best_seq_name = v.name;
+        }
         if (v.name == "load_only") load_us = us;
         if (v.name == "load_only" || v.name == "no_epilogue") continue;  // diagnostics
         if (v.name == "default") default_us = us;
@@ -204,9 +224,13 @@ int main(int argc, char** argv) {
       }
       // The executor's tile body on a one-op graph (tw::DecodeGemm, the FFN's mainloop), on
       // PyTorch-layout and on packed weights (packed copies of the sets, made untimed).
-      for (bool packed : {false, true}) {
+      std::vector<std::pair<bool, int>> exec_variants{{false, 0}, {true, 0}};  // (packed, split; 0 = its own)
+      if (split_sweep)
+        for (int sp : {1, 2, 4, 8}) exec_variants.push_back({true, sp});
+      for (auto [packed, split] : exec_variants) {
         tw::DecodeGemmOptions eo;
         eo.packed_weights = packed;
+        eo.split_k = split;
         tw::DecodeGemm eg(M, sh.N, sh.K, eo);
         std::vector<__nv_bfloat16*> P;
         if (packed)
@@ -218,15 +242,19 @@ int main(int argc, char** argv) {
           }
         TW_CUDA_CHECK(cudaDeviceSynchronize());
         auto w_of = [&](int s) { return packed ? P[s] : W[s]; };
-        const double us = time_us([&](int s, cudaStream_t st) { eg.run(Y[s], X[s], w_of(s), st); }, sets, 10, 60);
-        const std::string name = packed ? "executor,packed" : "executor";
+        auto run = [&](int s, cudaStream_t st) { eg.run(Y[s], X[s], w_of(s), st); };
+        const double us = time_us(run, sets, 10, 60), seq = time_us_seq(run, sets);
+        const std::string name = std::string(packed ? "executor,packed" : "executor") +
+                                 (split ? ",split=" + std::to_string(split) : "");
+        if (seq < best_seq_us) best_seq_us = seq, best_seq_name = name;
         eg.run(Y[0], X[0], w_of(0), nullptr);
         g.run(Yr[0], X[0], W[0], nullptr, lt_algo);
         TW_CUDA_CHECK(cudaDeviceSynchronize());
         std::vector<__nv_bfloat16> a(size_t(M) * sh.N), b(size_t(M) * sh.N);
         TW_CUDA_CHECK(cudaMemcpy(a.data(), Y[0], a.size() * 2, cudaMemcpyDeviceToHost));
         TW_CUDA_CHECK(cudaMemcpy(b.data(), Yr[0], b.size() * 2, cudaMemcpyDeviceToHost));
-        variants.push_back({{"variant", name}, {"us", us}, {"pct_of_floor", 100.0 * floor_us / us},
+        variants.push_back({{"variant", name}, {"us", us}, {"seq_us", seq}, {"pct_of_floor", 100.0 * floor_us / us},
+                            {"split_k", eg.graph().op(0).tiling.split_k},
                             {"rel_diff_vs_cublaslt", rel_diff(a, b)}});
         if (us < best_us) best_us = us, best_name = name;
         for (auto* p : P) TW_CUDA_CHECK(cudaFree(p));
@@ -245,12 +273,15 @@ int main(int argc, char** argv) {
                {"best_variant", best_name}, {"best_us", best_us}, {"load_only_us", load_us}, {"variants", variants},
                {"cublaslt_us", lt_us}, {"cublaslt_algo_rank", lt_algo},
                {"cublaslt_pct_of_floor", 100.0 * floor_us / lt_us}, {"speedup_vs_cublaslt", lt_us / default_us},
-               {"best_speedup_vs_cublaslt", lt_us / best_us}, {"rel_diff_vs_cublaslt", diff}});
+               {"best_speedup_vs_cublaslt", lt_us / best_us}, {"rel_diff_vs_cublaslt", diff},
+               {"cublaslt_seq_us", lt_seq_us}, {"best_seq_us", best_seq_us}, {"best_seq_variant", best_seq_name},
+               {"best_seq_pct_of_floor", 100.0 * floor_us / best_seq_us}, {"best_seq_speedup_vs_cublaslt", lt_seq_us / best_seq_us}});
       std::snprintf(line, sizeof line,
-                    "%-12s %4d %7.1f %7.1f %5.2f %5.1f%% %7.1f %5.1f%% %5.2fx | %7.1f %5.2fx %-22s | load %6.1f %5.1f%% d=%.0e",
+                    "%-12s %4d %7.1f %7.1f %5.2f %5.1f%% %7.1f %5.1f%% %5.2fx | %7.1f %5.2fx %-16s | seq %6.1f %6.1f %5.2fx %-16s "
+                    "| load %6.1f %5.1f%% d=%.0e",
                     sh.name, M, floor_us, default_us, bytes / default_us * 1e-6, 100.0 * floor_us / default_us, lt_us,
-                    100.0 * floor_us / lt_us, lt_us / default_us, best_us, lt_us / best_us, best_name.c_str(), load_us,
-                    100.0 * floor_us / load_us, diff);
+                    100.0 * floor_us / lt_us, lt_us / default_us, best_us, lt_us / best_us, best_name.c_str(), lt_seq_us,
+                    best_seq_us, lt_seq_us / best_seq_us, best_seq_name.c_str(), load_us, 100.0 * floor_us / load_us, diff);
       std::printf("%s\n", line);
       std::fflush(stdout);
       table.push_back(line);
@@ -265,8 +296,9 @@ int main(int argc, char** argv) {
   const std::string path = out.write(gpu);
   std::printf("\n%s (%s): floor %.3f TB/s, GEMM peak %.0f TFLOP/s -> %s\n", gpu.prop.name, utc_now().c_str(),
               floor.tbps(), peak_tflops, path.c_str());
-  std::printf("%-12s %4s %7s %7s %5s %6s %7s %6s %6s | %7s %6s %-22s | %s\n", "shape", "M", "floor", "ours", "TB/s",
-              "%floor", "cublas", "%floor", "vs_cub", "best", "vs_cub", "best variant", "load-only (diagnostic)");
+  std::printf("%-12s %4s %7s %7s %5s %6s %7s %6s %6s | %7s %6s %-16s | seq: %6s %6s %6s %-16s | %s\n", "shape", "M", "floor",
+              "ours", "TB/s", "%floor", "cublas", "%floor", "vs_cub", "best", "vs_cub", "best variant", "cublas", "best",
+              "vs_cub", "best variant", "load-only (diagnostic)");
   for (auto& l : table) std::printf("%s\n", l.c_str());
   cublasLtDestroy(lt);
   cudaFree(lt_ws);

@@ -43,29 +43,18 @@ inline Gpu current_gpu() {
   return g;
 }
 
-// Median of device times (µs) of `reps` replays, after `warmup` replays. `make(i, stream)` enqueues
-// the work for input set i (0 <= i < sets); each set is captured once into a CUDA graph, and the
-// replays cycle through the sets so that consecutive replays read different buffers.
-inline double time_us(const std::function<void(int, cudaStream_t)>& make, int sets, int warmup = 10, int reps = 100) {
-  cudaStream_t st;
-  TW_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  std::vector<cudaGraphExec_t> execs(sets);
-  for (int s = 0; s < sets; ++s) {
-    cudaGraph_t g;
-    TW_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    make(s, st);
-    TW_CUDA_CHECK(cudaStreamEndCapture(st, &g));
-    TW_CUDA_CHECK(cudaGraphInstantiate(&execs[s], g, 0));
-    TW_CUDA_CHECK(cudaGraphDestroy(g));
-  }
-  for (int i = 0; i < warmup; ++i) TW_CUDA_CHECK(cudaGraphLaunch(execs[i % sets], st));
+namespace detail {
+// Median device time (µs) of one replay of execs[i % size], each replay timed alone (an event pair
+// around it, the queue kept full): the median is robust to the odd slow replay, and no replay
+// overlaps the next within a stream.
+inline double median_replay_us(const std::vector<cudaGraphExec_t>& execs, cudaStream_t st, int warmup, int reps) {
+  const size_t n = execs.size();
+  for (int i = 0; i < warmup; ++i) TW_CUDA_CHECK(cudaGraphLaunch(execs[i % n], st));
   std::vector<cudaEvent_t> ev(reps + 1);
   for (auto& e : ev) TW_CUDA_CHECK(cudaEventCreate(&e));
-  // Each replay is timed alone (an event pair around it, the queue kept full): the median is
-  // robust to the odd slow replay, and no replay overlaps the next within a stream.
   for (int i = 0; i < reps; ++i) {
     TW_CUDA_CHECK(cudaEventRecord(ev[i], st));
-    TW_CUDA_CHECK(cudaGraphLaunch(execs[(warmup + i) % sets], st));
+    TW_CUDA_CHECK(cudaGraphLaunch(execs[(warmup + i) % n], st));
   }
   TW_CUDA_CHECK(cudaEventRecord(ev[reps], st));
   TW_CUDA_CHECK(cudaStreamSynchronize(st));
@@ -76,10 +65,56 @@ inline double time_us(const std::function<void(int, cudaStream_t)>& make, int se
     t[i] = ms * 1e3;
   }
   for (auto& e : ev) TW_CUDA_CHECK(cudaEventDestroy(e));
-  for (auto& x : execs) TW_CUDA_CHECK(cudaGraphExecDestroy(x));
-  TW_CUDA_CHECK(cudaStreamDestroy(st));
   std::nth_element(t.begin(), t.begin() + reps / 2, t.end());
   return t[reps / 2];
+}
+// Captures make(s, st) for s in sets (in order) into one graph.
+inline cudaGraphExec_t capture(const std::function<void(int, cudaStream_t)>& make, const std::vector<int>& sets,
+                               cudaStream_t st) {
+  cudaGraph_t g;
+  cudaGraphExec_t e;
+  TW_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  for (int s : sets) make(s, st);
+  TW_CUDA_CHECK(cudaStreamEndCapture(st, &g));
+  TW_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+  TW_CUDA_CHECK(cudaGraphDestroy(g));
+  return e;
+}
+}  // namespace detail
+
+// One launch per replay: the median device time (µs) of `reps` replays, after `warmup`. `make(i,
+// stream)` enqueues the work for input set i (0 <= i < sets); each set is captured into its own
+// CUDA graph, and the replays cycle through the sets so that consecutive replays read different
+// buffers. Each time includes starting the graph (~3 us on the H200, bench_attention's empty
+// launch), which a kernel inside a decode step's graph does not pay.
+inline double time_us(const std::function<void(int, cudaStream_t)>& make, int sets, int warmup = 10, int reps = 100) {
+  cudaStream_t st;
+  TW_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  std::vector<cudaGraphExec_t> execs;
+  for (int s = 0; s < sets; ++s) execs.push_back(detail::capture(make, {s}, st));
+  const double us = detail::median_replay_us(execs, st, warmup, reps);
+  for (auto& x : execs) TW_CUDA_CHECK(cudaGraphExecDestroy(x));
+  TW_CUDA_CHECK(cudaStreamDestroy(st));
+  return us;
+}
+
+// Back to back, as inside a decode step: one graph holds `launches` launches (the sets in turn,
+// at least `min_launches`), and the time per launch is the graph's median replay time divided by
+// the launches. A launch still pays its own start and drain, but the graph's start is shared.
+// Consecutive launches read different sets, so L2 still holds none of a launch's inputs (the sets
+// total >= 1 GB, or one set does).
+inline double time_us_seq(const std::function<void(int, cudaStream_t)>& make, int sets, int warmup = 2, int reps = 15,
+                          int min_launches = 8) {
+  cudaStream_t st;
+  TW_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  std::vector<int> order;
+  while (int(order.size()) < std::max(sets, min_launches))
+    for (int s = 0; s < sets; ++s) order.push_back(s);
+  const std::vector<cudaGraphExec_t> execs{detail::capture(make, order, st)};
+  const double us = detail::median_replay_us(execs, st, warmup, reps) / double(order.size());
+  TW_CUDA_CHECK(cudaGraphExecDestroy(execs[0]));
+  TW_CUDA_CHECK(cudaStreamDestroy(st));
+  return us;
 }
 
 struct Floor {

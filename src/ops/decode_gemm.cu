@@ -1,5 +1,7 @@
 #include "tileweave/ops/decode_gemm.hpp"
 
+#include <algorithm>
+
 #include "ffn_sm90.hpp"
 #include "tileweave/order/orders.hpp"
 #include "tileweave/runtime/exec_plan.hpp"
@@ -7,6 +9,18 @@
 
 namespace tw {
 using bf16 = __nv_bfloat16;
+
+namespace {
+// K slices per output tile: as many as fill one wave of SMs, and none once the tiles alone do.
+// A split unit's epilogue (fp32 reduction in L2, then the last slice's read-back) holds up its
+// SM's stream for ~1 us at M = 1 and ~3 us at M = 64, more than the SMs left idle by a partial
+// last wave cost: on the H200 the 8B gate_up (224 tiles) ran 62.8 / 65.0 / 68.1 / 74.4 us at
+// M = 1 cut in 1 / 2 / 4 / 8 slices, while the 8B down (32 tiles) was best at 4 (one wave of
+// 128): 50.6 / 35.8 / 34.3 / 35.9 us (bench_gemm --split-sweep).
+int one_wave_split(int64_t tiles, int64_t stages, int sms) {
+  return int(std::clamp<int64_t>(sms / tiles, 1, std::min<int64_t>(stages, ffn_sm90::kMaxSlices)));
+}
+}  // namespace
 
 DecodeGemm::DecodeGemm(int64_t m, int64_t n, int64_t k, const DecodeGemmOptions& opt)
     : m_(m), n_(n), k_(k), packed_(opt.packed_weights), spin_limit_(opt.spin_limit) {
@@ -18,12 +32,10 @@ DecodeGemm::DecodeGemm(int64_t m, int64_t n, int64_t k, const DecodeGemmOptions&
   TW_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   TW_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   if (major != 9) throw InvalidArgument("DecodeGemm: needs an sm_90 GPU (H100/H200); this one is sm_" + std::to_string(major) + "x");
-  // K is split only to give every SM work: with at least a wave of output tiles, 4 MiB slices
-  // (unsplit at the Llama sizes), as for the FFN's first GEMM; else ~512 KiB (x M/128) slices.
-  const int64_t rows = ffn_sm90::act_rows_for(m);
+  const int64_t rows = ffn_sm90::act_rows_for(m), step = ffn_sm90::stage_cols_for(int(rows));
   const int64_t out_tiles = ((m + rows - 1) / rows) * ((n + ffn_sm90::kTileRows - 1) / ffn_sm90::kTileRows);
-  const int64_t target_kib = out_tiles >= sms ? 4096 : 512 * std::max<int64_t>(1, rows / 128);
-  const Tiling t = ffn_sm90::op_tiling(m, n, k, target_kib, opt.split_k, opt.k_slices);
+  const int split = opt.split_k ? opt.split_k : one_wave_split(out_tiles, (k + step - 1) / step, sms);
+  const Tiling t = ffn_sm90::op_tiling(m, n, k, 0, split, opt.k_slices);
   const int x = g_.add_tensor("x", m, k, 2, TensorRole::Input);
   const int w = g_.add_tensor("w", n, k, 2, TensorRole::Weight);
   const int y = g_.add_tensor("y", m, n, 2, TensorRole::Output);
@@ -65,7 +77,7 @@ void DecodeGemm::run(bf16* y, const bf16* x, const bf16* w, cudaStream_t stream)
   maps.w1 = maps.w0;
   ffn_sm90::OpArgs ops[2]{};
   ops[0] = {y, ws_, int32_t(m_), int32_t(n_), int32_t(o.grid_n), int32_t(o.tiling.split_k), 0,
-            packed_ ? w : nullptr, int32_t(ffn_sm90::packed_atoms(k_)), {}};
+            packed_ ? w : nullptr, int32_t(ffn_sm90::packed_atoms(k_)), 0, {}};  // y: read by no tile
   for (int64_t ks = 0; ks <= o.tiling.split_k; ++ks) ops[0].slice_start[ks] = int16_t((o.k_begin(ks) + step - 1) / step);
   ops[1] = ops[0];  // no tile of op 1 exists
   ffn_sm90::launch(plan_->params(spin_limit_), maps, ops, act_rows_, grid_, stream);

@@ -411,15 +411,16 @@ FusedFfn::Launch FusedFfn::prepare(const bf16* x, const bf16* w_gate_up, const b
     }
     l.maps.x = ffn_sm90::act_map(x, m, d, act_rows_);
     l.maps.h = ffn_sm90::act_map(h_, m, f, act_rows_);
-    auto args = [&](const Op& o, bf16* out, float* ws, bool silu, const bf16* w) {
+    auto args = [&](const Op& o, bf16* out, float* ws, bool silu, const bf16* w, bool publish) {
       ffn_sm90::OpArgs a{out, ws, int32_t(m), int32_t(o.n), int32_t(o.grid_n), int32_t(o.tiling.split_k), silu ? 1 : 0,
-                         packed_ ? w : nullptr, int32_t(ffn_sm90::packed_atoms(o.k)), {}};
+                         packed_ ? w : nullptr, int32_t(ffn_sm90::packed_atoms(o.k)), publish ? 1 : 0, {}};
       // Slices as the graph cut them (whole stages; the last rounded up to cover K).
       for (int64_t ks = 0; ks <= o.tiling.split_k; ++ks) a.slice_start[ks] = int16_t((o.k_begin(ks) + step - 1) / step);
       return a;
     };
-    l.ops[g_.op_gate_up] = args(gu, h_, ws_, shape_.gated, w_gate_up);
-    l.ops[g_.op_down] = args(dn, y, ws_ + ws_down_offset_, false, w_down);
+    // h is read by the down tiles (or, as two kernels, by the consumer kernel); y by no tile.
+    l.ops[g_.op_gate_up] = args(gu, h_, ws_, shape_.gated, w_gate_up, true);
+    l.ops[g_.op_down] = args(dn, y, ws_ + ws_down_offset_, false, w_down, false);
   }
   return l;
 }

@@ -218,10 +218,10 @@ __device__ __forceinline__ void finish_tile(const runtime::ExecParams& ep, uint3
 #pragma unroll
     for (int q = 0; q < Cfg::kAcc / 4; ++q) store(q, {acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]});
   }
-  ptx::fence_proxy_async(ptx::space_global);  // our stores, before a TMA elsewhere reads them
+  if (o.publish) ptx::fence_proxy_async(ptx::space_global);  // our stores, before a TMA elsewhere reads them
   named_bar_sync(1, kConsumers);
   if (ct == 0) {
-    runtime::release_signal(ep, t);
+    if (o.publish) runtime::release_signal(ep, t);  // else no tile of the launch reads this output
     runtime::trace_mark(ep, id, runtime::kTraceDone);
   }
 }
@@ -245,6 +245,7 @@ __device__ void run_consumer(const Ring<Cfg>& ring, TileQueue& q, const runtime:
     if (ct == 0) runtime::trace_mark(ep, id, runtime::kTraceStarted);
     const OpArgs& o = cp.ops[t.op];
     consume_tile(ring, ps, wg, stages_of(o, t), acc);
+    if (ct == 0) runtime::trace_mark(ep, id, runtime::kTraceComputed);
     finish_tile<Cfg>(ep, epoch, o, t, id, acc, ct, flag);
   }
 }

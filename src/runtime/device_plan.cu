@@ -74,7 +74,8 @@ std::vector<DevicePlan::TileTimes> DevicePlan::read_trace() const {
   for (size_t i = 0; i < plan_.tiles.size(); ++i) {
     const unsigned long long* r = &w[i * kTraceWords];
     auto us = [&](int k) { return r[k] ? (double(r[k]) - double(t0)) * 1e-3 : -1.0; };
-    out.push_back({int(i), int(r[kTraceSm]), us(kTraceTaken), us(kTraceReady), us(kTraceStarted), us(kTraceDone)});
+    out.push_back({int(i), int(r[kTraceSm]), us(kTraceTaken), us(kTraceReady), us(kTraceStarted), us(kTraceComputed),
+                   us(kTraceDone)});
   }
   return out;
 }

@@ -21,8 +21,8 @@ namespace tw {
 struct DecodeGemmOptions {
   bool packed_weights = false;   // run() takes W as written by pack() (one contiguous copy per stage)
   std::string order = "kslices/col_major";  // any make_order spec
-  int split_k = 0;               // K slices; 0 = about 512 KiB of weights per tile
-  std::string k_slices = "tail:1";  // "even", or "tail:<n>": the last waves of tiles shorter
+  int split_k = 0;               // K slices; 0 = as many as bring the tiles to one wave of SMs
+  std::string k_slices = "even";    // "even", or "tail:<n>": the last waves of tiles shorter
   uint32_t spin_limit = 0;       // tests: bounded waits
 };
 

@@ -35,7 +35,7 @@ class DevicePlan {
   bool tracing() const { return trace_ != nullptr; }
   struct TileTimes {
     int tile, sm;
-    double taken, ready, started, done;  // us; negative: not recorded
+    double taken, ready, started, computed, done;  // us; negative: not recorded
   };
   std::vector<TileTimes> read_trace() const;
 

@@ -32,7 +32,7 @@ struct ExecParams {
 
 // Per tile, in %globaltimer nanoseconds except the SM: where the tile ran and when it was taken
 // (its ticket came up), had its dependencies met, was picked up by the block's compute threads,
-// and published its output.
-enum TraceWord { kTraceSm, kTraceTaken, kTraceReady, kTraceStarted, kTraceDone, kTraceWords };
+// finished its math (the epilogue follows), and published its output.
+enum TraceWord { kTraceSm, kTraceTaken, kTraceReady, kTraceStarted, kTraceComputed, kTraceDone, kTraceWords };
 
 }  // namespace tw::runtime
