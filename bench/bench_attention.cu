@@ -129,7 +129,7 @@ int main(int argc, char** argv) {
       }
     };
     // The default with the other loader, and with the other tiles-per-SM choice (one: tiles cut at
-    // pair boundaries, two stages per warp; two: cut evenly over every slot).
+    // pair boundaries; two: cut evenly over every slot).
     tw::DecodeAttentionShape bulk = shape;
     bulk.kv_load = op.bulk_copy() ? tw::KvLoad::CpAsync : tw::KvLoad::Bulk;
     if (gpu.prop.major >= 9 && !quick) variant(op.bulk_copy() ? "cp_async" : "bulk", bulk);

@@ -5,6 +5,7 @@
 //   tile_chunks = 1        chunk c goes to SM c % G (the floor kernel's order)
 //   tile_chunks = T        tiles of T consecutive chunks go round-robin, each read front to back
 //   tile_chunks = n / G    each SM reads one contiguous 1/G of the buffer
+// and, last, how much a subset of the SMs reads on its own (a launch's last wave).
 // Each is timed one launch per graph replay and back to back (harness.cuh).
 //   bench_stream_patterns   JSON -> $TW_RESULTS_DIR/<gpu>/stream_patterns.json
 #include <cuda/ptx>
@@ -85,6 +86,27 @@ int main() {
                   {"seq_tbps", seq_tbps}, {"seq_pct_floor", 100 * seq_tbps / floor.tbps()}});
         }
       }
+  // How fast can fewer SMs read? When only some SMs have work left (a launch's last wave), the
+  // rate is theirs alone: G blocks, one per SM, round-robin 32 KiB chunks, 6 in flight, 1 GB.
+  std::printf("\n%6s %7s %6s %9s %12s\n", "SMs", "chunk", "stages", "TB/s", "GB/s per SM");
+  nlohmann::json per_sm = nlohmann::json::array();
+  struct Sub {
+    int g, chunk, stages;
+  };
+  // The last rows: a quarter of the SMs with half / twice the bytes in flight (latency- or rate-bound?).
+  for (auto [g, chunk, stages] : {Sub{sms, 32768, 6}, Sub{sms * 3 / 4, 32768, 6}, Sub{sms / 2, 32768, 6},
+                                  Sub{sms / 4, 32768, 6}, Sub{sms / 8, 32768, 6}, Sub{sms / 4, 32768, 3},
+                                  Sub{sms / 4, 16384, 12}}) {
+    const size_t bytes = size_t(1) << 30;
+    const double us = time_us_seq([&](int s, cudaStream_t st) {
+      stream_tiles<<<g, 32, stages * chunk, st>>>(buf + size_t(s) * bytes, bytes / chunk, chunk, stages, 1);
+    }, int(pool / bytes));
+    const double tbps = bytes / us * 1e-6;
+    std::printf("%6d %7d %6d %9.3f %12.1f\n", g, chunk, stages, tbps, tbps * 1e3 / g);
+    per_sm.push_back({{"sms", g}, {"chunk", chunk}, {"stages", stages}, {"seq_us", us}, {"tbps", tbps},
+                      {"gbps_per_sm", tbps * 1e3 / g}});
+  }
+  rf.doc["fewer_sms"] = per_sm;
   std::printf("wrote %s\n", rf.write(gpu).c_str());
   TW_CUDA_CHECK(cudaFree(buf));
   return 0;

@@ -19,10 +19,12 @@ namespace {
 // host planner's (plan_decode_for in graph/attention_graph.cpp):
 // - KvLoad::Auto: cp.async. Bulk copies tie with it on the large cases and lose up to 8% on the
 //   small ones (copy latency, and bank conflicts in the unswizzled ring).
-// - One tile per SM (small work): 2 stages in flight per warp.
+// - One tile per SM (small work): kSmallSlots stages per warp (at most the tile's); 4 warps with
+//   2 stages in flight read 1.5-3 points of the floor lower (bench_attention_trace, H200 2026-11-22:
+//   B = 1, L = 32768 warps end at 35.8 us with 2 slots, 33.3 with 4).
 // - Two tiles per SM: kStreamSlots stages per warp (all of them when a tile has <= kDeepSlots).
 constexpr bool kAutoBulk = false;
-constexpr int kSmallSlots = 2;
+constexpr int kSmallSlots = 4;
 constexpr int kStreamSlots = 3;
 constexpr int kDeepSlots = 4;
 
@@ -148,6 +150,7 @@ kernels::DecodeParams DecodeAttention::device_params(const DecodeAttentionTensor
   p.o_part = d_o_part_;
   p.lse_part = d_lse_part_;
   p.merge_count = d_merge_count_;
+  p.trace = trace_;
   const float scale = shape_.scale > 0 ? shape_.scale : 1.f / std::sqrt(float(shape_.head_dim));
   p.scale_log2 = scale * 1.4426950408889634f;
   p.rope = shape_.rope_theta > 0;

@@ -16,7 +16,7 @@ template <int D, int G, bool kPaged, bool kBulk>
 __global__ void __launch_bounds__(kernels::kDecodeThreads, 2)
     decode_attention_kernel(const __grid_constant__ kernels::DecodeParams p) {
   extern __shared__ __align__(128) char smem[];
-  kernels::decode_work_tile<D, G, kPaged, kBulk>(p, blockIdx.x, smem);
+  kernels::decode_work_tile<D, G, kPaged, kBulk, /*kStandalone=*/true>(p, blockIdx.x, smem);
 }
 
 template <int D, int G>

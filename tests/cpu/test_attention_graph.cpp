@@ -147,6 +147,15 @@ TEST(DecodePlan, PlannerFollowsTheWork) {
   forced.tiles_per_sm = 2;
   EXPECT_EQ(plan_decode_for(forced, one, 132).num_tiles, 264);
   EXPECT_THROW(plan_decode_for(forced, one, 0), InvalidArgument);
+  // More short equal pairs than slots: whole pairs per tile (512 pairs of 512 tokens: 2 per tile);
+  // not with long pairs, nor when tiles_per_sm is fixed, nor when that would leave > 10% of the slots.
+  const std::vector<int> short64(64, 512), short48(48, 512), long64(64, 4096);
+  EXPECT_EQ(plan_decode_for(contiguous_shape(short64, 32, 8, 128), short64, 132).num_tiles, 256);
+  EXPECT_EQ(plan_decode_for(contiguous_shape(short48, 32, 8, 128), short48, 132).num_tiles, 264);
+  EXPECT_EQ(plan_decode_for(contiguous_shape(long64, 32, 8, 128), long64, 132).num_tiles, 264);
+  DecodeAttentionShape fixed = contiguous_shape(short64, 32, 8, 128);
+  fixed.tiles_per_sm = 2;
+  EXPECT_EQ(plan_decode_for(fixed, short64, 132).num_tiles, 264);
 }
 
 // o_proj tiles depend on exactly the attention tiles that hold their rows and heads, for plans

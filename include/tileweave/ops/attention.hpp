@@ -51,6 +51,9 @@ class DecodeAttention {
   // Zeroes the merge counters (each launch leaves them zero; an executor launch that aborted
   // before running every tile may not).
   void reset_merge_counts();
+  // Every later launch stamps its tiles' timeline into trace [num_tiles][kDecodeTraceWords] (device
+  // memory; decode_params.hpp names the words); nullptr turns it off. For bench_attention_trace.
+  void set_trace(unsigned long long* trace) { trace_ = trace; }
 
   const DecodePlan& plan() const { return plan_; }
   const std::vector<int>& seq_lens() const { return seq_lens_; }
@@ -73,6 +76,7 @@ class DecodeAttention {
   float* d_o_part_ = nullptr;
   float* d_lse_part_ = nullptr;
   int* d_merge_count_ = nullptr;
+  unsigned long long* trace_ = nullptr;
   std::vector<float> inv_freq_;
 };
 

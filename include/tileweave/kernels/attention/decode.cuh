@@ -117,6 +117,17 @@ __device__ __forceinline__ void fence_proxy_async() {
 #endif
 }
 
+// Timeline stamps (p.trace, bench_attention_trace): one word of tile `tile`'s row.
+__device__ __forceinline__ void trace_put(const DecodeParams& p, int tile, int w, unsigned long long v) {
+  if (p.trace != nullptr) p.trace[int64_t(tile) * kDecodeTraceWords + w] = v;
+}
+__device__ __forceinline__ void trace_now(const DecodeParams& p, int tile, int w) {
+  if (p.trace == nullptr) return;
+  unsigned long long v;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(v));
+  trace_put(p, tile, w, v);
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -282,9 +293,11 @@ __device__ __forceinline__ void store_bf16x4(__nv_bfloat16* dst, float4 v) {
 
 // Merges the partial outputs of `pair` (units [u0, u1)), one per tile that holds a part of it, as
 // the last of those tiles. The partials were written by other blocks in this launch: read from L2
-// (ld.global.cg) after the caller's fence. One pass: warp w takes partials w, w + 4, ... with an
+// (ld.global.cg) after the caller's acquire. One pass: warp w takes partials w, w + 4, ... with an
 // online LSE merge (their loads all in flight together), lane the float4s e = lane + 32 r of the
 // G x D output; the 4 warps are then merged through `scratch` ([warps][G * D / 4][2] floats) and sm.o.
+// (A merge with no smem, each thread over all partials for its own float4s, was no faster -- the
+// tail is L2 round trips -- and spilled in the attention -> o_proj kernel.)
 template <int D, int G, class Smem>
 __device__ void merge_pair(const DecodeParams& p, Smem& sm, float* scratch, int pair, int u0, int u1) {
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -351,7 +364,9 @@ __device__ void merge_pair(const DecodeParams& p, Smem& sm, float* scratch, int 
 
 }  // namespace decode_detail
 
-template <int D, int G, bool kPaged, bool kBulk>
+// kStandalone: compiled with the timeline (p.trace); without it the stamps are left out and their
+// registers saved (the attention -> o_proj kernel is at its cap).
+template <int D, int G, bool kPaged, bool kBulk, bool kStandalone = false>
 __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
   static_assert(D == 64 || D == 128, "head dim 64 or 128");
   static_assert(G >= 1 && G <= kDecodeMaxGroup, "1..8 query heads per KV head");
@@ -366,6 +381,16 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;  // mma fragment coordinates: row (head) g, column pair t
   const int slots = p.ring_slots;
+  const bool tracing = kStandalone && p.trace != nullptr;  // timeline stamps (bench_attention_trace)
+  auto stamp = [&](int w) {
+    if (tracing) trace_now(p, tile, w);
+  };
+  if (threadIdx.x == 0 && tracing) {
+    stamp(kDtEntry);
+    uint32_t sm_id;
+    asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sm_id));
+    trace_put(p, tile, kDtSm, sm_id);
+  }
 
   const int u_lo = decode_tile_start(tile, p.num_tiles, p.total_units);
   const int u_hi = decode_tile_start(tile + 1, p.num_tiles, p.total_units);
@@ -472,6 +497,7 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
         cp_async_wait_dyn(slots - 1);
         __syncwarp();
       }
+      if (k == 0 && threadIdx.x == 0) stamp(kDtFirst);
       __nv_bfloat16* ks = my_ring + slot * 2 * kStageElems;
       __nv_bfloat16* vs = ks + kStageElems;
       const int tok0 = (unit_of(k) - sp.u0) * kDecodeStageTokens;
@@ -564,6 +590,7 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
     }
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (lane == 0) stamp(kDtWarpEnd + warp);
 
     // Combine the 4 warps (smem), then write the segment's result: the output when the segment is
     // the whole pair, else a partial in slot 2 * tile + (0: the tile's first segment, 1: its last).
@@ -610,6 +637,7 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
       }
     }
     if (!whole) (which ? part[1] : part[0]) = sp;
+    if (tracing && threadIdx.x == 0) trace_put(p, tile, kDtSegments, sp.pair - first.pair + 1);
     if (!more) break;
     sp = np;
   }
@@ -621,10 +649,14 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
     cp_async_wait<0>();
   }
 
+  if (threadIdx.x == 0) stamp(kDtSegsDone);
   // The last tile to finish a pair merges it (fence, count, fence): no tile waits for another.
   // Threads 0 and 32 count the tile's two partials at once.
+  int merges = 0;
   if (part[0].pair >= 0 || part[1].pair >= 0) {
-    __threadfence();
+    // Release: the barrier orders every thread's partial writes before threads 0 and 32's fences
+    // (cumulativity, as in a grid barrier), each of which then counts one partial. Acquire: the
+    // counting thread's fence after the count, then the barrier, before anyone reads partials.
     tile_sync();
     if (lane == 0 && warp < 2) {
       const DecodePair pt = warp == 0 ? part[0] : part[1];
@@ -633,18 +665,27 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
         const int n = decode_tile_of(pt.u1 - 1, p.num_tiles, p.total_units) -
                       decode_tile_of(pt.u0, p.num_tiles, p.total_units) + 1;
         int* count = p.merge_count + pt.pair;
+        __threadfence();
         last = atomicAdd(count, 1) == n - 1;
-        if (last) *count = 0;  // ready for the next launch
+        if (last) {
+          *count = 0;  // ready for the next launch
+          __threadfence();
+        }
       }
       sm.last[warp] = last;
     }
     tile_sync();
+    if (threadIdx.x == 0) stamp(kDtCounted);
 #pragma unroll
     for (int w = 0; w < 2; ++w)
       if (sm.last[w]) {
-        __threadfence();
         merge_pair<D, G>(p, sm, reinterpret_cast<float*>(ring), part[w].pair, part[w].u0, part[w].u1);
+        ++merges;
       }
+  }
+  if (threadIdx.x == 0 && tracing) {
+    trace_put(p, tile, kDtMerges, merges);
+    stamp(kDtExit);
   }
   fence_proxy_async();  // this tile's generic smem writes before the next tile's bulk copies
 }

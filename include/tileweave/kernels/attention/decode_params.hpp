@@ -10,6 +10,21 @@
 
 namespace tw::kernels {
 
+// Optional per-tile timeline (bench_attention_trace): kDecodeTraceWords words per tile, %globaltimer
+// nanoseconds except the SM id and the counts.
+enum DecodeTraceWord : int {
+  kDtSm = 0,
+  kDtEntry = 1,      // thread 0 enters the tile
+  kDtFirst = 2,      // warp 0's first stage has landed
+  kDtWarpEnd = 3,    // + w: warp w is done with its last stage (4 words)
+  kDtSegsDone = 7,   // every segment's result is written
+  kDtCounted = 8,    // the partials are counted (the tile knows whether it merges)
+  kDtExit = 9,       // merges done, the tile ends
+  kDtMerges = 10,    // pairs this tile merged
+  kDtSegments = 11,  // segments (pairs) of this tile
+  kDecodeTraceWords = 12
+};
+
 // The work is cut stream-K style (decode_units.hpp: pairs, 16-token units, the even cut). A tile
 // runs its range pair by pair (a *segment* per pair); a segment that is a whole pair writes the
 // output, one that is part of a pair writes a partial result, and the last tile to finish a pair
@@ -42,6 +57,7 @@ struct DecodeParams {
   float* o_part = nullptr;
   float* lse_part = nullptr;
   int* merge_count = nullptr;
+  unsigned long long* trace = nullptr;  // [num_tiles][kDecodeTraceWords] or nullptr (no timeline)
   float scale_log2 = 0;  // softmax scale * log2(e)
   bool rope = false;
   float inv_freq[64] = {};  // RoPE (rotate-half): angle_i = float(pos) * inv_freq[i], i < D/2
