@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -23,17 +22,9 @@ namespace {
 using bf16 = __nv_bfloat16;
 namespace k = tw::kernels;
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, sep);)
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
 // "per_sm=1,slots=4" -> overrides of `base`.
 tw::DecodeAttentionShape apply_variant(tw::DecodeAttentionShape s, const std::string& spec) {
-  for (const std::string& kv : split(spec, ',')) {
+  for (const std::string& kv : tw::bench::split_list(spec, ',')) {
     if (kv == "default") continue;
     const auto eq = kv.find('=');
     if (eq == std::string::npos) throw std::runtime_error("variant item '" + kv + "' is not key=value");
@@ -83,7 +74,7 @@ int main(int argc, char** argv) {
   std::printf("%4s %6s %-22s %5s %5s %8s %6s | %s\n", "B", "L", "variant", "tiles", "slots", "us", "floor%",
               "trace (us from the first entry): entry max, first landed med/max, warp end min/med/max, "
               "intra-tile warp spread med, segs done max, exit med/max, merges");
-  for (const std::string& cs : split(cases_arg, ',')) {
+  for (const std::string& cs : tw::bench::split_list(cases_arg, ',')) {
     const auto x = cs.find('x');
     const int B = std::stoi(cs.substr(0, x)), L = std::stoi(cs.substr(x + 1));
     const int64_t set_elems = int64_t(B) * L * kHkv * kD;
@@ -110,7 +101,7 @@ int main(int argc, char** argv) {
     shape.head_dim = kD;
     shape.max_seq_len = L;
     const std::vector<int> lens(B, L);
-    for (const std::string& vs : split(variants_arg, ';')) {
+    for (const std::string& vs : tw::bench::split_list(variants_arg, ';')) {
       std::unique_ptr<tw::DecodeAttention> op;
       try {
         op = std::make_unique<tw::DecodeAttention>(apply_variant(shape, vs), lens);

@@ -59,14 +59,6 @@ struct Model {
   bool gated;
 };
 
-std::vector<std::string> split_list(const std::string& s, char sep = ',') {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string t; std::getline(ss, t, sep);)
-    if (!t.empty()) out.push_back(t);
-  return out;
-}
-
 struct Variant {
   std::string name;
   FfnOptions opt;
@@ -238,7 +230,12 @@ int main(int argc, char** argv) {
     }
   }
   std::vector<int64_t> ms;
-  for (const auto& m : split_list(ms_arg)) ms.push_back(std::atoll(m.c_str()));
+  try {
+    for (int m : parse_counts(ms_arg, "--ms")) ms.push_back(m);
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "bench_ffn: %s\n", e.what());
+    return 2;
+  }
   std::vector<Variant> variants;
   try {
     for (const auto& spec : variant_specs) variants.push_back({spec, parse_variant(spec)});

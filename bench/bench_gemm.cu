@@ -99,9 +99,14 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--split-sweep")) split_sweep = true;
-    else if (!std::strcmp(argv[i], "--ms") && i + 1 < argc)
-      for (const char* p = argv[++i]; *p; p += *p == ',') ms_arg.push_back(int(std::strtol(p, const_cast<char**>(&p), 10)));
-    else {
+    else if (!std::strcmp(argv[i], "--ms") && i + 1 < argc) {
+      try {
+        ms_arg = parse_counts(argv[++i], "--ms");
+      } catch (const std::invalid_argument& e) {
+        std::fprintf(stderr, "bench_gemm: %s\n", e.what());
+        return 2;
+      }
+    } else {
       std::fprintf(stderr, "usage: %s [--quick] [--ms 1,16,...] [--split-sweep]\n", argv[0]);
       return 2;
     }

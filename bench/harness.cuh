@@ -14,6 +14,8 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -181,6 +183,33 @@ inline double rel_diff_bf16(const __nv_bfloat16* a_dev, const __nv_bfloat16* b_d
     den += y * y;
   }
   return std::sqrt(num / std::max(den, 1e-30));
+}
+
+// "a,b,,c" -> {"a", "b", "c"} (command-line lists).
+inline std::vector<std::string> split_list(const std::string& s, char sep = ',') {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string t; std::getline(ss, t, sep);)
+    if (!t.empty()) out.push_back(t);
+  return out;
+}
+
+// "1,16,64" -> {1, 16, 64}; a value that is not a whole number >= 1 is an error naming it.
+inline std::vector<int> parse_counts(const std::string& s, const char* what) {
+  std::vector<int> out;
+  for (const std::string& t : split_list(s)) {
+    size_t used = 0;
+    int v = 0;
+    try {
+      v = std::stoi(t, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != t.size() || v < 1) throw std::invalid_argument(std::string(what) + ": '" + t + "' is not a whole number >= 1");
+    out.push_back(v);
+  }
+  if (out.empty()) throw std::invalid_argument(std::string(what) + ": empty list");
+  return out;
 }
 
 inline std::string utc_now() {

@@ -26,16 +26,15 @@ constexpr int64_t kSmallBytesPerSm = int64_t(8) << 20;
 // A tile streams at least one stage per warp.
 constexpr int kMinUnitsPerTile = kernels::kDecodeWarps;
 // More equal pairs than tile slots, each at most this many K/V bytes: whole pairs per tile (no
-// partials, no merges; B = 64, L = 512: 38.6 us against 47.3 with pairs cut anywhere, H200).
+// partials, no merges; B = 64, L = 512: 42.2 us against 46.2 with pairs cut anywhere, H200).
 constexpr int64_t kWholePairBytes = int64_t(1) << 20;
 
 // Tiles for `slots_max` co-resident ones, each streaming at least kMinUnitsPerTile units. `aligned`:
 // when all pairs are equally long and fewer than the slots, each pair gets the same whole number of
 // tiles, so that tile boundaries fall on pair boundaries (no tile holds parts of two pairs, and a
-// pair's merge waits for the fewest tiles). When there are more equal pairs than slots and they
-// are short (kWholePairBytes), every tile gets the same whole number of pairs if that fills at
-// least 90% of the slots.
-int plan_tiles(const std::vector<int>& lens, int num_kv_heads, int slots_max, bool aligned, int64_t pair_bytes) {
+// pair's merge waits for the fewest tiles). `whole_pairs`: when there are more equal pairs than
+// slots, every tile gets the same whole number of pairs if that fills at least 90% of the slots.
+int plan_tiles(const std::vector<int>& lens, int num_kv_heads, int slots_max, bool aligned, bool whole_pairs) {
   const int npairs = static_cast<int>(lens.size()) * num_kv_heads;
   int units = 0;
   for (int len : lens) units += decode_units(len) * num_kv_heads;
@@ -44,7 +43,7 @@ int plan_tiles(const std::vector<int>& lens, int num_kv_heads, int slots_max, bo
   if (!uniform) return most;
   if (npairs > most) {
     const int per_tile = (npairs + most - 1) / most, tiles = npairs / per_tile;
-    const bool whole = pair_bytes <= kWholePairBytes && npairs % per_tile == 0 && 10 * tiles >= 9 * most;
+    const bool whole = whole_pairs && npairs % per_tile == 0 && 10 * tiles >= 9 * most;
     return whole ? tiles : most;
   }
   return aligned ? npairs * std::max(1, most / npairs) : most;
@@ -142,12 +141,13 @@ DecodePlan plan_decode_for(const DecodeAttentionShape& s, const std::vector<int>
   const bool small = npairs <= sms && decode_kv_bytes(s, seq_lens) <= kSmallBytesPerSm * sms;
   const int tiles_per_sm = s.tiles_per_sm > 0 ? s.tiles_per_sm : (small ? 1 : 2);
   const int slots_max = std::min(sms * tiles_per_sm, kernels::kDecodeMaxTiles);
-  // Whole pairs per tile only under the planner's own tiles per SM (the executor's attention ->
-  // o_proj fixes tiles_per_sm and wants every block's first ticket to be an attention tile).
-  const int64_t pair_bytes = s.tiles_per_sm > 0 ? INT64_MAX
-                                                 : int64_t(*std::max_element(seq_lens.begin(), seq_lens.end())) * s.head_dim * 2 * 2;
+  // Whole pairs per tile only for short pairs, and under the planner's own tiles per SM (the
+  // executor's attention -> o_proj fixes tiles_per_sm and wants every block's first ticket to be an
+  // attention tile).
+  const int64_t pair_bytes = int64_t(*std::max_element(seq_lens.begin(), seq_lens.end())) * s.head_dim * 2 * 2;
+  const bool whole_pairs = s.tiles_per_sm == 0 && pair_bytes <= kWholePairBytes;
   const int tiles = s.num_tiles > 0 ? s.num_tiles
-                                    : plan_tiles(seq_lens, s.num_kv_heads, slots_max, tiles_per_sm == 1, pair_bytes);
+                                    : plan_tiles(seq_lens, s.num_kv_heads, slots_max, tiles_per_sm == 1, whole_pairs);
   DecodePlan pl = plan_decode(seq_lens, s.num_kv_heads, tiles);
   pl.tiles_per_sm = tiles_per_sm;
   return pl;

@@ -215,7 +215,7 @@ int TileGraph::add_gemm_silu_mul(std::string name, int a, int b, int c, Tiling t
 int TileGraph::add_silu_mul(std::string name, int a, int c, int64_t bm, int64_t bn) {
   check_tensor(a, "A");
   check_tensor(c, "C");
-  Tiling t{bm, bn, bn, 1};
+  Tiling t{bm, bn, bn, 1, {}};
   check_tiling(t, name);
   const Tensor &A = tensors_[a], &C = tensors_[c];
   if (A.rows != C.rows || A.cols != 2 * C.cols)

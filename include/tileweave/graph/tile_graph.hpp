@@ -142,8 +142,8 @@ struct FfnShape {
   bool gated = true;  // false: the research notes' plain two-GEMM chain Y = (X W0^T) W1^T
 };
 struct FfnTiling {
-  Tiling gate_up{64, 128, 64, 1};
-  Tiling down{64, 128, 64, 1};
+  Tiling gate_up{64, 128, 64, 1, {}};
+  Tiling down{64, 128, 64, 1, {}};
 };
 struct FfnGraph {
   TileGraph graph;
