@@ -3,7 +3,8 @@
 // streaming-read floor measured in the same run. Weights are rotated so L2 holds none of them.
 //   bench_ffn [--models 8b,70b,chain] [--ms 1,4,16,64,128,256] [--reps 100] [--variants 'spec;spec;...']
 //   a variant spec is key=value pairs joined by ',' (keys: mainloop, order, sync, bk, sg = split_gate_up,
-//   sd = split_down, bps = blocks_per_sm, ks = k_split_warps, ds = down_slices, pw = packed_weights (1); unset = FfnOptions' default), e.g.
+//   sd = split_down, bps = blocks_per_sm, ks = k_split_warps, ds = down_slices, pw = packed_weights (1),
+//   ov = overlap_previous (1); unset = FfnOptions' default), e.g.
 //   mainloop=sm90,order=kslices/col_major,sd=28
 //   bench_ffn --profile spec --models 8b --ms 16   runs one variant 3 times for ncu and prints
 //   the traffic model's DRAM bytes for its schedule
@@ -82,7 +83,8 @@ FfnOptions parse_variant(const std::string& spec) {
     else if (k == "ks") o.k_split_warps = std::stoi(v);
     else if (k == "ds") o.down_slices = v;
     else if (k == "pw") o.packed_weights = v == "1";
-    else throw InvalidArgument("variant '" + spec + "': unknown key '" + k + "' (mainloop, order, sync, bk, sg, sd, bps, ks, ds, pw)");
+    else if (k == "ov") o.overlap_previous = v == "1";
+    else throw InvalidArgument("variant '" + spec + "': unknown key '" + k + "' (mainloop, order, sync, bk, sg, sd, bps, ks, ds, pw, ov)");
   }
   return o;
 }
@@ -203,7 +205,9 @@ int main(int argc, char** argv) {
   int reps = 100;
   std::string profile_spec, trace_spec;
   // Both tile bodies with their defaults, and the sm90 body on weights in the packed layout.
-  std::vector<std::string> variant_specs = {"mainloop=sm80", "mainloop=sm90", "mainloop=sm90,pw=1"};
+  // ov=1 (overlap_previous) changes only the back-to-back time: each launch then starts on the SMs
+  // the one before leaves.
+  std::vector<std::string> variant_specs = {"mainloop=sm80", "mainloop=sm90", "mainloop=sm90,pw=1", "mainloop=sm90,pw=1,ov=1"};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--models") && i + 1 < argc) models_arg = argv[++i];
     else if (!std::strcmp(argv[i], "--ms") && i + 1 < argc) ms_arg = argv[++i];
@@ -213,7 +217,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--trace") && i + 1 < argc) trace_spec = argv[++i];
     else {
       std::fprintf(stderr, "bench_ffn: unknown argument '%s'\nusage: bench_ffn [--models 8b,70b,chain] [--ms 1,16] [--reps 100]\n"
-                   "                 [--variants 'key=value,...;key=value,...']  (keys: mainloop order sync bk sg sd bps ks ds pw)\n"
+                   "                 [--variants 'key=value,...;key=value,...']  (keys: mainloop order sync bk sg sd bps ks ds pw ov)\n"
                    "                 [--profile variant]   (one variant, 3 launches, for ncu)\n"
                    "                 [--trace variant]     (one variant's tile timeline per case)\n", argv[i]);
       return 2;

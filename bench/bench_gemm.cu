@@ -229,13 +229,21 @@ int main(int argc, char** argv) {
       }
       // The executor's tile body on a one-op graph (tw::DecodeGemm, the FFN's mainloop), on
       // PyTorch-layout and on packed weights (packed copies of the sets, made untimed).
-      std::vector<std::pair<bool, int>> exec_variants{{false, 0}, {true, 0}};  // (packed, split; 0 = its own)
+      // "overlap": each launch starts on the SMs the one before leaves and streams its first
+      // weights while that one finishes (programmatic dependent launch); it only changes seq_us.
+      struct ExecVariant {
+        bool packed;
+        int split;  // 0 = its own
+        bool overlap;
+      };
+      std::vector<ExecVariant> exec_variants{{false, 0, false}, {true, 0, false}, {true, 0, true}};
       if (split_sweep)
-        for (int sp : {1, 2, 4, 8}) exec_variants.push_back({true, sp});
-      for (auto [packed, split] : exec_variants) {
+        for (int sp : {1, 2, 4, 8}) exec_variants.push_back({true, sp, false});
+      for (auto [packed, split, overlap] : exec_variants) {
         tw::DecodeGemmOptions eo;
         eo.packed_weights = packed;
         eo.split_k = split;
+        eo.overlap_previous = overlap;
         tw::DecodeGemm eg(M, sh.N, sh.K, eo);
         std::vector<__nv_bfloat16*> P;
         if (packed)
@@ -250,7 +258,7 @@ int main(int argc, char** argv) {
         auto run = [&](int s, cudaStream_t st) { eg.run(Y[s], X[s], w_of(s), st); };
         const double us = time_us(run, sets, 10, 60), seq = time_us_seq(run, sets);
         const std::string name = std::string(packed ? "executor,packed" : "executor") +
-                                 (split ? ",split=" + std::to_string(split) : "");
+                                 (split ? ",split=" + std::to_string(split) : "") + (overlap ? ",overlap" : "");
         if (seq < best_seq_us) best_seq_us = seq, best_seq_name = name;
         eg.run(Y[0], X[0], w_of(0), nullptr);
         g.run(Yr[0], X[0], W[0], nullptr, lt_algo);

@@ -23,7 +23,7 @@ int one_wave_split(int64_t tiles, int64_t stages, int sms) {
 }  // namespace
 
 DecodeGemm::DecodeGemm(int64_t m, int64_t n, int64_t k, const DecodeGemmOptions& opt)
-    : m_(m), n_(n), k_(k), packed_(opt.packed_weights), spin_limit_(opt.spin_limit) {
+    : m_(m), n_(n), k_(k), packed_(opt.packed_weights), overlap_(opt.overlap_previous), spin_limit_(opt.spin_limit) {
   if (m < 1) throw InvalidArgument("DecodeGemm: M must be >= 1, got " + std::to_string(m));
   if (n < 1) throw InvalidArgument("DecodeGemm: N must be >= 1, got " + std::to_string(n));
   if (k < 8 || k % 8) throw InvalidArgument("DecodeGemm: K must be a positive multiple of 8, got " + std::to_string(k));
@@ -80,7 +80,7 @@ void DecodeGemm::run(bf16* y, const bf16* x, const bf16* w, cudaStream_t stream)
             packed_ ? w : nullptr, int32_t(ffn_sm90::packed_atoms(k_)), 0, {}};  // y: read by no tile
   for (int64_t ks = 0; ks <= o.tiling.split_k; ++ks) ops[0].slice_start[ks] = int16_t((o.k_begin(ks) + step - 1) / step);
   ops[1] = ops[0];  // no tile of op 1 exists
-  ffn_sm90::launch(plan_->params(spin_limit_), maps, ops, act_rows_, grid_, stream);
+  ffn_sm90::launch(plan_->params(spin_limit_), maps, ops, act_rows_, grid_, overlap_, stream);
 }
 
 }  // namespace tw

@@ -350,8 +350,11 @@ void FusedFfn::init(const FfnOptions& opt, const Schedule* order) {
 
   plan_ = std::make_unique<runtime::DevicePlan>(plan);
   packed_ = opt.packed_weights;
+  overlap_ = opt.overlap_previous;
   if (packed_ && !sm90_)
     throw InvalidArgument("FFN: packed_weights is a layout of the sm90 tile body (mainloop '" + opt.mainloop + "')");
+  if (overlap_ && !sm90_)
+    throw InvalidArgument("FFN: overlap_previous needs the sm90 tile body (mainloop '" + opt.mainloop + "')");
   if (opt.trace) {
     if (!sm90_) throw InvalidArgument("FFN: trace is recorded by the sm90 tile body only (mainloop '" + opt.mainloop + "')");
     plan_->enable_trace();
@@ -444,7 +447,7 @@ void FusedFfn::pack(const bf16* w_gate_up, const bf16* w_down, bf16* packed_gate
 
 void FusedFfn::launch(const Launch& l, const runtime::ExecParams& ep, int grid, cudaStream_t stream) const {
   if (sm90_) {
-    ffn_sm90::launch(ep, l.maps, l.ops, act_rows_, grid, stream);
+    ffn_sm90::launch(ep, l.maps, l.ops, act_rows_, grid, overlap_, stream);
   } else {
     kernel_for(act_rows_ / 8, bk_, ks_)<<<grid, sm80::kThreads, smem_, stream>>>(ep, l.cp);
     TW_CUDA_CHECK_LAUNCH();

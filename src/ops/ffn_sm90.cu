@@ -36,7 +36,14 @@ using bf16 = __nv_bfloat16;
 
 struct Chain {
   OpArgs ops[2];
+  int32_t overlap;  // launched to overlap the previous kernel (launch() says more)
 };
+
+// In an overlapped launch, the stages of the block's first tile after its first that are pulled
+// into L2 before the grid wait (packed weights, whose stages are contiguous). Copying them into the
+// ring instead was slower, whether 2, 3 or all 6 stages (H200, 8B FFN, M = 1-64: by 0.2-0.5 us
+// against copying one): the activation copies that follow queue behind them.
+constexpr int kOverlapL2Stages = 4;
 
 constexpr int kQueue = 8;  // tiles the producer may run ahead of the consumers
 
@@ -98,12 +105,34 @@ __device__ void run_producer(const Ring<Cfg>& ring, TileQueue& q, const Maps& ma
   PipeState<Cfg> ps;
   int qs = 0;
   uint32_t qphase = 0;
-  for (;;) {
+  for (bool first = true;; first = false) {
     __syncwarp();  // lane 0's prefetch (slots.next*) is visible to the warp
     int32_t id = slots.next_id;
-    if (id >= 0 && ep.spin_limit && *reinterpret_cast<volatile uint32_t*>(&ep.state->error)) id = -1;
+    if (id >= 0 && !first && ep.spin_limit && *reinterpret_cast<volatile uint32_t*>(&ep.state->error)) id = -1;
     const DeviceTile t = slots.next;
+    const OpArgs& o = cp.ops[id >= 0 ? t.op : 0];
+    const int kst0 = id >= 0 ? o.slice_start[t.ks] : 0, n = id >= 0 ? stages_of(o, t) : 0;
+    const int s0 = ps.stage;
+    // Weights depend on nothing: each tile's first stage goes out before the tile touches the
+    // queue or polls its producers. The block's first tile is static (runtime/executor.cuh), so in
+    // an overlapped launch this happens on an SM the previous kernel has left, before the wait
+    // for that kernel, and the next stages are pulled into L2 meanwhile. (Only one stage goes
+    // into the ring early: each tile's activations queue behind whatever copies precede them.
+    // With the whole ring's weights first, the first tiles started so late that the 8B FFN took
+    // 3 us longer on the H200.)
+    if (lane == 0 && n > 0) {
+      issue_weights(ring, producer_acquire(ring, ps), maps, o, t.op, t.tn, kst0, w_policy);
+      if (first && cp.overlap && o.w_packed && n > 1)
+        bulk_prefetch_l2(o.w_packed + (int64_t(t.tn) * o.packed_atoms + (kst0 + 1) * Cfg::kKAtoms) * (kTileRows * 64),
+                         uint32_t(min(n - 1, kOverlapL2Stages) * Cfg::kKAtoms * Cfg::kWAtomBytes));
+    }
+    if (first) {
+      runtime::grid_dependency_wait();  // from here on the previous kernel has finished
+      if (lane == 0) runtime::enter_launch(ep, slots);
+      __syncwarp();
+    }
     if (lane == 0) {
+      // The epoch (written above) reaches the consumers through this queue entry's release.
       mbar_wait(&q.empty[qs], qphase ^ 1, "queue empty");
       q.tile[qs] = id >= 0 ? t : DeviceTile{-1, 0, 0, 0, 0, 0, 0, -1};
       q.id[qs] = id;
@@ -113,16 +142,12 @@ __device__ void run_producer(const Ring<Cfg>& ring, TileQueue& q, const Maps& ma
     if (++qs == kQueue) qs = 0, qphase ^= 1;
     if (id < 0) break;
 
-    const OpArgs& o = cp.ops[t.op];
-    const int kst0 = o.slice_start[t.ks], n = stages_of(o, t);
     // Usually a tile's producers finished long ago (always for the first op): one poll, made
     // while the first stage's weights are on their way, says so, and each stage then gets its
     // weights and activations together. Otherwise the weights of a ring's worth of stages go out
     // before the wait, and their activations after it. (Holding back the activations of every
     // tile's first ring's worth of stages cost ~0.7 us per tile on the H200: the ring sat full
     // of weights, idle, for a round trip to L2.)
-    const int s0 = ps.stage;
-    if (lane == 0) issue_weights(ring, producer_acquire(ring, ps), maps, o, t.op, t.tn, kst0, w_policy);
     const bool ready = runtime::counters_ready_warp(ep, slots.epoch, t);
     const int pre = ready ? 1 : min(n, ps.count);
     if (lane == 0)
@@ -228,7 +253,7 @@ __device__ __forceinline__ void finish_tile(const runtime::ExecParams& ep, uint3
 
 template <class Cfg>
 __device__ void run_consumer(const Ring<Cfg>& ring, TileQueue& q, const runtime::ExecParams& ep, const Chain& cp,
-                             uint32_t epoch, volatile uint32_t* flag) {
+                             const runtime::BlockSlots& slots, volatile uint32_t* flag) {
   const int wg = threadIdx.x / 128 - 1, ct = threadIdx.x - 128;
   PipeState<Cfg> ps;
   int qs = 0;
@@ -242,6 +267,7 @@ __device__ void run_consumer(const Ring<Cfg>& ring, TileQueue& q, const runtime:
     if (threadIdx.x % 32 == 0) mbar_arrive(&q.empty[qs]);
     if (++qs == kQueue) qs = 0, qphase ^= 1;
     if (t.op < 0) break;
+    const uint32_t epoch = slots.epoch;  // written before the producer's first queue entry
     if (ct == 0) runtime::trace_mark(ep, id, runtime::kTraceStarted);
     const OpArgs& o = cp.ops[t.op];
     consume_tile(ring, ps, wg, stages_of(o, t), acc);
@@ -274,8 +300,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     tma_prefetch_desc(&maps.x);
     tma_prefetch_desc(&maps.h);
+    runtime::first_ticket(ep, slots);  // the epoch is read by the producer, after the grid wait
+    // The next kernel in the stream may start as soon as SMs free up (if launched to overlap):
+    // its blocks only take SMs that this launch's blocks have left.
+    runtime::allow_next_launch();
   }
-  runtime::begin_launch(ep, slots);  // thread 0: the epoch and the first ticket
   __syncthreads();
   const int warp = threadIdx.x / 32;
   if (warp < 4) {
@@ -284,7 +313,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (warp == 0) run_producer(ring, q, maps, ep, cp, slots);
   } else {
     setmaxnreg_inc<224>();
-    run_consumer(ring, q, ep, cp, slots.epoch, &flag);
+    runtime::grid_dependency_wait();  // the consumers' stores come after the previous kernel
+    run_consumer(ring, q, ep, cp, slots, &flag);
   }
   runtime::end_launch(ep, slots);
 #elif defined(__CUDA_ARCH__)
@@ -380,13 +410,22 @@ CUtensorMap act_map(const bf16* a, int64_t rows, int64_t cols, int act_rows) {
 }
 
 void launch(const runtime::ExecParams& ep, const Maps& maps, const OpArgs (&ops)[2], int act_rows, int grid,
-            cudaStream_t stream) {
-  const Chain cp{{ops[0], ops[1]}};
+            bool overlap, cudaStream_t stream) {
+  const Chain cp{{ops[0], ops[1]}, overlap ? 1 : 0};
   with_config(act_rows, [&](auto cfg) {
     using Cfg = decltype(cfg);
-    ffn_sm90_kernel<Cfg><<<grid, kThreads, Cfg::kSmemBytes, stream>>>(maps, ep, cp);
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t lc{};
+    lc.gridDim = dim3(grid);
+    lc.blockDim = dim3(kThreads);
+    lc.dynamicSmemBytes = Cfg::kSmemBytes;
+    lc.stream = stream;
+    lc.attrs = &attr;
+    lc.numAttrs = overlap ? 1 : 0;
+    TW_CUDA_CHECK(cudaLaunchKernelEx(&lc, ffn_sm90_kernel<Cfg>, maps, ep, cp));
   });
-  TW_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace tw::ffn_sm90

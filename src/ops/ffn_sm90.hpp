@@ -79,7 +79,11 @@ CUtensorMap weight_map(const __nv_bfloat16* w, int64_t rows, int64_t cols);
 CUtensorMap gate_up_map(const __nv_bfloat16* w_gate_up, int64_t f, int64_t cols);
 CUtensorMap act_map(const __nv_bfloat16* a, int64_t rows, int64_t cols, int act_rows);
 
+// overlap: launch with programmatic stream serialisation, so the launch's blocks start on the SMs
+// the previous kernel in the stream leaves and stream their first tile's weights before waiting
+// for that kernel to finish (runtime/executor.cuh). The caller promises that no kernel writes the
+// weights while they are in use.
 void launch(const runtime::ExecParams& ep, const Maps& maps, const OpArgs (&ops)[2], int act_rows, int grid,
-            cudaStream_t stream);
+            bool overlap, cudaStream_t stream);
 
 }  // namespace tw::ffn_sm90

@@ -83,6 +83,49 @@ std::vector<Case> cases() {
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, DecodeGemmTest, ::testing::ValuesIn(cases()));
 
+// Launches that overlap the one before (overlap_previous), each layer's input the previous layer's
+// output (poisoned until written): the first weights stream early, x is read and y, the counters
+// and the split-K accumulators (K = 4096 is cut to fill the SMs) are touched only after the wait.
+TEST(DecodeGemm, OverlappedLaunchesChainLayers) {
+  TW_REQUIRE_GPU();
+  TW_REQUIRE_SM90();
+  constexpr int kLayers = 4;
+  for (int m : {1, 37})
+    for (bool packed : {false, true}) {
+      const int64_t n = 4096, k = 4096;
+      DecodeGemmOptions opt;
+      opt.packed_weights = packed;
+      opt.overlap_previous = true;
+      opt.spin_limit = 2'000'000;
+      DecodeGemm g(m, n, k, opt);
+      std::mt19937_64 rng(fresh_seed());
+      std::vector<std::unique_ptr<DeviceBuffer<bf16>>> w, pw, y;
+      DeviceBuffer<bf16> x0(m * k);
+      x0.upload(random_bf16(x0.n, rng).bits);
+      for (int i = 0; i < kLayers; ++i) {
+        w.push_back(std::make_unique<DeviceBuffer<bf16>>(n * k));
+        w[i]->upload(random_bf16(w[i]->n, rng, 1.0f / std::sqrt(float(k))).bits);
+        y.push_back(std::make_unique<DeviceBuffer<bf16>>(m * n));
+        y[i]->poison();
+        if (packed) {
+          pw.push_back(std::make_unique<DeviceBuffer<bf16>>(g.packed_size()));
+          g.pack(w[i]->ptr, pw[i]->ptr, 0);
+        }
+      }
+      TW_CUDA_CHECK(cudaDeviceSynchronize());  // the weights are written before any overlapped launch
+      for (int i = 0; i < kLayers; ++i)
+        g.run(y[i]->ptr, i ? y[i - 1]->ptr : x0.ptr, packed ? pw[i]->ptr : w[i]->ptr, 0);
+      TW_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(g.plan().error(), 0u) << "a wait timed out";
+      for (int i = 0; i < kLayers; ++i) {
+        DeviceBuffer<double> ref(m * n);
+        ref_linear_bf16w<bf16><<<(m * n + 255) / 256, 256>>>(i ? y[i - 1]->ptr : x0.ptr, w[i]->ptr, ref.ptr, m, n, k);
+        TW_CUDA_CHECK_LAUNCH();
+        EXPECT_LT(rel_error(y[i]->download(), ref.download()), 1e-2) << "M=" << m << " packed=" << packed << " layer " << i;
+      }
+    }
+}
+
 TEST(DecodeGemm, BadInputIsRefusedBeforeLaunch) {
   TW_REQUIRE_GPU();
   TW_REQUIRE_SM90();

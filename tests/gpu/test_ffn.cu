@@ -39,6 +39,14 @@ struct FfnData {
   }
   void new_input() {
     x.upload(random_bf16(x.n, rng).bits);
+    compute_ref();
+  }
+  // x := src (e.g. the previous layer's output), and the reference for it.
+  void take_input(const DeviceBuffer<bf16>& src) {
+    TW_CUDA_CHECK(cudaMemcpy(x.ptr, src.ptr, x.n * sizeof(bf16), cudaMemcpyDeviceToDevice));
+    compute_ref();
+  }
+  void compute_ref() {
     DeviceBuffer<double> gu((s.gated ? 2 : 1) * s.m * s.f), h(s.m * s.f), out(s.m * s.d);
     const int64_t n1 = (s.gated ? 2 : 1) * s.f;
     ref_linear_bf16w<bf16><<<(s.m * n1 + 255) / 256, 256>>>(x.ptr, wgu.ptr, gu.ptr, s.m, n1, s.d);
@@ -167,6 +175,71 @@ TEST(FusedFfn, WeightsChangeBetweenLaunches) {
       EXPECT_LT(data.check(ffn), kTol) << ml << " layer " << layer;
     }
   }
+}
+
+// Launches that overlap the one before (overlap_previous), back to back, each layer's input the
+// previous layer's output (poisoned until written): a launch streams its first weights before the
+// previous one has finished, and must read x and h, and write h, y, the counters and the split-K
+// accumulators (shared by the layers, which run on one object), only after it. On a stream and
+// captured in a CUDA graph; packed and PyTorch-layout weights; one row and an odd 37.
+TEST(FusedFfn, OverlappedLaunchesChainLayers) {
+  TW_REQUIRE_GPU();
+  if (!have_sm90()) GTEST_SKIP() << "overlap_previous needs the sm90 tile body (an sm_90 GPU)";
+  constexpr int kLayers = 5;
+  for (const std::string ml : {"sm90", "sm90p"})
+    for (int m : {1, 37})
+      for (bool graph : {false, true}) {
+        const FfnShape s{m, 1024, 2816, true};
+        FfnOptions opt;
+        set_mainloop(opt, ml);
+        opt.overlap_previous = true;
+        opt.spin_limit = kSpinLimit;
+        FusedFfn ffn(s, opt);
+        std::vector<std::unique_ptr<FfnData>> layer;
+        std::vector<std::unique_ptr<DeviceBuffer<bf16>>> packed;
+        for (int i = 0; i < kLayers; ++i) {
+          layer.push_back(std::make_unique<FfnData>(s));
+          layer[i]->y.poison();
+          if (ffn.uses_packed_weights()) {
+            packed.push_back(std::make_unique<DeviceBuffer<bf16>>(ffn.packed_size().gate_up));
+            packed.push_back(std::make_unique<DeviceBuffer<bf16>>(ffn.packed_size().down));
+            ffn.pack(layer[i]->wgu.ptr, layer[i]->wd.ptr, packed[2 * i]->ptr, packed[2 * i + 1]->ptr, 0);
+          }
+        }
+        TW_CUDA_CHECK(cudaDeviceSynchronize());  // the weights are written before any overlapped launch
+        cudaStream_t st;
+        TW_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+        auto enqueue = [&] {
+          for (int i = 0; i < kLayers; ++i) {
+            const bf16* x = i ? layer[i - 1]->y.ptr : layer[0]->x.ptr;
+            const bf16* wgu = packed.empty() ? layer[i]->wgu.ptr : packed[2 * i]->ptr;
+            const bf16* wd = packed.empty() ? layer[i]->wd.ptr : packed[2 * i + 1]->ptr;
+            ffn.run(x, wgu, wd, layer[i]->y.ptr, st);
+          }
+        };
+        if (graph) {
+          cudaGraph_t g;
+          cudaGraphExec_t e;
+          TW_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+          enqueue();
+          TW_CUDA_CHECK(cudaStreamEndCapture(st, &g));
+          TW_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+          TW_CUDA_CHECK(cudaGraphLaunch(e, st));
+          TW_CUDA_CHECK(cudaStreamSynchronize(st));
+          TW_CUDA_CHECK(cudaGraphExecDestroy(e));
+          TW_CUDA_CHECK(cudaGraphDestroy(g));
+        } else {
+          enqueue();
+        }
+        TW_CUDA_CHECK(cudaStreamSynchronize(st));
+        TW_CUDA_CHECK(cudaStreamDestroy(st));
+        EXPECT_EQ(ffn.plan().error(), 0u) << "a dependency wait timed out";
+        for (int i = 0; i < kLayers; ++i) {
+          if (i) layer[i]->take_input(layer[i - 1]->y);
+          EXPECT_LT(rel_error(layer[i]->y.download(), layer[i]->ref), kTol)
+              << ml << " M=" << m << (graph ? " graph" : " stream") << " layer " << i;
+        }
+      }
 }
 
 TEST(FusedFfn, ExplicitSplitsAndBlocksPerSm) {

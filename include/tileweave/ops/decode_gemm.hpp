@@ -24,6 +24,9 @@ struct DecodeGemmOptions {
   int split_k = 0;               // K slices; 0 = as many as bring the tiles to one wave of SMs
   std::string k_slices = "even";    // "even", or "tail:<n>": the last waves of tiles shorter
   uint32_t spin_limit = 0;       // tests: bounded waits
+  // Start on the SMs the previous kernel in the stream leaves and stream the first tiles' weights
+  // while it finishes (programmatic dependent launch; FfnOptions::overlap_previous says more).
+  bool overlap_previous = false;
 };
 
 class DecodeGemm {
@@ -47,7 +50,7 @@ class DecodeGemm {
 
  private:
   int64_t m_, n_, k_;
-  bool packed_;
+  bool packed_, overlap_;
   TileGraph g_;
   int op_ = -1;
   Schedule sched_;

@@ -48,6 +48,13 @@ struct FfnOptions {
   // sm90: run() takes the weights in the packed streaming layout written by FusedFfn::pack (once,
   // at model load): each pipeline stage is one contiguous copy. ~3% faster on the H200.
   bool packed_weights = false;
+  // sm90: launch to overlap the previous kernel in the stream (programmatic dependent launch). The
+  // launch's blocks start on the SMs that kernel's blocks leave and stream their first tile's
+  // weights -- which no kernel writes -- before they wait for it to finish; x, h, y and the
+  // counters are touched only after. Pays off when the kernel before releases its SMs early (our
+  // launches allow it at their start; any kernel's tail does). The caller promises that the kernel
+  // before does not write the weights (pack() them, then synchronise, or run once without it).
+  bool overlap_previous = false;
 };
 
 // Elements of the packed W_gate_up and W_down (FusedFfn::pack) for a shape.
@@ -110,7 +117,7 @@ class FusedFfn {
   int grid_ = 0, act_rows_ = 0, bk_ = 64, ks_ = 1, smem_ = 0;
   int fit_per_sm_ = 0, sms_ = 0;
   uint32_t spin_limit_ = 0, delay_ns_ = 0;
-  bool packed_ = false;
+  bool packed_ = false, overlap_ = false;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
   // Counters count launches: one object runs either fused or as two kernels, never both.
   mutable int mode_ = 0;  // 0 unused, 1 fused, 2 two kernels

@@ -14,8 +14,14 @@
 // Repeated launches need no memset: counters only grow. Launch e waits for `count * (e + 1)`
 // signals, with e read from ExecState at block start. The last block to finish bumps the epoch
 // and resets the ticket; every block has read the epoch before it finishes, and the next launch
-// in the stream starts after this one ends, so each launch sees one consistent epoch. This also
-// makes launches capturable in CUDA graphs (no per-launch host arguments).
+// in the stream reads it only after this one ends, so each launch sees one consistent epoch. This
+// also makes launches capturable in CUDA graphs (no per-launch host arguments).
+//
+// The first wave is static: block b's first ticket is b, and the counter deals tickets from
+// gridDim.x on. The argument above is unchanged (every block runs, so tickets 0..grid-1 are held
+// by running blocks), and a block knows its first tile without touching the launch state -- which
+// lets a launch that overlaps the previous kernel's tail (programmatic dependent launch, below)
+// stream its first tile's weights before that kernel has finished.
 #pragma once
 
 #include <cuda/atomic>
@@ -33,12 +39,29 @@ struct BlockSlots {
   int32_t flag;
 };
 
+// Programmatic dependent launch. A launch made with the programmatic-serialization attribute may
+// start while the kernel before it in the stream still runs: once every block of that kernel has
+// called allow_next_launch() or exited, its blocks take the SMs that kernel's blocks leave. Until
+// grid_dependency_wait() returns, such a launch may only read what no kernel writes (the plan,
+// the weights) and must write nothing; after it, the previous kernel has finished and its writes
+// are visible. Both are no-ops in a launch made without the attribute.
+__device__ __forceinline__ void allow_next_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 namespace detail {
 __device__ __forceinline__ bool reached(uint32_t value, uint32_t target) {
   return static_cast<int32_t>(value - target) >= 0;  // wrap-safe
 }
 __device__ __forceinline__ int32_t draw_ticket(const ExecParams& p) {
-  const uint32_t t = atomicAdd(&p.state->ticket, 1u);
+  const uint32_t t = atomicAdd(&p.state->ticket, 1u) + gridDim.x;  // tickets below the grid are static
   return t < static_cast<uint32_t>(p.num_tiles) ? p.order[t] : -1;
 }
 }  // namespace detail
@@ -49,12 +72,24 @@ __device__ __forceinline__ void prefetch_next(const ExecParams& p, BlockSlots& s
   if (s.next_id >= 0) s.next = p.tiles[s.next_id];
 }
 
-// Called once by all threads at kernel start: reads the epoch and draws the first ticket.
+// One thread: the block's first tile (ticket blockIdx.x) into the slots. Reads the plan only.
+__device__ __forceinline__ void first_ticket(const ExecParams& p, BlockSlots& s) {
+  s.next_id = blockIdx.x < uint32_t(p.num_tiles) ? p.order[blockIdx.x] : -1;
+  if (s.next_id >= 0) s.next = p.tiles[s.next_id];
+}
+
+// One thread, after grid_dependency_wait(): reads the launch's epoch and counts the block started.
+__device__ __forceinline__ void enter_launch(const ExecParams& p, BlockSlots& s) {
+  s.epoch = cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(p.state->epoch).load(cuda::memory_order_relaxed);
+  atomicAdd(&p.state->started, 1u);
+}
+
+// Called once by all threads at kernel start (kernels launched without overlap): the first tile
+// and the epoch.
 __device__ __forceinline__ void begin_launch(const ExecParams& p, BlockSlots& s) {
   if (threadIdx.x == 0) {
-    s.epoch = cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(p.state->epoch).load(cuda::memory_order_relaxed);
-    atomicAdd(&p.state->started, 1u);
-    prefetch_next(p, s);
+    first_ticket(p, s);
+    enter_launch(p, s);
   }
 }
 
