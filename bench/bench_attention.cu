@@ -123,7 +123,8 @@ int main(int argc, char** argv) {
       try {
         const tw::DecodeAttention op_v(v, std::vector<int>(c.batch, c.len), table);
         const bool same = op_v.bulk_copy() == op.bulk_copy() && op_v.num_tiles() == op.num_tiles() &&
-                          op_v.ring_slots() == op.ring_slots();
+                          op_v.ring_slots() == op.ring_slots() &&
+                          op_v.shape().overlap_previous == op.shape().overlap_previous;
         variants[name] = same ? us : time_with(op_v);
         variants_seq[name] = same ? seq_us : tw::bench::time_us_seq([&](int s, cudaStream_t st) { op_v.run(tensors(s), st); }, sets);
       } catch (const tw::InvalidArgument&) {
@@ -134,6 +135,10 @@ int main(int argc, char** argv) {
     tw::DecodeAttentionShape bulk = shape;
     bulk.kv_load = op.bulk_copy() ? tw::KvLoad::CpAsync : tw::KvLoad::Bulk;
     if (gpu.prop.major >= 9 && !quick) variant(op.bulk_copy() ? "cp_async" : "bulk", bulk);
+    // Each launch started on the SMs the one before leaves (changes only the back-to-back time).
+    tw::DecodeAttentionShape overlapped = shape;
+    overlapped.overlap_previous = true;
+    if (gpu.prop.major >= 9 && !quick) variant("overlap", overlapped);
     for (int per_sm : {1, 2}) {
       tw::DecodeAttentionShape v = shape;
       v.tiles_per_sm = per_sm;

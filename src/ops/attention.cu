@@ -66,6 +66,8 @@ DecodeAttention::DecodeAttention(const DecodeAttentionShape& shape, std::vector<
   TW_CUDA_CHECK(cudaDeviceGetAttribute(&smem_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   if (shape_.kv_load == KvLoad::Bulk && major < 9)
     bad("kv_load Bulk needs sm_90 (Hopper); this device is sm_" + std::to_string(major) + "x");
+  if (shape_.overlap_previous && major < 9)
+    bad("overlap_previous needs sm_90 (Hopper); this device is sm_" + std::to_string(major) + "x");
   bulk_ = shape_.kv_load == KvLoad::Bulk || (shape_.kv_load == KvLoad::Auto && major >= 9 && kAutoBulk);
 
   // Tiles: every SM streams (tiles_per_sm blocks each).
@@ -151,6 +153,7 @@ kernels::DecodeParams DecodeAttention::device_params(const DecodeAttentionTensor
   p.lse_part = d_lse_part_;
   p.merge_count = d_merge_count_;
   p.trace = trace_;
+  p.overlap = shape_.overlap_previous;
   const float scale = shape_.scale > 0 ? shape_.scale : 1.f / std::sqrt(float(shape_.head_dim));
   p.scale_log2 = scale * 1.4426950408889634f;
   p.rope = shape_.rope_theta > 0;
@@ -161,8 +164,17 @@ kernels::DecodeParams DecodeAttention::device_params(const DecodeAttentionTensor
 void DecodeAttention::run(const DecodeAttentionTensors& t, cudaStream_t stream) const {
   const DecodeParams p = device_params(t);
   const detail::DecodeKernel k = pick_kernel(shape_.head_dim, group_, shape_.layout == KvLayout::Paged, bulk_);
-  k.fn<<<plan_.num_tiles, kernels::kDecodeThreads, smem_, stream>>>(p);
-  TW_CUDA_CHECK_LAUNCH();
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t lc{};
+  lc.gridDim = dim3(plan_.num_tiles);
+  lc.blockDim = dim3(kernels::kDecodeThreads);
+  lc.dynamicSmemBytes = smem_;
+  lc.stream = stream;
+  lc.attrs = &attr;
+  lc.numAttrs = shape_.overlap_previous ? 1 : 0;
+  TW_CUDA_CHECK(cudaLaunchKernelEx(&lc, k.fn, p));
 }
 
 std::vector<DecodeTileDesc> DecodeAttention::tiles() const { return decode_tile_descs(plan_); }

@@ -40,6 +40,7 @@ AttentionOproj::AttentionOproj(const DecodeAttentionShape& shape, int64_t hidden
   if (group != 1 && group != 2 && group != 4 && group != 8)
     bad("GQA group " + std::to_string(group) + " (num_q_heads / num_kv_heads) is not 1, 2, 4 or 8 (the instantiated kernels)");
   if (shape_.kv_load == KvLoad::Bulk) bad("kv_load Bulk is not instantiated here (the tiles stream K/V with cp.async)");
+  if (shape_.overlap_previous) bad("overlap_previous is a DecodeAttention launch option, not one of this kernel's");
   shape_.kv_load = KvLoad::CpAsync;
   if (opt.blocks_per_sm < 0 || opt.blocks_per_sm > 2)
     bad("blocks_per_sm " + std::to_string(opt.blocks_per_sm) + " is outside [0, 2]");

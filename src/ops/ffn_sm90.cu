@@ -40,9 +40,9 @@ struct Chain {
 };
 
 // In an overlapped launch, the stages of the block's first tile after its first that are pulled
-// into L2 before the grid wait (packed weights, whose stages are contiguous). Copying them into the
-// ring instead was slower, whether 2, 3 or all 6 stages (H200, 8B FFN, M = 1-64: by 0.2-0.5 us
-// against copying one): the activation copies that follow queue behind them.
+// into L2 before the grid wait (packed weights, whose stages are contiguous). Copying 2, 3 or all 6
+// stages into the ring instead was up to 0.5 us slower (H200, 8B FFN, M = 1-64): the activation
+// copies that follow queue behind them. Pulling 8 or 16 into L2 was no better.
 constexpr int kOverlapL2Stages = 4;
 
 constexpr int kQueue = 8;  // tiles the producer may run ahead of the consumers

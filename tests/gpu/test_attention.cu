@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "attention_ref.cuh"
+#include "tileweave/runtime/grid_dependency.cuh"
 
 namespace {
 
@@ -134,6 +135,109 @@ TEST(AttentionDecode, NoAppendNoRopeGqa3D64) {
   c.append = false;
   c.theta = 0.f;
   run_case(c);
+}
+
+// Stands in for the QKV projection before attention in a decode step: writes the new token's q,
+// k_new and v_new after ~20 us, having let the next launch start at once (so an overlapped
+// attention that read them before its wait would read the poison).
+__global__ void write_token(bf16* q, const bf16* q_src, size_t nq, bf16* kn, const bf16* kn_src, bf16* vn,
+                            const bf16* vn_src, size_t nkv) {
+  tw::runtime::allow_next_launch();
+  for (int i = 0; i < 20; ++i) __nanosleep(1000);
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < nq; i += size_t(gridDim.x) * blockDim.x) {
+    q[i] = q_src[i];
+    if (i < nkv) kn[i] = kn_src[i], vn[i] = vn_src[i];
+  }
+}
+
+// Overlapped launches (overlap_previous) after a kernel that writes q, k_new and v_new (poisoned
+// until then), three steps on three caches back to back with one op (shared partials and merge
+// counts), on a stream and in a CUDA graph, both loaders and both plans of a long pair: a launch
+// must read the new token, append, write partials and merge only after the kernel before ends.
+TEST(AttentionDecode, OverlappedLaunchesAfterTheTokenWriter) {
+  TW_REQUIRE_GPU();
+  int major = 0;
+  TW_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  if (major < 9) GTEST_SKIP() << "overlap_previous needs an sm_90 GPU";
+  const uint64_t seed = tw::test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const AttnCase c{{3000, 70, 1}, 32, 8, 128, KvLayout::Contiguous};
+  constexpr int kSteps = 3;
+  std::vector<std::unique_ptr<tw::test::AttnData>> step;
+  for (int i = 0; i < kSteps; ++i) step.push_back(std::make_unique<tw::test::AttnData>(c, rng));
+  const int B = step[0]->B, D = step[0]->D;
+  const size_t nq = size_t(B) * c.hq * D, nkv = size_t(B) * c.hkv * D;
+  // The real q / k_new / v_new of each step, kept aside: the token writer copies them in.
+  std::vector<std::unique_ptr<DeviceBuffer<bf16>>> q_src, kn_src, vn_src;
+  for (auto& s : step) {
+    q_src.push_back(std::make_unique<DeviceBuffer<bf16>>(nq));
+    kn_src.push_back(std::make_unique<DeviceBuffer<bf16>>(nkv));
+    vn_src.push_back(std::make_unique<DeviceBuffer<bf16>>(nkv));
+    q_src.back()->upload(s->q.bits);
+    kn_src.back()->upload(s->k_new.bits);
+    vn_src.back()->upload(s->v_new.bits);
+  }
+  std::vector<std::unique_ptr<DeviceBuffer<bf16>>> out;
+  for (int i = 0; i < kSteps; ++i) out.push_back(std::make_unique<DeviceBuffer<bf16>>(nq));
+  cudaStream_t st;
+  TW_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  std::vector<tw::KvLoad> loads = {tw::KvLoad::CpAsync, tw::KvLoad::Bulk};
+  for (const tw::KvLoad load : loads)
+    for (int per_sm : {1, 2})
+      for (bool graph : {false, true}) {
+        SCOPED_TRACE(std::string(load == tw::KvLoad::Bulk ? "bulk copies" : "cp.async") + ", tiles per SM " +
+                     std::to_string(per_sm) + (graph ? ", graph" : ", stream"));
+        DecodeAttentionShape shape = step[0]->shape;
+        shape.kv_load = load;
+        shape.tiles_per_sm = per_sm;
+        shape.overlap_previous = true;
+        DecodeAttention op(shape, c.lens);
+        for (int i = 0; i < kSteps; ++i) {
+          step[i]->restore_stale_rows();
+          step[i]->d_q->poison();
+          step[i]->d_kn->poison();
+          step[i]->d_vn->poison();
+          out[i]->poison();
+        }
+        auto enqueue = [&] {
+          for (int i = 0; i < kSteps; ++i) {
+            write_token<<<16, 256, 0, st>>>(step[i]->d_q->ptr, q_src[i]->ptr, nq, step[i]->d_kn->ptr, kn_src[i]->ptr,
+                                            step[i]->d_vn->ptr, vn_src[i]->ptr, nkv);
+            op.run(step[i]->tensors(out[i]->ptr), st);
+          }
+        };
+        if (graph) {
+          cudaGraph_t g;
+          cudaGraphExec_t e;
+          TW_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+          enqueue();
+          TW_CUDA_CHECK(cudaStreamEndCapture(st, &g));
+          TW_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+          TW_CUDA_CHECK(cudaGraphLaunch(e, st));
+          TW_CUDA_CHECK(cudaStreamSynchronize(st));
+          TW_CUDA_CHECK(cudaGraphExecDestroy(e));
+          TW_CUDA_CHECK(cudaGraphDestroy(g));
+        } else {
+          enqueue();
+          TW_CUDA_CHECK(cudaStreamSynchronize(st));
+        }
+        for (int i = 0; i < kSteps; ++i) {
+          EXPECT_LT(tw::test::rel_error(out[i]->download(), step[i]->ref), 1e-2) << "step " << i;
+          // The appended v rows are v_new exactly (k is roped; the full check is run_case's).
+          int bad_v = 0;
+          std::vector<bf16> vr(D);
+          for (int b = 0; b < B; ++b)
+            for (int h = 0; h < c.hkv; ++h) {
+              TW_CUDA_CHECK(cudaMemcpy(vr.data(), step[i]->d_v->ptr + step[i]->row(b, h, c.lens[b] - 1), D * sizeof(bf16),
+                                       cudaMemcpyDeviceToHost));
+              for (int j = 0; j < D; ++j)
+                if (bf(vr[j]) != bf(step[i]->v_new.bits[(size_t(b) * c.hkv + h) * D + j])) ++bad_v;
+            }
+          EXPECT_EQ(bad_v, 0) << "step " << i << ": appended v rows differ from v_new";
+        }
+      }
+  TW_CUDA_CHECK(cudaStreamDestroy(st));
 }
 
 TEST(AttentionDecode, BadInputThrowsBeforeLaunch) {

@@ -33,6 +33,11 @@ struct DecodeAttentionShape {
   int tiles_per_sm = 0;
   int ring_slots = 0;
   KvLoad kv_load = KvLoad::Auto;
+  // sm_90: launch to overlap the kernel before in the stream (programmatic dependent launch): the
+  // launch's blocks start on the SMs that kernel leaves and request their first K/V stage before
+  // waiting for it. The caller promises that the kernel before writes neither the cache rows of
+  // earlier tokens nor the page table (it may write q, k_new, v_new and the output).
+  bool overlap_previous = false;
 };
 
 // Checks the shape, the lengths (seq_lens[b] counts the cache after the append) and the page table;

@@ -28,6 +28,7 @@
 #include <cstdint>
 
 #include "tileweave/runtime/exec_params.hpp"
+#include "tileweave/runtime/grid_dependency.cuh"
 
 namespace tw::runtime {
 
@@ -38,23 +39,6 @@ struct BlockSlots {
   uint32_t epoch;
   int32_t flag;
 };
-
-// Programmatic dependent launch. A launch made with the programmatic-serialization attribute may
-// start while the kernel before it in the stream still runs: once every block of that kernel has
-// called allow_next_launch() or exited, its blocks take the SMs that kernel's blocks leave. Until
-// grid_dependency_wait() returns, such a launch may only read what no kernel writes (the plan,
-// the weights) and must write nothing; after it, the previous kernel has finished and its writes
-// are visible. Both are no-ops in a launch made without the attribute.
-__device__ __forceinline__ void allow_next_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void grid_dependency_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
 
 namespace detail {
 __device__ __forceinline__ bool reached(uint32_t value, uint32_t target) {

@@ -25,6 +25,7 @@
 #include <cstdint>
 
 #include "tileweave/kernels/attention/decode_params.hpp"
+#include "tileweave/runtime/grid_dependency.cuh"
 
 namespace tw::kernels {
 
@@ -448,10 +449,19 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
   };
 
   // The first pair's rows are requested before the KV stream (behind it they would wait for the
-  // whole GPU's backlog); the stream then fills the ring while they are roped.
+  // whole GPU's backlog); the stream then fills the ring while they are roped. In an overlapped
+  // launch each warp's first stage goes out before the wait for the kernel before (which may have
+  // written q, k_new and v_new but not the cache rows read here); the next kernel may start once
+  // this one is past that wait, so its early reads overlap this kernel alone.
+  const bool early = kStandalone && p.overlap;
+  if (early) issue(0);
+  if constexpr (kStandalone) {
+    runtime::grid_dependency_wait();
+    runtime::allow_next_launch();
+  }
   DecodePair sp = first;
   DecodeRows rows = load_rows<D, G>(p, sp.pair);
-  for (int k = 0; k < slots; ++k) issue(k);
+  for (int k = early ? 1 : 0; k < slots; ++k) issue(k);
   for (int i = threadIdx.x; i < (kDecodeMaxGroup - G) * D; i += kDecodeThreads)
     sm.q[G + i / D][i % D] = __float2bfloat16(0.f);
 

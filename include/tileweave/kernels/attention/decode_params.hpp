@@ -57,6 +57,9 @@ struct DecodeParams {
   float* o_part = nullptr;
   float* lse_part = nullptr;
   int* merge_count = nullptr;
+  // Launched to overlap the kernel before (DecodeAttentionShape::overlap_previous): each warp's
+  // first K/V stage is requested before the wait for that kernel, everything else after it.
+  bool overlap = false;
   unsigned long long* trace = nullptr;  // [num_tiles][kDecodeTraceWords] or nullptr (no timeline)
   float scale_log2 = 0;  // softmax scale * log2(e)
   bool rope = false;
