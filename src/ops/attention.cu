@@ -164,17 +164,8 @@ kernels::DecodeParams DecodeAttention::device_params(const DecodeAttentionTensor
 void DecodeAttention::run(const DecodeAttentionTensors& t, cudaStream_t stream) const {
   const DecodeParams p = device_params(t);
   const detail::DecodeKernel k = pick_kernel(shape_.head_dim, group_, shape_.layout == KvLayout::Paged, bulk_);
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t lc{};
-  lc.gridDim = dim3(plan_.num_tiles);
-  lc.blockDim = dim3(kernels::kDecodeThreads);
-  lc.dynamicSmemBytes = smem_;
-  lc.stream = stream;
-  lc.attrs = &attr;
-  lc.numAttrs = shape_.overlap_previous ? 1 : 0;
-  TW_CUDA_CHECK(cudaLaunchKernelEx(&lc, k.fn, p));
+  runtime::launch_kernel(k.fn, dim3(plan_.num_tiles), dim3(kernels::kDecodeThreads), smem_, stream,
+                         shape_.overlap_previous, p);
 }
 
 std::vector<DecodeTileDesc> DecodeAttention::tiles() const { return decode_tile_descs(plan_); }

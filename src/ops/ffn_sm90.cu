@@ -414,17 +414,7 @@ void launch(const runtime::ExecParams& ep, const Maps& maps, const OpArgs (&ops)
   const Chain cp{{ops[0], ops[1]}, overlap ? 1 : 0};
   with_config(act_rows, [&](auto cfg) {
     using Cfg = decltype(cfg);
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t lc{};
-    lc.gridDim = dim3(grid);
-    lc.blockDim = dim3(kThreads);
-    lc.dynamicSmemBytes = Cfg::kSmemBytes;
-    lc.stream = stream;
-    lc.attrs = &attr;
-    lc.numAttrs = overlap ? 1 : 0;
-    TW_CUDA_CHECK(cudaLaunchKernelEx(&lc, ffn_sm90_kernel<Cfg>, maps, ep, cp));
+    runtime::launch_kernel(ffn_sm90_kernel<Cfg>, dim3(grid), dim3(kThreads), Cfg::kSmemBytes, stream, overlap, maps, ep, cp);
   });
 }
 

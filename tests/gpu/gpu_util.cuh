@@ -70,6 +70,22 @@ struct DeviceBuffer {
 
 // out[r, c] = sum_j a[r, j] * w[c, j] in double: the reference for Linear layers (w [n, k] as in
 // PyTorch), a naive kernel independent of the code under test. TA: __nv_bfloat16 or double.
+// Runs enqueue(st) captured in a CUDA graph, launched once and waited for (launch order and
+// dependencies as a decode step's graph would have them).
+template <class F>
+void run_in_graph(cudaStream_t st, F&& enqueue) {
+  cudaGraph_t g;
+  cudaGraphExec_t e;
+  TW_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  enqueue(st);
+  TW_CUDA_CHECK(cudaStreamEndCapture(st, &g));
+  TW_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+  TW_CUDA_CHECK(cudaGraphLaunch(e, st));
+  TW_CUDA_CHECK(cudaStreamSynchronize(st));
+  TW_CUDA_CHECK(cudaGraphExecDestroy(e));
+  TW_CUDA_CHECK(cudaGraphDestroy(g));
+}
+
 template <class TA>
 __global__ void ref_linear_bf16w(const TA* a, const __nv_bfloat16* w, double* out, int64_t m, int64_t n, int64_t k) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;

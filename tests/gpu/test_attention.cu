@@ -200,7 +200,7 @@ TEST(AttentionDecode, OverlappedLaunchesAfterTheTokenWriter) {
           step[i]->d_vn->poison();
           out[i]->poison();
         }
-        auto enqueue = [&] {
+        auto enqueue = [&](cudaStream_t st) {
           for (int i = 0; i < kSteps; ++i) {
             write_token<<<16, 256, 0, st>>>(step[i]->d_q->ptr, q_src[i]->ptr, nq, step[i]->d_kn->ptr, kn_src[i]->ptr,
                                             step[i]->d_vn->ptr, vn_src[i]->ptr, nkv);
@@ -208,18 +208,9 @@ TEST(AttentionDecode, OverlappedLaunchesAfterTheTokenWriter) {
           }
         };
         if (graph) {
-          cudaGraph_t g;
-          cudaGraphExec_t e;
-          TW_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-          enqueue();
-          TW_CUDA_CHECK(cudaStreamEndCapture(st, &g));
-          TW_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
-          TW_CUDA_CHECK(cudaGraphLaunch(e, st));
-          TW_CUDA_CHECK(cudaStreamSynchronize(st));
-          TW_CUDA_CHECK(cudaGraphExecDestroy(e));
-          TW_CUDA_CHECK(cudaGraphDestroy(g));
+          tw::test::run_in_graph(st, enqueue);
         } else {
-          enqueue();
+          enqueue(st);
           TW_CUDA_CHECK(cudaStreamSynchronize(st));
         }
         for (int i = 0; i < kSteps; ++i) {

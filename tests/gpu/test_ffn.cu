@@ -209,7 +209,7 @@ TEST(FusedFfn, OverlappedLaunchesChainLayers) {
         TW_CUDA_CHECK(cudaDeviceSynchronize());  // the weights are written before any overlapped launch
         cudaStream_t st;
         TW_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-        auto enqueue = [&] {
+        auto enqueue = [&](cudaStream_t st) {
           for (int i = 0; i < kLayers; ++i) {
             const bf16* x = i ? layer[i - 1]->y.ptr : layer[0]->x.ptr;
             const bf16* wgu = packed.empty() ? layer[i]->wgu.ptr : packed[2 * i]->ptr;
@@ -218,18 +218,9 @@ TEST(FusedFfn, OverlappedLaunchesChainLayers) {
           }
         };
         if (graph) {
-          cudaGraph_t g;
-          cudaGraphExec_t e;
-          TW_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-          enqueue();
-          TW_CUDA_CHECK(cudaStreamEndCapture(st, &g));
-          TW_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
-          TW_CUDA_CHECK(cudaGraphLaunch(e, st));
-          TW_CUDA_CHECK(cudaStreamSynchronize(st));
-          TW_CUDA_CHECK(cudaGraphExecDestroy(e));
-          TW_CUDA_CHECK(cudaGraphDestroy(g));
+          run_in_graph(st, enqueue);
         } else {
-          enqueue();
+          enqueue(st);
         }
         TW_CUDA_CHECK(cudaStreamSynchronize(st));
         TW_CUDA_CHECK(cudaStreamDestroy(st));

@@ -7,6 +7,12 @@
 // without the attribute, and below sm_90.
 #pragma once
 
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "tileweave/util/cuda_check.hpp"
+
 namespace tw::runtime {
 
 __device__ __forceinline__ void allow_next_launch() {
@@ -19,6 +25,24 @@ __device__ __forceinline__ void grid_dependency_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
+}
+
+// Host: kernel<<<grid, block, smem, stream>>>(args...), launched to overlap the kernel before it
+// (programmatic stream serialisation) when `overlap`; the kernel must then keep the rules above.
+template <class... Params, class... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool overlap,
+                   Args&&... args) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t lc{};
+  lc.gridDim = grid;
+  lc.blockDim = block;
+  lc.dynamicSmemBytes = smem;
+  lc.stream = stream;
+  lc.attrs = &attr;
+  lc.numAttrs = overlap ? 1 : 0;
+  TW_CUDA_CHECK(cudaLaunchKernelEx(&lc, kernel, std::forward<Args>(args)...));
 }
 
 }  // namespace tw::runtime
