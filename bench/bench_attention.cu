@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
       try {
         const tw::DecodeAttention op_v(v, std::vector<int>(c.batch, c.len), table);
         const bool same = op_v.bulk_copy() == op.bulk_copy() && op_v.num_tiles() == op.num_tiles() &&
-                          op_v.ring_slots() == op.ring_slots() &&
+                          op_v.ring_slots() == op.ring_slots() && op_v.warps_per_tile() == op.warps_per_tile() &&
                           op_v.shape().overlap_previous == op.shape().overlap_previous;
         variants[name] = same ? us : time_with(op_v);
         variants_seq[name] = same ? seq_us : tw::bench::time_us_seq([&](int s, cudaStream_t st) { op_v.run(tensors(s), st); }, sets);
@@ -175,6 +175,7 @@ int main(int argc, char** argv) {
                 {"kv_bytes", op.kv_bytes()},
                 {"num_tiles", op.num_tiles()},
                 {"ring_slots", op.ring_slots()},
+                {"warps_per_tile", op.warps_per_tile()},
                 {"smem_bytes", op.smem_bytes()},
                 {"kv_load", op.bulk_copy() ? "bulk" : "cp.async"},
                 {"time_us", us},

@@ -23,14 +23,20 @@ namespace {
 //   2 stages in flight read 1.5-3 points of the floor lower (bench_attention_trace, H200 2026-11-22:
 //   B = 1, L = 32768 warps end at 35.8 us with 2 slots, 33.3 with 4).
 // - Two tiles per SM: kStreamSlots stages per warp (all of them when a tile has <= kDeepSlots).
+// - Warps per tile: 8 at one tile per SM (cp.async), 4 at two (their registers allow no more).
+//   With 4 warps alone on an SM each scheduler has one warp, and its math and copy issue show:
+//   8 warps (fewer stages each, as smem allows) read faster in an A/B build on the H200, back to
+//   back: B = 16, L = 4096 64.4 against 65.2 us (62.5 against 64.5 overlapped), B = 1, L = 32768
+//   37.6 against 39.1, L = 131072 129.9 against 132.4, B = 16, L = 4096 in 128-token pages 66.4
+//   against 76.4 (`bench_attention_warps_ab.json`).
 constexpr bool kAutoBulk = false;
 constexpr int kSmallSlots = 4;
 constexpr int kStreamSlots = 3;
 constexpr int kDeepSlots = 4;
 
 // The kernel for a shape (instantiated in attention_d64.cu / attention_d128.cu).
-detail::DecodeKernel pick_kernel(int d, int g, bool paged, bool bulk) {
-  return d == 64 ? detail::decode_kernel_d64(g, paged, bulk) : detail::decode_kernel_d128(g, paged, bulk);
+detail::DecodeKernel pick_kernel(int d, int g, bool paged, bool bulk, int warps) {
+  return d == 64 ? detail::decode_kernel_d64(g, paged, bulk, warps) : detail::decode_kernel_d128(g, paged, bulk, warps);
 }
 
 [[noreturn]] void bad(const std::string& what) { throw InvalidArgument("decode attention: " + what); }
@@ -76,12 +82,13 @@ DecodeAttention::DecodeAttention(const DecodeAttentionShape& shape, std::vector<
   const int64_t npairs = int64_t(shape_.batch) * shape_.num_kv_heads;
 
   // Ring depth, capped by the smem of tiles_per_sm blocks per SM.
-  const detail::DecodeKernel k = pick_kernel(shape_.head_dim, group_, shape_.layout == KvLayout::Paged, bulk_);
-  const int slot_bytes = kernels::kDecodeWarps * 2 * kernels::kDecodeStageTokens * shape_.head_dim * 2;
+  const detail::DecodeKernel k =
+      pick_kernel(shape_.head_dim, group_, shape_.layout == KvLayout::Paged, bulk_, tiles_per_sm == 1 ? 8 : 4);
+  warps_ = k.warps;
+  const int slot_bytes = warps_ * 2 * kernels::kDecodeStageTokens * shape_.head_dim * 2;
   const int smem_cap = std::min(smem_block, smem_sm / tiles_per_sm - 1024);
   const int fit = std::clamp((smem_cap - k.ring_offset) / slot_bytes, 1, kernels::kDecodeMaxSlots);
-  const int per_warp = std::max(1, (plan_.total_units + plan_.num_tiles * kernels::kDecodeWarps - 1) /
-                                       (plan_.num_tiles * kernels::kDecodeWarps));
+  const int per_warp = std::max(1, (plan_.total_units + plan_.num_tiles * warps_ - 1) / (plan_.num_tiles * warps_));
   if (shape_.ring_slots > 0) {
     slots_ = shape_.ring_slots;
   } else if (tiles_per_sm == 1) {
@@ -163,8 +170,8 @@ kernels::DecodeParams DecodeAttention::device_params(const DecodeAttentionTensor
 
 void DecodeAttention::run(const DecodeAttentionTensors& t, cudaStream_t stream) const {
   const DecodeParams p = device_params(t);
-  const detail::DecodeKernel k = pick_kernel(shape_.head_dim, group_, shape_.layout == KvLayout::Paged, bulk_);
-  runtime::launch_kernel(k.fn, dim3(plan_.num_tiles), dim3(kernels::kDecodeThreads), smem_, stream,
+  const detail::DecodeKernel k = pick_kernel(shape_.head_dim, group_, shape_.layout == KvLayout::Paged, bulk_, warps_);
+  runtime::launch_kernel(k.fn, dim3(plan_.num_tiles), dim3(32 * warps_), smem_, stream,
                          shape_.overlap_previous, p);
 }
 

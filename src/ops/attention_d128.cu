@@ -2,5 +2,5 @@
 #include "attention_kernel.cuh"
 
 namespace tw::detail {
-DecodeKernel decode_kernel_d128(int g, bool paged, bool bulk) { return pick_kernel<128>(g, paged, bulk); }
+DecodeKernel decode_kernel_d128(int g, bool paged, bool bulk, int warps) { return pick_kernel<128>(g, paged, bulk, warps); }
 }  // namespace tw::detail

@@ -10,37 +10,44 @@ namespace tw::detail {
 struct DecodeKernel {
   void (*fn)(kernels::DecodeParams) = nullptr;
   int ring_offset = 0;  // smem bytes before the ring: smem = ring_offset + slots * slot bytes
+  int warps = kernels::kDecodeWarps;
 };
 
-template <int D, int G, bool kPaged, bool kBulk>
-__global__ void __launch_bounds__(kernels::kDecodeThreads, 2)
+// kWarps = 8 runs one block per SM (their registers), 4 runs two.
+template <int D, int G, bool kPaged, bool kBulk, int kWarps>
+__global__ void __launch_bounds__(32 * kWarps, kWarps == 4 ? 2 : 1)
     decode_attention_kernel(const __grid_constant__ kernels::DecodeParams p) {
   extern __shared__ __align__(128) char smem[];
-  kernels::decode_work_tile<D, G, kPaged, kBulk, /*kStandalone=*/true>(p, blockIdx.x, smem);
+  kernels::decode_work_tile<D, G, kPaged, kBulk, /*kStandalone=*/true, kWarps>(p, blockIdx.x, smem);
 }
 
+// 8 warps only with cp.async (the default loader): bulk copies keep 4, which halves the
+// instantiations added for them.
 template <int D, int G>
-DecodeKernel make_kernel(bool paged, bool bulk) {
-  auto fn = paged ? (bulk ? decode_attention_kernel<D, G, true, true> : decode_attention_kernel<D, G, true, false>)
-                  : (bulk ? decode_attention_kernel<D, G, false, true> : decode_attention_kernel<D, G, false, false>);
-  return {fn, kernels::decode_ring_offset<D, G>()};
+DecodeKernel make_kernel(bool paged, bool bulk, int warps) {
+  if (warps == 8 && !bulk)
+    return {paged ? decode_attention_kernel<D, G, true, false, 8> : decode_attention_kernel<D, G, false, false, 8>,
+            kernels::decode_ring_offset<D, G, 8>(), 8};
+  auto fn = paged ? (bulk ? decode_attention_kernel<D, G, true, true, 4> : decode_attention_kernel<D, G, true, false, 4>)
+                  : (bulk ? decode_attention_kernel<D, G, false, true, 4> : decode_attention_kernel<D, G, false, false, 4>);
+  return {fn, kernels::decode_ring_offset<D, G, 4>(), 4};
 }
 
 template <int D>
-DecodeKernel pick_kernel(int g, bool paged, bool bulk) {
+DecodeKernel pick_kernel(int g, bool paged, bool bulk, int warps) {
   switch (g) {
-    case 1: return make_kernel<D, 1>(paged, bulk);
-    case 2: return make_kernel<D, 2>(paged, bulk);
-    case 3: return make_kernel<D, 3>(paged, bulk);
-    case 4: return make_kernel<D, 4>(paged, bulk);
-    case 5: return make_kernel<D, 5>(paged, bulk);
-    case 6: return make_kernel<D, 6>(paged, bulk);
-    case 7: return make_kernel<D, 7>(paged, bulk);
-    default: return make_kernel<D, 8>(paged, bulk);
+    case 1: return make_kernel<D, 1>(paged, bulk, warps);
+    case 2: return make_kernel<D, 2>(paged, bulk, warps);
+    case 3: return make_kernel<D, 3>(paged, bulk, warps);
+    case 4: return make_kernel<D, 4>(paged, bulk, warps);
+    case 5: return make_kernel<D, 5>(paged, bulk, warps);
+    case 6: return make_kernel<D, 6>(paged, bulk, warps);
+    case 7: return make_kernel<D, 7>(paged, bulk, warps);
+    default: return make_kernel<D, 8>(paged, bulk, warps);
   }
 }
 
-DecodeKernel decode_kernel_d64(int g, bool paged, bool bulk);
-DecodeKernel decode_kernel_d128(int g, bool paged, bool bulk);
+DecodeKernel decode_kernel_d64(int g, bool paged, bool bulk, int warps);
+DecodeKernel decode_kernel_d128(int g, bool paged, bool bulk, int warps);
 
 }  // namespace tw::detail

@@ -60,6 +60,7 @@ class DecodeAttention {
   const std::vector<int>& page_table() const { return page_table_; }
   int num_tiles() const { return plan_.num_tiles; }
   int ring_slots() const { return slots_; }
+  int warps_per_tile() const { return warps_; }  // 8 at one tile per SM (cp.async), else 4
   int64_t kv_bytes() const;  // K and V bytes the launch reads
   bool bulk_copy() const { return bulk_; }  // the KvLoad chosen
   const DecodeAttentionShape& shape() const { return shape_; }
@@ -68,7 +69,7 @@ class DecodeAttention {
   DecodeAttentionShape shape_;
   std::vector<int> seq_lens_, page_table_;
   DecodePlan plan_;
-  int group_ = 1, slots_ = 0, smem_ = 0;
+  int group_ = 1, slots_ = 0, smem_ = 0, warps_ = 4;
   bool bulk_ = false;
   int* d_page_table_ = nullptr;
   int* d_pair_info_ = nullptr;

@@ -6,10 +6,13 @@
 //     new token ropes k_new, appends k_new/v_new to the cache and uses that row from smem). A pair
 //     it holds whole gets its output; a part of a pair gets a partial output + LSE, and the last
 //     tile to finish a pair (an atomic count) merges its partials. No tile waits for another.
-// It runs on threads 0 .. kDecodeThreads-1 of the block (others must skip it) and needs
-// decode_smem_bytes<D, G>(p.ring_slots) bytes of shared memory; the caller syncs before reusing it.
+// It runs on threads 0 .. 32 * kWarps - 1 of the block (others must skip it) and needs
+// decode_smem_bytes<D, G, kWarps>(p.ring_slots) bytes of shared memory; the caller syncs before
+// reusing it. kWarps: 4 (two tiles per SM, and the attention -> o_proj kernel) or 8 (one tile per
+// SM: one warp per scheduler left the math and the copies' issue unhidden; 8 warps with fewer
+// stages each read 2-13% faster on the H200).
 //
-// Inside a tile each of the 4 warps streams its own 16-token units (unit u_lo + w, u_lo + w + 4, ...)
+// Inside a tile each of the kWarps warps streams its own 16-token units (unit u_lo + w, u_lo + w + kWarps, ...)
 // through a private ring of p.ring_slots smem slots, so the main loop has no block barrier and the
 // stream runs on across pair boundaries (the next pair's q is prefetched into registers). The ring
 // is filled either by 16-byte cp.async (any sm_80+; swizzled, zero-filled tails) or, with `bulk`,
@@ -29,30 +32,30 @@
 
 namespace tw::kernels {
 
-template <int D, int G>
+template <int D, int G, int kWarps = kDecodeWarps>
 struct DecodeSmem {
   alignas(16) __nv_bfloat16 q[kDecodeMaxGroup][D];  // roped q of the current pair, rows >= G zero
   alignas(16) __nv_bfloat16 k_new[D];  // the appended row (roped k, v), patched into its ring slot
   alignas(16) __nv_bfloat16 v_new[D];
-  alignas(16) float o[kDecodeWarps][G][D];  // each warp's output of a segment, for the combine
-  float m[kDecodeWarps][kDecodeMaxGroup];
-  float l[kDecodeWarps][kDecodeMaxGroup];
-  uint64_t bar[kDecodeWarps][kDecodeMaxSlots];  // bulk-copy variant: one mbarrier per ring slot
+  alignas(16) float o[kWarps][G][D];  // each warp's output of a segment, for the combine
+  float m[kWarps][kDecodeMaxGroup];
+  float l[kWarps][kDecodeMaxGroup];
+  uint64_t bar[kWarps][kDecodeMaxSlots];  // bulk-copy variant: one mbarrier per ring slot
   int last[2];
   // The ring follows at decode_ring_offset: [warp][slot][K, V][16 tokens][D] bf16.
 };
 
-template <int D, int G>
+template <int D, int G, int kWarps = kDecodeWarps>
 constexpr int decode_ring_offset() {
-  return static_cast<int>((sizeof(DecodeSmem<D, G>) + 127) / 128 * 128);
+  return static_cast<int>((sizeof(DecodeSmem<D, G, kWarps>) + 127) / 128 * 128);
 }
 template <int D>
 constexpr int decode_slot_bytes() {
   return 2 * kDecodeStageTokens * D * 2;  // K and V of one 16-token stage
 }
-template <int D, int G>
+template <int D, int G, int kWarps = kDecodeWarps>
 constexpr int decode_smem_bytes(int slots) {
-  return decode_ring_offset<D, G>() + kDecodeWarps * slots * decode_slot_bytes<D>();
+  return decode_ring_offset<D, G, kWarps>() + kWarps * slots * decode_slot_bytes<D>();
 }
 
 namespace decode_detail {
@@ -150,9 +153,10 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// Barrier of the tile's kDecodeThreads threads (named barrier 1): a persistent kernel with larger
+// Barrier of the tile's kThreads threads (named barrier 1): a persistent kernel with larger
 // blocks lets its other threads skip the tile; barrier 0 (__syncthreads) stays the caller's.
-__device__ __forceinline__ void tile_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kDecodeThreads) : "memory"); }
+template <int kThreads>
+__device__ __forceinline__ void tile_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory"); }
 
 __device__ __forceinline__ uint4 lds128(const __nv_bfloat16* p) { return *reinterpret_cast<const uint4*>(p); }
 
@@ -250,7 +254,7 @@ __device__ __forceinline__ DecodeRows load_rows(const DecodeParams& p, int pair)
 // The prologue of a segment: roped q of the pair into smem; when the segment holds the pair's new
 // token (position pos), the roped k and v are appended to the cache and kept in smem: the ring's
 // copy of that row (maybe the stale row) is patched before use.
-template <int D, int G, bool kPaged, class Smem>
+template <int D, int G, bool kPaged, int kThreads, class Smem>
 __device__ __forceinline__ void setup_segment(const DecodeParams& p, Smem& sm, const DecodeRows& r, int pair, int pos,
                                               bool appends) {
   constexpr int kC = D / 16;
@@ -282,7 +286,7 @@ __device__ __forceinline__ void setup_segment(const DecodeParams& p, Smem& sm, c
       *reinterpret_cast<uint4*>(cache + D / 2 + 8 * c) = vhi;
     }
   }
-  tile_sync();
+  tile_sync<kThreads>();
 }
 
 __device__ __forceinline__ void store_bf16x4(__nv_bfloat16* dst, float4 v) {
@@ -294,12 +298,12 @@ __device__ __forceinline__ void store_bf16x4(__nv_bfloat16* dst, float4 v) {
 
 // Merges the partial outputs of `pair` (units [u0, u1)), one per tile that holds a part of it, as
 // the last of those tiles. The partials were written by other blocks in this launch: read from L2
-// (ld.global.cg) after the caller's acquire. One pass: warp w takes partials w, w + 4, ... with an
+// (ld.global.cg) after the caller's acquire. One pass: warp w takes partials w, w + kWarps, ... with an
 // online LSE merge (their loads all in flight together), lane the float4s e = lane + 32 r of the
-// G x D output; the 4 warps are then merged through `scratch` ([warps][G * D / 4][2] floats) and sm.o.
+// G x D output; the warps are then merged through `scratch` ([warps][G * D / 4][2] floats) and sm.o.
 // (A merge with no smem, each thread over all partials for its own float4s, was no faster -- the
 // tail is L2 round trips -- and spilled in the attention -> o_proj kernel.)
-template <int D, int G, class Smem>
+template <int D, int G, int kWarps, class Smem>
 __device__ void merge_pair(const DecodeParams& p, Smem& sm, float* scratch, int pair, int u0, int u1) {
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int c0 = decode_tile_of(u0, p.num_tiles, p.total_units);
@@ -316,7 +320,7 @@ __device__ void merge_pair(const DecodeParams& p, Smem& sm, float* scratch, int 
     acc[r] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
 #pragma unroll 4
-  for (int s = warp; s < n; s += kDecodeWarps) {
+  for (int s = warp; s < n; s += kWarps) {
     const int64_t slot = 2 * (c0 + s) + (s == 0 ? shift : 0);
     const float4* src = reinterpret_cast<const float4*>(p.o_part + slot * G * D);
 #pragma unroll
@@ -343,15 +347,15 @@ __device__ void merge_pair(const DecodeParams& p, Smem& sm, float* scratch, int 
       scratch[2 * (warp * kVec + e) + 1] = sw[r];
     }
   }
-  tile_sync();
-  for (int e = tid; e < kVec; e += kDecodeThreads) {
+  tile_sync<kWarps * 32>();
+  for (int e = tid; e < kVec; e += kWarps * 32) {
     float mx = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) mx = fmaxf(mx, scratch[2 * (w * kVec + e)]);
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, scratch[2 * (w * kVec + e)]);
     float sum = 0.f;
     float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) {
+    for (int w = 0; w < kWarps; ++w) {
       const float f = exp2f(scratch[2 * (w * kVec + e)] - mx);  // 0 for a warp that had no partial
       const float4 v = wo[w * kVec + e];
       sum += f * scratch[2 * (w * kVec + e) + 1];
@@ -360,25 +364,26 @@ __device__ void merge_pair(const DecodeParams& p, Smem& sm, float* scratch, int 
     const float inv = 1.f / sum;
     store_bf16x4(p.out + int64_t(pair) * G * D + 4 * e, make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv));
   }
-  tile_sync();  // scratch and sm.o are free again
+  tile_sync<kWarps * 32>();  // scratch and sm.o are free again
 }
 
 }  // namespace decode_detail
 
 // kStandalone: compiled with the timeline (p.trace); without it the stamps are left out and their
 // registers saved (the attention -> o_proj kernel is at its cap).
-template <int D, int G, bool kPaged, bool kBulk, bool kStandalone = false>
+template <int D, int G, bool kPaged, bool kBulk, bool kStandalone = false, int kWarps = kDecodeWarps>
 __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
+  constexpr int kThreads = kWarps * 32;
   static_assert(D == 64 || D == 128, "head dim 64 or 128");
   static_assert(G >= 1 && G <= kDecodeMaxGroup, "1..8 query heads per KV head");
   using namespace decode_detail;
-  using Smem = DecodeSmem<D, G>;
+  using Smem = DecodeSmem<D, G, kWarps>;
   constexpr int kChunks = D / 8;  // 16-byte chunks per token row
   constexpr int kStageElems = kDecodeStageTokens * D;
-  static_assert(kDecodeWarps * G * D / 4 * 2 * 4 <= kDecodeWarps * decode_slot_bytes<D>(),
+  static_assert(kWarps * G * D / 4 * 2 * 4 <= kWarps * decode_slot_bytes<D>(),
                 "merge scratch fits in a one-slot ring");
   Smem& sm = *reinterpret_cast<Smem*>(smem);
-  __nv_bfloat16* ring = reinterpret_cast<__nv_bfloat16*>(smem + decode_ring_offset<D, G>());
+  __nv_bfloat16* ring = reinterpret_cast<__nv_bfloat16*>(smem + decode_ring_offset<D, G, kWarps>());
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;  // mma fragment coordinates: row (head) g, column pair t
   const int slots = p.ring_slots;
@@ -397,8 +402,8 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
   const int u_hi = decode_tile_start(tile + 1, p.num_tiles, p.total_units);
   const DecodePair first = first_pair(p, tile, u_lo);
   // This warp's stages: units u_lo + warp + 4k, k < my_n; stage k lives in ring slot k % slots.
-  const int my_n = u_lo + warp < u_hi ? (u_hi - 1 - u_lo - warp) / kDecodeWarps + 1 : 0;
-  auto unit_of = [&](int k) { return u_lo + warp + kDecodeWarps * k; };
+  const int my_n = u_lo + warp < u_hi ? (u_hi - 1 - u_lo - warp) / kWarps + 1 : 0;
+  auto unit_of = [&](int k) { return u_lo + warp + kWarps * k; };
   __nv_bfloat16* my_ring = ring + warp * slots * 2 * kStageElems;
   uint64_t* bars = sm.bar[warp];
   if constexpr (kBulk) {
@@ -462,7 +467,7 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
   DecodePair sp = first;
   DecodeRows rows = load_rows<D, G>(p, sp.pair);
   for (int k = early ? 1 : 0; k < slots; ++k) issue(k);
-  for (int i = threadIdx.x; i < (kDecodeMaxGroup - G) * D; i += kDecodeThreads)
+  for (int i = threadIdx.x; i < (kDecodeMaxGroup - G) * D; i += kThreads)
     sm.q[G + i / D][i % D] = __float2bfloat16(0.f);
 
   // Partial segments (at most the tile's first and last): their pair and units, merged at the end.
@@ -474,7 +479,7 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
     const int pos = sp.len - 1;  // the new token
     const int pos_unit = sp.u0 + pos / kDecodeStageTokens;
     const bool appends = p.k_new != nullptr && pos_unit >= seg_lo && pos_unit < seg_hi;
-    setup_segment<D, G, kPaged>(p, sm, rows, sp.pair, pos, appends);
+    setup_segment<D, G, kPaged, kThreads>(p, sm, rows, sp.pair, pos, appends);
     const bool more = seg_hi < u_hi;
     DecodePair np = sp;
     if (more) {
@@ -600,9 +605,9 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
     }
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    if (lane == 0) stamp(kDtWarpEnd + warp);
+    if (lane == 0 && warp < 4) stamp(kDtWarpEnd + warp);  // the timeline keeps 4 warps' ends
 
-    // Combine the 4 warps (smem), then write the segment's result: the output when the segment is
+    // Combine the warps (smem), then write the segment's result: the output when the segment is
     // the whole pair, else a partial in slot 2 * tile + (0: the tile's first segment, 1: its last).
     if (g < G) {
 #pragma unroll
@@ -616,19 +621,19 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
         sm.l[warp][g] = l;
       }
     }
-    tile_sync();
+    tile_sync<kThreads>();
     const bool whole = seg_lo == sp.u0 && seg_hi == sp.u1;
     const int which = seg_lo > u_lo ? 1 : 0;
     const int64_t slot = 2 * int64_t(tile) + which;
-    for (int i = threadIdx.x; i < G * D / 4; i += kDecodeThreads) {
+    for (int i = threadIdx.x; i < G * D / 4; i += kThreads) {
       const int gg = i / (D / 4), d = (i % (D / 4)) * 4;
       float mmax = -INFINITY;
 #pragma unroll
-      for (int w = 0; w < kDecodeWarps; ++w) mmax = fmaxf(mmax, sm.m[w][gg]);
+      for (int w = 0; w < kWarps; ++w) mmax = fmaxf(mmax, sm.m[w][gg]);
       float sum = 0.f;
       float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-      for (int w = 0; w < kDecodeWarps; ++w) {
+      for (int w = 0; w < kWarps; ++w) {
         const float f = exp2f(sm.m[w][gg] - mmax);  // 0 for a warp that had no stage
         const float4 v = *reinterpret_cast<const float4*>(&sm.o[w][gg][d]);
         sum += sm.l[w][gg] * f;
@@ -667,7 +672,7 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
     // Release: the barrier orders every thread's partial writes before threads 0 and 32's fences
     // (cumulativity, as in a grid barrier), each of which then counts one partial. Acquire: the
     // counting thread's fence after the count, then the barrier, before anyone reads partials.
-    tile_sync();
+    tile_sync<kThreads>();
     if (lane == 0 && warp < 2) {
       const DecodePair pt = warp == 0 ? part[0] : part[1];
       int last = 0;
@@ -684,12 +689,12 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
       }
       sm.last[warp] = last;
     }
-    tile_sync();
+    tile_sync<kThreads>();
     if (threadIdx.x == 0) stamp(kDtCounted);
 #pragma unroll
     for (int w = 0; w < 2; ++w)
       if (sm.last[w]) {
-        merge_pair<D, G>(p, sm, reinterpret_cast<float*>(ring), part[w].pair, part[w].u0, part[w].u1);
+        merge_pair<D, G, kWarps>(p, sm, reinterpret_cast<float*>(ring), part[w].pair, part[w].u0, part[w].u1);
         ++merges;
       }
   }
