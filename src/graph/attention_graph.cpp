@@ -20,11 +20,11 @@ using kernels::decode_units;
 //   tiles cut at pair boundaries: the fewest partials and merges on the latency-bound cases
 //   (B = 16, L = 4096: 67.6 us against 69.1 with two tiles per SM).
 // - Otherwise two tiles per SM (8 warps per SM keep up with the stream, 4 fall 3-4% short), cut
-//   evenly over every slot. Also for small work in 16-token pages: each stage's copy then waits
-//   on its own page-table read, which 8 warps per SM hide better than 4 (B = 16, L = 4096: 79.4
-//   against 86.4 us back to back, 81.7 / 89.1 per replay; B = 1, L = 32768: 42.5 against 46.9;
-//   the same in an earlier run. 128-token pages were split: 80.7 / 78.2 in one run, 73.2 / 77.8
-//   in the other, and keep one tile per SM).
+//   evenly over every slot.
+// Small work in 16-token pages ran two tiles per SM for a while (each stage's copy waits on its
+// own page-table read, which 8 warps per SM hid better than one tile's 4); since one tile per SM
+// runs 8 warps itself, that is the faster plan there too (B = 16, L = 4096: 68.9 against 84.8 us
+// back to back; B = 1, L = 32768: 41.3 against 43.3; H200, bench_attention.json's tiles1).
 // The ring depth (stages per warp) depends on shared memory and stays with the GPU op.
 constexpr int64_t kSmallBytesPerSm = int64_t(8) << 20;
 // A tile streams at least one stage per warp.
@@ -142,8 +142,7 @@ DecodePlan plan_decode(const std::vector<int>& seq_lens, int num_kv_heads, int n
 DecodePlan plan_decode_for(const DecodeAttentionShape& s, const std::vector<int>& seq_lens, int sms) {
   if (sms < 1) bad("the GPU's SM count " + std::to_string(sms) + " must be >= 1");
   const int64_t npairs = int64_t(s.batch) * s.num_kv_heads;
-  const bool unit_pages = s.layout == KvLayout::Paged && s.page_size == kernels::kDecodeStageTokens;
-  const bool small = !unit_pages && npairs <= sms && decode_kv_bytes(s, seq_lens) <= kSmallBytesPerSm * sms;
+  const bool small = npairs <= sms && decode_kv_bytes(s, seq_lens) <= kSmallBytesPerSm * sms;
   const int tiles_per_sm = s.tiles_per_sm > 0 ? s.tiles_per_sm : (small ? 1 : 2);
   const int slots_max = std::min(sms * tiles_per_sm, kernels::kDecodeMaxTiles);
   // Whole pairs per tile only for short pairs, and under the planner's own tiles per SM (the
