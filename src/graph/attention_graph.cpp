@@ -21,10 +21,9 @@ using kernels::decode_units;
 //   (B = 16, L = 4096: 67.6 us against 69.1 with two tiles per SM).
 // - Otherwise two tiles per SM (8 warps per SM keep up with the stream, 4 fall 3-4% short), cut
 //   evenly over every slot.
-// Small work in 16-token pages ran two tiles per SM for a while (each stage's copy waits on its
-// own page-table read, which 8 warps per SM hid better than one tile's 4); since one tile per SM
-// runs 8 warps itself, that is the faster plan there too (B = 16, L = 4096: 68.9 against 84.8 us
-// back to back; B = 1, L = 32768: 41.3 against 43.3; H200, bench_attention.json's tiles1).
+// Small work in 16-token pages needs no plan of its own: one tile per SM runs 8 warps, which hide
+// each stage's page-table read as well as two tiles of 4 did (B = 16, L = 4096 per replay: 79.8
+// against 82.4 us for two tiles, H200 bench_attention.json; back to back it went either way).
 // The ring depth (stages per warp) depends on shared memory and stays with the GPU op.
 constexpr int64_t kSmallBytesPerSm = int64_t(8) << 20;
 // A tile streams at least one stage per warp.
