@@ -52,8 +52,8 @@ struct FfnOptions {
   // launch's blocks start on the SMs that kernel's blocks leave and stream their first tile's
   // weights -- which no kernel writes -- before they wait for it to finish; x, h, y and the
   // counters are touched only after. Pays off when the kernel before lets the next one start early
-  // (ours do at their start; after any other kernel, only as its last blocks exit). The caller promises that the kernel
-  // before does not write the weights (pack() them, then synchronise, or run once without it).
+  // (ours do at their start; after any other kernel, only as its last blocks exit). The caller
+  // promises that the kernel before does not write the weights (pack() them, then synchronise).
   bool overlap_previous = false;
 };
 
