@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "harness.cuh"
+#include "tileweave/kernels/stream_read.cuh"
 #include "tileweave/ops/attention.hpp"
 
 namespace {
@@ -117,6 +118,17 @@ int main(int argc, char** argv) {
     tw::DecodeAttention op(shape, std::vector<int>(c.batch, c.len), table);
     const double us = time_with(op);
     const double seq_us = tw::bench::time_us_seq([&](int s, cudaStream_t st) { op.run(tensors(s), st); }, sets);
+    // Diagnostic: the floor kernel reading exactly one set's K/V pool (one launch): what one pass
+    // over this many bytes costs, ramp-up and tail included -- the bound for any kernel that reads
+    // the cache once, which the asymptotic floor_us is not at small sizes.
+    const uint64_t pool_chunks = uint64_t(2 * pool_elems) * sizeof(bf16) / tw::kernels::kStreamChunk;
+    auto stream = [&](int s, cudaStream_t st) {
+      tw::kernels::stream_read_bulk<<<gpu.prop.multiProcessorCount, 32,
+                                      tw::kernels::kStreamStages * tw::kernels::kStreamChunk, st>>>(
+          reinterpret_cast<const char*>(kv + size_t(s) * 2 * pool_elems), pool_chunks);
+    };
+    const double stream_us = gpu.prop.major >= 9 ? tw::bench::time_us(stream, sets, 10, reps) : 0.0;
+    const double stream_seq_us = gpu.prop.major >= 9 ? tw::bench::time_us_seq(stream, sets) : 0.0;
     // Variants on the same data, both timings; a combination that does not fit in smem is left out.
     nlohmann::json variants = nlohmann::json::object(), variants_seq = nlohmann::json::object();
     auto variant = [&](const std::string& name, tw::DecodeAttentionShape v) {
@@ -144,6 +156,14 @@ int main(int argc, char** argv) {
       v.tiles_per_sm = per_sm;
       if (!quick) variant("tiles" + std::to_string(per_sm), v);
     }
+    // One tile on every SM, cut evenly (the one-per-SM plan cuts at pair boundaries: 128 of 132
+    // SMs at B = 1 with 8 KV heads).
+    if (!quick && c.batch == 1 && c.layout == tw::KvLayout::Contiguous) {
+      tw::DecodeAttentionShape v = shape;
+      v.num_tiles = gpu.prop.multiProcessorCount;
+      v.tiles_per_sm = 1;
+      variant("tiles_all_sms", v);
+    }
     // The number of tiles on the latency-bound case (default ring depth).
     nlohmann::json sweep = nlohmann::json::array();
     const bool sweep_case = c.layout == tw::KvLayout::Contiguous && !quick && c.batch == 1 && c.len == 4096;
@@ -164,8 +184,9 @@ int main(int argc, char** argv) {
     const double pct = 100.0 * tbps / floor.tbps();
     const char* layout = c.layout == tw::KvLayout::Contiguous ? "contiguous" : "paged";
     const double floor_us = double(op.kv_bytes()) / (floor.tbps() * 1e6);
-    std::printf("%6d %7d %-10s %6d %7d %10.2f %9.3f %7.1f%% %9.2f %7.1f%% %7d  %s\n", c.batch, c.len, layout, sets,
-                op.num_tiles(), us, tbps, pct, seq_us, 100 * floor_us / seq_us, op.ring_slots(), variants_seq.dump().c_str());
+    std::printf("%6d %7d %-10s %6d %7d %10.2f %9.3f %7.1f%% %9.2f %7.1f%% %7d  %s  stream %.2f (b2b %.2f)\n", c.batch,
+                c.len, layout, sets, op.num_tiles(), us, tbps, pct, seq_us, 100 * floor_us / seq_us, op.ring_slots(),
+                variants_seq.dump().c_str(), stream_us, stream_seq_us);
     std::fflush(stdout);
     result.add({{"B", c.batch},
                 {"L", c.len},
@@ -186,6 +207,8 @@ int main(int argc, char** argv) {
                 {"pct_floor", pct},
                 {"seq_us", seq_us},
                 {"seq_pct_floor", 100 * floor_us / seq_us},
+                {"stream_us", stream_us},
+                {"stream_seq_us", stream_seq_us},
                 {"tiles_sweep", sweep}});
     TW_CUDA_CHECK(cudaFree(kv));
     TW_CUDA_CHECK(cudaFree(q));

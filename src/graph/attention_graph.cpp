@@ -16,16 +16,25 @@ namespace {
 using kernels::decode_units;
 
 // The planner's defaults, from the H200 variants of bench_attention (2026-11-22):
-// - Small work (no more pairs than SMs, at most kSmallBytesPerSm of K/V per SM): one tile per SM,
-//   tiles cut at pair boundaries: the fewest partials and merges on the latency-bound cases
-//   (B = 16, L = 4096: 67.6 us against 69.1 with two tiles per SM).
-// - Otherwise two tiles per SM (8 warps per SM keep up with the stream, 4 fall 3-4% short), cut
-//   evenly over every slot.
+// - One tile of 8 warps per SM, for equal lengths with at most kAlignedBytesPerSm of K/V per SM
+//   when tiles aligned to pairs (each pair the same whole number of tiles, or each tile the same
+//   whole number of pairs of over kWholePairBytes) fill >= 90% of the SMs: the fewest partials and
+//   merges. Against two tiles per SM cut evenly over every slot (H200, bench_attention_trace and
+//   bench_attention): B = 64, L = 4096 242.2 against 246.4 us per replay, 245.1 against 248.6 back
+//   to back; B = 32, L = 4096 143.4 against 148.4; B = 16, L = 32768 470.0 against 474.4 per
+//   replay. At 65 MiB per SM it went either way between runs and machines (B = 16, L = 131072
+//   1848.7 against 1854.5 on one H200, 1929.5 against 1897 on another), at 260 MiB it lost
+//   (B = 64, L = 131072 7738 against 7542), and with short pairs too (B = 64, L = 512: 128 tiles
+//   of 4 pairs 39.8 against 38.0 for 256 of 2 at two per SM).
+// - Unequal lengths: one tile per SM when there are no more pairs than SMs and at most
+//   kSmallBytesPerSm of K/V per SM, cut evenly over the SMs.
+// - Otherwise two tiles per SM, cut evenly over every slot (whole pairs per tile for short pairs).
 // Small work in 16-token pages needs no plan of its own: one tile per SM runs 8 warps, which hide
 // each stage's page-table read as well as two tiles of 4 did (B = 16, L = 4096 per replay: 79.8
 // against 82.4 us for two tiles, H200 bench_attention.json; back to back it went either way).
 // The ring depth (stages per warp) depends on shared memory and stays with the GPU op.
 constexpr int64_t kSmallBytesPerSm = int64_t(8) << 20;
+constexpr int64_t kAlignedBytesPerSm = int64_t(32) << 20;
 // A tile streams at least one stage per warp.
 constexpr int kMinUnitsPerTile = kernels::kDecodeWarps;
 // More equal pairs than tile slots, each at most this many K/V bytes: whole pairs per tile (no
@@ -141,14 +150,21 @@ DecodePlan plan_decode(const std::vector<int>& seq_lens, int num_kv_heads, int n
 DecodePlan plan_decode_for(const DecodeAttentionShape& s, const std::vector<int>& seq_lens, int sms) {
   if (sms < 1) bad("the GPU's SM count " + std::to_string(sms) + " must be >= 1");
   const int64_t npairs = int64_t(s.batch) * s.num_kv_heads;
-  const bool small = npairs <= sms && decode_kv_bytes(s, seq_lens) <= kSmallBytesPerSm * sms;
-  const int tiles_per_sm = s.tiles_per_sm > 0 ? s.tiles_per_sm : (small ? 1 : 2);
-  const int slots_max = std::min(sms * tiles_per_sm, kernels::kDecodeMaxTiles);
-  // Whole pairs per tile only for short pairs, and under the planner's own tiles per SM (the
-  // executor's attention -> o_proj fixes tiles_per_sm and wants every block's first ticket to be an
-  // attention tile).
+  const bool uniform = std::all_of(seq_lens.begin(), seq_lens.end(),
+                                   [&](int l) { return decode_units(l) == decode_units(seq_lens[0]); });
+  const int64_t bytes = decode_kv_bytes(s, seq_lens);
   const int64_t pair_bytes = int64_t(*std::max_element(seq_lens.begin(), seq_lens.end())) * s.head_dim * 2 * 2;
-  const bool whole_pairs = s.tiles_per_sm == 0 && pair_bytes <= kWholePairBytes;
+  bool one_per_sm = npairs <= sms && bytes <= (uniform ? kAlignedBytesPerSm : kSmallBytesPerSm) * sms;
+  if (uniform && npairs > sms && pair_bytes > kWholePairBytes && bytes <= kAlignedBytesPerSm * sms) {
+    const int64_t per_tile = (npairs + sms - 1) / sms, tiles = npairs / per_tile;
+    one_per_sm = npairs % per_tile == 0 && 10 * tiles >= 9 * int64_t(sms);
+  }
+  const int tiles_per_sm = s.tiles_per_sm > 0 ? s.tiles_per_sm : (one_per_sm ? 1 : 2);
+  const int slots_max = std::min(sms * tiles_per_sm, kernels::kDecodeMaxTiles);
+  // Whole pairs per tile at one tile per SM, and for short pairs at two -- under the planner's own
+  // tiles per SM only (the executor's attention -> o_proj fixes tiles_per_sm and wants every
+  // block's first ticket to be an attention tile).
+  const bool whole_pairs = s.tiles_per_sm == 0 && (tiles_per_sm == 1 || pair_bytes <= kWholePairBytes);
   const int tiles = s.num_tiles > 0 ? s.num_tiles
                                     : plan_tiles(seq_lens, s.num_kv_heads, slots_max, tiles_per_sm == 1, whole_pairs);
   DecodePlan pl = plan_decode(seq_lens, s.num_kv_heads, tiles);

@@ -134,7 +134,8 @@ TEST(DecodePlan, TilesCoverEveryPair) {
   }
 }
 
-// The planner: one tile per SM cut at pair boundaries for small work, two per SM otherwise.
+// The planner: one tile per SM aligned to pairs for equal lengths up to 32 MiB per SM (and small
+// unequal work), two per SM otherwise.
 TEST(DecodePlan, PlannerFollowsTheWork) {
   const std::vector<int> one(1, 4096), many(64, 32768);
   const DecodePlan small = plan_decode_for(contiguous_shape(one, 32, 8, 128), one, 132);
@@ -147,12 +148,23 @@ TEST(DecodePlan, PlannerFollowsTheWork) {
   forced.tiles_per_sm = 2;
   EXPECT_EQ(plan_decode_for(forced, one, 132).num_tiles, 264);
   EXPECT_THROW(plan_decode_for(forced, one, 0), InvalidArgument);
-  // More short equal pairs than slots: whole pairs per tile (512 pairs of 512 tokens: 2 per tile);
-  // not with long pairs, nor when tiles_per_sm is fixed, nor when that would leave > 10% of the slots.
-  const std::vector<int> short64(64, 512), short48(48, 512), long64(64, 4096);
+  // More short equal pairs than slots: whole pairs per tile at two per SM (512 pairs of 512
+  // tokens: 2 per tile), unless that would leave > 10% of the slots; longer equal pairs: whole
+  // pairs per tile at one per SM (512 pairs of 4096 tokens: 4 per tile), up to 32 MiB per SM.
+  const std::vector<int> short64(64, 512), short48(48, 512), long64(64, 4096), long40(40, 4096);
   EXPECT_EQ(plan_decode_for(contiguous_shape(short64, 32, 8, 128), short64, 132).num_tiles, 256);
   EXPECT_EQ(plan_decode_for(contiguous_shape(short48, 32, 8, 128), short48, 132).num_tiles, 264);
-  EXPECT_EQ(plan_decode_for(contiguous_shape(long64, 32, 8, 128), long64, 132).num_tiles, 264);
+  const DecodePlan aligned = plan_decode_for(contiguous_shape(long64, 32, 8, 128), long64, 132);
+  EXPECT_EQ(aligned.tiles_per_sm, 1);
+  EXPECT_EQ(aligned.num_tiles, 128);
+  // 320 pairs: 3 per tile would fill 106 of 132 SMs (80%): two per SM, cut evenly.
+  const DecodePlan uneven = plan_decode_for(contiguous_shape(long40, 32, 8, 128), long40, 132);
+  EXPECT_EQ(uneven.tiles_per_sm, 2);
+  EXPECT_EQ(uneven.num_tiles, 264);
+  // Equal pairs, fewer than SMs: one tile per SM up to 32 MiB per SM (16 x 32768: 16 MiB).
+  const std::vector<int> mid16(16, 32768), huge16(16, 131072);
+  EXPECT_EQ(plan_decode_for(contiguous_shape(mid16, 32, 8, 128), mid16, 132).num_tiles, 128);
+  EXPECT_EQ(plan_decode_for(contiguous_shape(huge16, 32, 8, 128), huge16, 132).tiles_per_sm, 2);
   DecodeAttentionShape fixed = contiguous_shape(short64, 32, 8, 128);
   fixed.tiles_per_sm = 2;
   EXPECT_EQ(plan_decode_for(fixed, short64, 132).num_tiles, 264);
