@@ -77,6 +77,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #if TW_SM90_ENABLED
   using namespace sm90;
   extern __shared__ __align__(1024) uint8_t smem[];
+  __shared__ uint32_t polled;  // the split-K poll's verdict (below)
   const Ring<Cfg> ring = Ring<Cfg>::carve(smem);
   if (threadIdx.x == 0) {
     ring.init();
@@ -120,6 +121,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int si = 0; si < sg.count; ++si) {
       const Segment seg = sg[si];
       const int t = seg.t, n = seg.n;
+      // A split tile's contributors and counter (the CTA boundary inside it: unique per tile).
+      const long long tb = (long long)t * p.kst;
+      const int first = owner(tb, p.units, g), last = owner(tb + p.kst - 1, p.units, g);
+      const int counter = first + 1;
+      // The head of a tile whose tail is the next CTA's first segment: that CTA finishes its part
+      // early in the launch, this one only at its end. So before the math one thread reads
+      // whether it has arrived (acquire), and if so this CTA adds its partial without storing its
+      // own, fencing or counting: two L2 round trips off the launch's tail, and the load's round
+      // trip hides under the segment's stream. (Polling every split segment cost 3% on the 70B
+      // down GEMM at M = 128, whose tiles span 3-4 CTAs that all end together.)
+      const bool poll = n != p.kst && seg.k0 == 0 && last == int(blockIdx.x) + 1 && !p.skip_epilogue;
+      unsigned arrived = 0;
+      if (poll && threadIdx.x == 128)
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(arrived) : "l"(p.cnt + counter) : "memory");
       consume_tile(ring, ps, wg, n, acc);
       if (p.skip_epilogue) continue;  // diagnostic
       const int w0 = t * Cfg::kBW;
@@ -138,25 +153,30 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // the others' slots to its registers and writes Y. (fp32 atomics into one shared slot were
       // measured 15-75 us per split tile at M = 64..256: L2 atomic throughput.) A CTA has at most
       // two split segments, its first and its last tile: slot 2*cta + (first ? 0 : 1).
-      const long long tb = (long long)t * p.kst;
-      const int first = owner(tb, p.units, g), last = owner(tb + p.kst - 1, p.units, g);
       const int ct = threadIdx.x - 128;
       auto slot_of = [&](int cta) {
         return p.ws + (2ll * cta + (bnd(cta, p.units, g) / p.kst == t ? 0 : 1)) * kSlotFloats;
       };
-      float2* mine = reinterpret_cast<float2*>(slot_of(blockIdx.x));
-#pragma unroll
-      for (int q = 0; q < Cfg::kAcc / 2; ++q) __stcg(mine + q * 256 + ct, make_float2(acc[2 * q], acc[2 * q + 1]));
-      // Release: the partial is visible GPU-wide before the arrival (fence.acq_rel, not fence.sc).
-      asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-      named_bar_sync(1, 128 * Cfg::kConsumerWGs);
-      const int counter = first + 1;  // the CTA boundary inside this tile: unique per split tile
-      if (threadIdx.x == 128) {
-        *ring.flag = atomicAdd(p.cnt + counter, 1u) == unsigned(last - first);
-        asm volatile("fence.acq_rel.gpu;\n" ::: "memory");  // acquire: the others' partials
+      bool others_done = false;
+      if (poll) {  // at most one per CTA and launch: `polled` is written once
+        if (threadIdx.x == 128) polled = arrived == 1u;
+        named_bar_sync(1, 128 * Cfg::kConsumerWGs);
+        others_done = polled;
       }
-      named_bar_sync(1, 128 * Cfg::kConsumerWGs);
-      if (!*reinterpret_cast<volatile uint32_t*>(ring.flag)) continue;
+      if (!others_done) {
+        float2* mine = reinterpret_cast<float2*>(slot_of(blockIdx.x));
+#pragma unroll
+        for (int q = 0; q < Cfg::kAcc / 2; ++q) __stcg(mine + q * 256 + ct, make_float2(acc[2 * q], acc[2 * q + 1]));
+        // Release: the partial is visible GPU-wide before the arrival (fence.acq_rel, not fence.sc).
+        asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+        named_bar_sync(1, 128 * Cfg::kConsumerWGs);
+        if (threadIdx.x == 128) {
+          *ring.flag = atomicAdd(p.cnt + counter, 1u) == unsigned(last - first);
+          asm volatile("fence.acq_rel.gpu;\n" ::: "memory");  // acquire: the others' partials
+        }
+        named_bar_sync(1, 128 * Cfg::kConsumerWGs);
+        if (!*reinterpret_cast<volatile uint32_t*>(ring.flag)) continue;
+      }
       asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
       for (int c = first; c <= last; ++c) {
         if (c == int(blockIdx.x)) continue;
