@@ -2,9 +2,14 @@
 // stream-K balancing. The work is (weight tile of 128 rows) x (K stage) units, tile-major; CTA b of
 // G takes the contiguous unit range [b*U/G, (b+1)*U/G), so every CTA streams the same number of
 // weight bytes (+-1 stage) and the last wave does not idle. A tile cut by a CTA boundary is summed
-// in fp32: each contributor stores its partial to its own workspace slot, and the last of them
-// (counted on an arrival counter) adds the others' partials, writes Y and re-zeroes the counter
-// for the next launch, so launches need no memset and no second kernel.
+// in fp32: each contributor stores its partial to its own workspace slot and is counted on the
+// tile's arrival counter; the tile's first CTA (whose part is its last segment) waits for the
+// others' count, adds their partials, writes Y and re-zeroes the counter for the next launch, so
+// launches need no memset and no second kernel. The wait needs every CTA resident at once (the
+// default grid); with more CTAs than fit, the last contributor to arrive sums instead.
+//
+// No deadlock: a CTA waits only in its last segment, and only for CTAs of higher index, which
+// never wait for it (their parts of the tile are their first segments or their whole range).
 #include "tileweave/ops/gemm.hpp"
 
 #include <cuda.h>
@@ -30,6 +35,7 @@ struct GemmParams {
   bool skip_mma;      // diagnostic: consumers release stages without computing or storing
   bool skip_epilogue; // diagnostic: consumers compute but store nothing
   bool partials_first; // split segments before whole tiles (see Segments)
+  bool head_reduces;   // every CTA is resident at once: a split tile's first CTA sums it (below)
 };
 
 // Split-K partial slot: the largest fragment set, 128 fp32 per consumer thread x 256 threads.
@@ -102,6 +108,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const Segment s = sg[i];
         produce_tile(ring, ps, src, s.t * Cfg::kBW, 0, s.k0, s.n);
       }
+    } else if (warp == 1 && p.head_reduces && !p.skip_mma && !p.skip_epilogue) {
+      // Counts the partials this CTA leaves for other CTAs to sum (at most one: a CTA's first
+      // segment), so the consumers never wait on a fence or an atomic for them.
+      const Segments sg(u_begin, u_end, p.kst, p.partials_first);
+      for (int i = 0; i < sg.count; ++i) {
+        const Segment s = sg[i];
+        const int first = owner((long long)s.t * p.kst, p.units, g);
+        if (s.n == p.kst || first == int(blockIdx.x)) continue;
+        named_bar_sync(2, 128 * Cfg::kConsumerWGs + 32);  // the consumers' partial is written
+        if (threadIdx.x == 32) {
+          asm volatile("fence.acq_rel.gpu;\n" ::: "memory");  // cumulative: the whole partial
+          atomicAdd(p.cnt + first + 1, 1u);
+        }
+      }
     }
   } else {
     setmaxnreg_inc<232>();
@@ -125,13 +145,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const long long tb = (long long)t * p.kst;
       const int first = owner(tb, p.units, g), last = owner(tb + p.kst - 1, p.units, g);
       const int counter = first + 1;
-      // The head of a tile whose tail is the next CTA's first segment: that CTA finishes its part
-      // early in the launch, this one only at its end. So before the math one thread reads
-      // whether it has arrived (acquire), and if so this CTA adds its partial without storing its
-      // own, fencing or counting: two L2 round trips off the launch's tail, and the load's round
-      // trip hides under the segment's stream. (Polling every split segment cost 3% on the 70B
-      // down GEMM at M = 128, whose tiles span 3-4 CTAs that all end together.)
-      const bool poll = n != p.kst && seg.k0 == 0 && last == int(blockIdx.x) + 1 && !p.skip_epilogue;
+      // The head of a split tile (this CTA's last segment, whose other parts the next CTAs run)
+      // sums it. One thread reads, before the math, how many of the others have arrived
+      // (acquire): the CTA after this one runs its part first, so it has usually arrived, and the
+      // load's round trip hides under the segment's stream.
+      // - head_reduces (all CTAs resident): the head always sums the tile, waiting for the others
+      //   if it must; the others store their partial and go on (warp 1 counts it for them).
+      // - Otherwise the head of a tile with exactly two contributors sums it if the other has
+      //   arrived (no store, fence or count of its own); else every contributor stores and
+      //   counts, and the last to arrive sums. (Polling every split segment cost 3% on the 70B
+      //   down GEMM at M = 128, whose tiles span 3-4 CTAs that all end together.)
+      const bool head = n != p.kst && first == int(blockIdx.x) && !p.skip_epilogue;
+      const bool poll = head && (p.head_reduces || last == first + 1);
       unsigned arrived = 0;
       if (poll && threadIdx.x == 128)
         asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(arrived) : "l"(p.cnt + counter) : "memory");
@@ -157,12 +182,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       auto slot_of = [&](int cta) {
         return p.ws + (2ll * cta + (bnd(cta, p.units, g) / p.kst == t ? 0 : 1)) * kSlotFloats;
       };
-      bool others_done = false;
-      if (poll) {  // at most one per CTA and launch: `polled` is written once
+      if (p.head_reduces && !head) {
+        float2* mine = reinterpret_cast<float2*>(slot_of(blockIdx.x));
+#pragma unroll
+        for (int q = 0; q < Cfg::kAcc / 2; ++q) __stcg(mine + q * 256 + ct, make_float2(acc[2 * q], acc[2 * q + 1]));
+        named_bar_arrive(2, 128 * Cfg::kConsumerWGs + 32);  // warp 1 fences and counts it
+        continue;
+      }
+      if (p.head_reduces && threadIdx.x == 128) {
+        // Every CTA is resident and the others never wait: they arrive. Bounded like the ring's
+        // waits (a protocol bug traps instead of hanging).
+        const long long t0 = clock64();
+        while (arrived != unsigned(last - first)) {
+          asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(arrived) : "l"(p.cnt + counter) : "memory");
+          if (clock64() - t0 > TW_SM90_SPIN_LIMIT_CYCLES) __trap();
+        }
+      }
+      bool others_done = p.head_reduces;
+      if (poll && !p.head_reduces) {  // at most one per CTA and launch: `polled` is written once
         if (threadIdx.x == 128) polled = arrived == 1u;
         named_bar_sync(1, 128 * Cfg::kConsumerWGs);
         others_done = polled;
       }
+      if (p.head_reduces) named_bar_sync(1, 128 * Cfg::kConsumerWGs);  // thread 128 saw them arrive
       if (!others_done) {
         float2* mine = reinterpret_cast<float2*>(slot_of(blockIdx.x));
 #pragma unroll
@@ -277,6 +319,14 @@ void run_cfg(const Slice& sl, const DeviceState& s, int grid_max, const GemmOpti
   p.skip_epilogue = opt.skip_epilogue;
   p.partials_first = opt.partials_first;
   const int grid = int(std::min<long long>(grid_max, p.units));
+  // A split tile's head waits for its other CTAs only when all CTAs are resident at once (and it
+  // runs its head last: with partials first it would wait out the launch).
+  static const int resident_per_sm = [] {
+    int n = 0;
+    TW_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemm_sm90_kernel<Cfg>, Cfg::kThreads, Cfg::kSmemBytes));
+    return n;
+  }();
+  p.head_reduces = !opt.partials_first && grid <= resident_per_sm * s.sms;
   gemm_sm90_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, st>>>(wmap, xmap, p);
   TW_CUDA_CHECK_LAUNCH();
 }

@@ -16,7 +16,8 @@ struct GemmOptions {
   int k_atoms = 0;     // 64-column slices per pipeline stage: 1 or 2 (2 only with tile_rows 128, M <= 64)
   int tile_rows = 0;   // weight rows per tile: 128 or 256 (256 only for M-slices <= 128)
   int stages = 0;      // ring depth, >= 3 (capped at what fits in shared memory); 0 = all that fit
-  int grid = 0;        // persistent CTAs; 0 = one per SM (at most 2 per SM)
+  int grid = 0;        // persistent CTAs; 0 = one per SM (at most 2 per SM; past what fits at once,
+                       // split tiles are summed by their last contributor instead of their first)
   bool partials_first = false;  // a CTA runs its split-K segments before its whole tiles
   bool weights_evict_first = true;  // L2 policy of the weight stream (else evict_normal)
   bool weights_promote_256 = false;  // L2 promotion of the weight boxes: 256 B (else 128 B, measured better)

@@ -59,6 +59,11 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 __device__ __forceinline__ void named_bar_sync(uint32_t id, uint32_t threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// Arrive without waiting (release: this thread's earlier writes are seen by the threads that
+// bar.sync on the same barrier).
+__device__ __forceinline__ void named_bar_arrive(uint32_t id, uint32_t threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 #endif
 
 }  // namespace tw::sm90
