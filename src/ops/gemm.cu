@@ -18,6 +18,7 @@
 #include <string>
 
 #include "tileweave/kernels/sm90/mainloop.cuh"
+#include "tileweave/runtime/grid_dependency.cuh"
 #include "tileweave/util/cuda_check.hpp"
 
 namespace tw {
@@ -89,6 +90,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     ring.init();
     tma_prefetch_desc(&wmap);
     tma_prefetch_desc(&xmap);
+    runtime::allow_next_launch();  // a launch made to overlap this one takes only SMs we leave
   }
   __syncthreads();
 
@@ -104,11 +106,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       PipeState<Cfg> ps;
       ps.count = p.stages;
       const Segments sg(u_begin, u_end, p.kst, p.partials_first);
+      // In a launch that overlaps the kernel before (GemmOptions::overlap_previous), the first
+      // ring's worth of weights goes out before the wait for that kernel, X after it.
       for (int i = 0; i < sg.count; ++i) {
         const Segment s = sg[i];
-        produce_tile(ring, ps, src, s.t * Cfg::kBW, 0, s.k0, s.n);
+        if (i == 0)
+          produce_tile(ring, ps, src, s.t * Cfg::kBW, 0, s.k0, s.n, [] { runtime::grid_dependency_wait(); });
+        else
+          produce_tile(ring, ps, src, s.t * Cfg::kBW, 0, s.k0, s.n);
       }
     } else if (warp == 1 && p.head_reduces && !p.skip_mma && !p.skip_epilogue) {
+      runtime::grid_dependency_wait();  // the counters, after the kernel before
       // Counts the partials this CTA leaves for other CTAs to sum (at most one: a CTA's first
       // segment), so the consumers never wait on a fence or an atomic for them.
       const Segments sg(u_begin, u_end, p.kst, p.partials_first);
@@ -125,6 +133,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   } else {
     setmaxnreg_inc<232>();
+    runtime::grid_dependency_wait();  // Y, the workspace and the counters, after the kernel before
     const int wg = warp / 4 - 1, tid = threadIdx.x % 128;
     PipeState<Cfg> ps;
     ps.count = p.stages;
@@ -327,8 +336,8 @@ void run_cfg(const Slice& sl, const DeviceState& s, int grid_max, const GemmOpti
     return n;
   }();
   p.head_reduces = !opt.partials_first && grid <= resident_per_sm * s.sms;
-  gemm_sm90_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, st>>>(wmap, xmap, p);
-  TW_CUDA_CHECK_LAUNCH();
+  runtime::launch_kernel(gemm_sm90_kernel<Cfg>, dim3(grid), dim3(Cfg::kThreads), Cfg::kSmemBytes, st,
+                         opt.overlap_previous, wmap, xmap, p);
 }
 
 [[noreturn]] void bad(const std::string& what) { throw InvalidArgument("run_gemm: " + what); }

@@ -7,6 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <memory>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -125,6 +128,54 @@ TEST(GemmSm90, TuningKnobs) {
   o.weights_evict_first = false;
   o.weights_promote_256 = true;
   check({16, 2048, 2048}, o);
+}
+
+// Launches that overlap the one before (overlap_previous), each layer's input the previous
+// layer's output (poisoned until written): the first weights stream early; X, Y, the split-K
+// workspace and the counters are touched only after the wait. M = 260 runs two slices, whose
+// launches overlap each other too. On a stream and in a CUDA graph.
+TEST(GemmSm90, OverlappedLaunchesChainLayers) {
+  TW_REQUIRE_SM90();
+  constexpr int kLayers = 4;
+  const int n = 4096, k = 4096;
+  for (int m : {1, 37, 260})
+    for (bool graph : {false, true}) {
+      std::mt19937_64 rng(tw::test::fresh_seed());
+      std::vector<std::unique_ptr<DeviceBuffer<__nv_bfloat16>>> w, y;
+      DeviceBuffer<__nv_bfloat16> x0(size_t(m) * k);
+      x0.upload(tw::test::random_bf16(x0.n, rng).bits);
+      for (int i = 0; i < kLayers; ++i) {
+        w.push_back(std::make_unique<DeviceBuffer<__nv_bfloat16>>(size_t(n) * k));
+        w[i]->upload(tw::test::random_bf16(w[i]->n, rng, 1.0f / std::sqrt(float(k))).bits);
+        y.push_back(std::make_unique<DeviceBuffer<__nv_bfloat16>>(size_t(m) * n));
+        y[i]->poison();
+      }
+      tw::GemmOptions opt;
+      opt.overlap_previous = true;
+      tw::run_gemm(y[0]->ptr, x0.ptr, w[0]->ptr, m, n, k, nullptr);  // the workspace exists before a capture
+      y[0]->poison();
+      TW_CUDA_CHECK(cudaDeviceSynchronize());  // the weights are written before any overlapped launch
+      cudaStream_t st;
+      TW_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+      auto enqueue = [&](cudaStream_t s) {
+        for (int i = 0; i < kLayers; ++i) tw::run_gemm(y[i]->ptr, i ? y[i - 1]->ptr : x0.ptr, w[i]->ptr, m, n, k, s, opt);
+      };
+      if (graph) {
+        tw::test::run_in_graph(st, enqueue);
+      } else {
+        enqueue(st);
+        TW_CUDA_CHECK(cudaStreamSynchronize(st));
+      }
+      TW_CUDA_CHECK(cudaStreamDestroy(st));
+      for (int i = 0; i < kLayers; ++i) {
+        DeviceBuffer<double> ref(size_t(m) * n);
+        tw::test::ref_linear_bf16w<__nv_bfloat16><<<(m * n + 255) / 256, 256>>>(i ? y[i - 1]->ptr : x0.ptr, w[i]->ptr,
+                                                                                ref.ptr, m, n, k);
+        TW_CUDA_CHECK_LAUNCH();
+        EXPECT_LT(tw::test::rel_error(y[i]->download(), ref.download()), 1e-2)
+            << "M=" << m << " graph=" << graph << " layer " << i;
+      }
+    }
 }
 
 TEST(GemmSm90, EdgeShapes) {

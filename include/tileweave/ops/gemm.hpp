@@ -23,6 +23,11 @@ struct GemmOptions {
   bool weights_promote_256 = false;  // L2 promotion of the weight boxes: 256 B (else 128 B, measured better)
   bool skip_mma = false;       // diagnostic only: stream the operands, compute nothing, leave Y unwritten
   bool skip_epilogue = false;  // diagnostic only: stream and compute, leave Y unwritten
+  // Launch to overlap the kernel before it in the stream (programmatic dependent launch, as
+  // DecodeGemmOptions::overlap_previous): CTAs start on the SMs that kernel leaves and stream their
+  // first weights before waiting for it; X, Y, the workspace and the counters come after. The
+  // caller promises that the kernel before does not write W.
+  bool overlap_previous = false;
 };
 
 // Requirements (checked before any launch, tw::InvalidArgument otherwise): M >= 1, N >= 1,
