@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "harness.cuh"
-#include "tileweave/kernels/stream_read.cuh"
 #include "tileweave/ops/attention.hpp"
 
 namespace {
@@ -121,11 +120,8 @@ int main(int argc, char** argv) {
     // Diagnostic: the floor kernel reading exactly one set's K/V pool (one launch): what one pass
     // over this many bytes costs, ramp-up and tail included -- the bound for any kernel that reads
     // the cache once, which the asymptotic floor_us is not at small sizes.
-    const uint64_t pool_chunks = uint64_t(2 * pool_elems) * sizeof(bf16) / tw::kernels::kStreamChunk;
     auto stream = [&](int s, cudaStream_t st) {
-      tw::kernels::stream_read_bulk<<<gpu.prop.multiProcessorCount, 32,
-                                      tw::kernels::kStreamStages * tw::kernels::kStreamChunk, st>>>(
-          reinterpret_cast<const char*>(kv + size_t(s) * 2 * pool_elems), pool_chunks);
+      tw::bench::stream_read(gpu, kv + size_t(s) * 2 * pool_elems, uint64_t(2 * pool_elems) * sizeof(bf16), st);
     };
     const double stream_us = gpu.prop.major >= 9 ? tw::bench::time_us(stream, sets, 10, reps) : 0.0;
     const double stream_seq_us = gpu.prop.major >= 9 ? tw::bench::time_us_seq(stream, sets) : 0.0;

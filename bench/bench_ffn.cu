@@ -129,8 +129,7 @@ void trace_case(const Gpu& gpu, const Floor& floor, const Model& md, int64_t m, 
   for (int i = 0; i < 3; ++i) {
     // Evict the weights by reading a buffer 4x the L2 (reads: no dirty lines whose write-backs
     // would slow the traced launch's start, as a memset's do).
-    kernels::stream_read_bulk<<<gpu.prop.multiProcessorCount, 32, kernels::kStreamStages * kernels::kStreamChunk>>>(
-        flush, uint64_t(gpu.prop.l2CacheSize) * 4 / kernels::kStreamChunk);
+    stream_read(gpu, flush, uint64_t(gpu.prop.l2CacheSize) * 4, 0);
     TW_CUDA_CHECK(cudaEventRecord(e0));
     ffn.run(x, wgu, wd, y, 0);
     TW_CUDA_CHECK(cudaEventRecord(e1));
@@ -341,8 +340,7 @@ int main(int argc, char** argv) {
       // two weight streams): what one pass over this many bytes costs, ramp-up and tail included.
       auto stream = [&](int s, cudaStream_t st) {
         for (auto [p, n] : {std::pair<const bf16*, int64_t>{wgu[s], n1 * md.d}, {wd[s], md.d * md.f}})
-          kernels::stream_read_bulk<<<gpu.prop.multiProcessorCount, 32, kernels::kStreamStages * kernels::kStreamChunk, st>>>(
-              reinterpret_cast<const char*>(p), uint64_t(n) * 2 / kernels::kStreamChunk);
+          stream_read(gpu, p, uint64_t(n) * 2, st);
       };
       const double t_stream = time_us(stream, sets, 10, reps), t_stream_seq = time_us_seq(stream, sets);
       unfused(0, 0);

@@ -124,6 +124,13 @@ struct Floor {
   double tbps() const { return std::max(bulk_tbps, vec_tbps); }
 };
 
+// The floor kernel (bulk copies) reading `bytes` at `src` (rounded down to whole chunks) with
+// `per_sm` blocks per SM; its shared memory attribute is set by measure_floor, which runs first.
+inline void stream_read(const Gpu& gpu, const void* src, uint64_t bytes, cudaStream_t st, int per_sm = 1) {
+  kernels::stream_read_bulk<<<gpu.prop.multiProcessorCount * per_sm, 32, kernels::kStreamStages * kernels::kStreamChunk,
+                              st>>>(static_cast<const char*>(src), bytes / kernels::kStreamChunk);
+}
+
 // Streams an 8 GiB buffer with both floor kernels (bulk copies at 1 and 2 blocks per SM, and
 // 16-byte loads); the best is the floor. Runs after a warm-up, so clocks have ramped up.
 inline Floor measure_floor(const Gpu& gpu, size_t bytes = size_t(8) << 30) {
@@ -139,9 +146,7 @@ inline Floor measure_floor(const Gpu& gpu, size_t bytes = size_t(8) << 30) {
   const int sms = gpu.prop.multiProcessorCount;
   if (gpu.prop.major >= 9)
     for (int per_sm : {1, 2}) {
-      const double us = time_us([&](int, cudaStream_t st) {
-        kernels::stream_read_bulk<<<sms * per_sm, 32, smem, st>>>(buf, bytes / kernels::kStreamChunk);
-      }, 1, 5, 20);
+      const double us = time_us([&](int, cudaStream_t st) { stream_read(gpu, buf, bytes, st, per_sm); }, 1, 5, 20);
       f.bulk_tbps = std::max(f.bulk_tbps, bytes / us * 1e-6);
     }
   const double us = time_us([&](int, cudaStream_t st) {

@@ -41,6 +41,11 @@ constexpr int kMinUnitsPerTile = kernels::kDecodeWarps;
 // partials, no merges; B = 64, L = 512: 42.2 us against 46.2 with pairs cut anywhere, H200).
 constexpr int64_t kWholePairBytes = int64_t(1) << 20;
 
+// All sequences span the same number of 16-token units (the tiles can be aligned to pairs).
+bool equal_units(const std::vector<int>& lens) {
+  return std::all_of(lens.begin(), lens.end(), [&](int l) { return decode_units(l) == decode_units(lens[0]); });
+}
+
 // Tiles for `slots_max` co-resident ones, each streaming at least kMinUnitsPerTile units. `aligned`:
 // when all pairs are equally long and fewer than the slots, each pair gets the same whole number of
 // tiles, so that tile boundaries fall on pair boundaries (no tile holds parts of two pairs, and a
@@ -51,7 +56,7 @@ int plan_tiles(const std::vector<int>& lens, int num_kv_heads, int slots_max, bo
   int units = 0;
   for (int len : lens) units += decode_units(len) * num_kv_heads;
   const int most = std::clamp((units + kMinUnitsPerTile - 1) / kMinUnitsPerTile, 1, slots_max);
-  const bool uniform = std::all_of(lens.begin(), lens.end(), [&](int l) { return decode_units(l) == decode_units(lens[0]); });
+  const bool uniform = equal_units(lens);
   if (!uniform) return most;
   if (npairs > most) {
     const int per_tile = (npairs + most - 1) / most, tiles = npairs / per_tile;
@@ -150,8 +155,7 @@ DecodePlan plan_decode(const std::vector<int>& seq_lens, int num_kv_heads, int n
 DecodePlan plan_decode_for(const DecodeAttentionShape& s, const std::vector<int>& seq_lens, int sms) {
   if (sms < 1) bad("the GPU's SM count " + std::to_string(sms) + " must be >= 1");
   const int64_t npairs = int64_t(s.batch) * s.num_kv_heads;
-  const bool uniform = std::all_of(seq_lens.begin(), seq_lens.end(),
-                                   [&](int l) { return decode_units(l) == decode_units(seq_lens[0]); });
+  const bool uniform = equal_units(seq_lens);
   const int64_t bytes = decode_kv_bytes(s, seq_lens);
   const int64_t pair_bytes = int64_t(*std::max_element(seq_lens.begin(), seq_lens.end())) * s.head_dim * 2 * 2;
   bool one_per_sm = npairs <= sms && bytes <= (uniform ? kAlignedBytesPerSm : kSmallBytesPerSm) * sms;

@@ -43,6 +43,13 @@ struct GemmParams {
 constexpr long long kSlotFloats = 128 * 256;
 
 #if TW_SM90_ENABLED
+// A split tile's arrival count, read with acquire (the partials counted are visible after it).
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
 // First unit of CTA i: CTAs own [bnd(i), bnd(i+1)).
 __device__ __forceinline__ long long bnd(long long i, long long units, int g) { return i * units / g; }
 __device__ __forceinline__ int owner(long long u, long long units, int g) {
@@ -107,13 +114,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       ps.count = p.stages;
       const Segments sg(u_begin, u_end, p.kst, p.partials_first);
       // In a launch that overlaps the kernel before (GemmOptions::overlap_previous), the first
-      // ring's worth of weights goes out before the wait for that kernel, X after it.
+      // ring's worth of weights goes out before the wait for that kernel, X after it. (The wait
+      // returns at once for later segments; one instantiation of produce_tile keeps the producer
+      // within its 40 registers -- two spilled.)
       for (int i = 0; i < sg.count; ++i) {
         const Segment s = sg[i];
-        if (i == 0)
-          produce_tile(ring, ps, src, s.t * Cfg::kBW, 0, s.k0, s.n, [] { runtime::grid_dependency_wait(); });
-        else
-          produce_tile(ring, ps, src, s.t * Cfg::kBW, 0, s.k0, s.n);
+        produce_tile(ring, ps, src, s.t * Cfg::kBW, 0, s.k0, s.n, [] { runtime::grid_dependency_wait(); });
       }
     } else if (warp == 1 && p.head_reduces && !p.skip_mma && !p.skip_epilogue) {
       runtime::grid_dependency_wait();  // the counters, after the kernel before
@@ -167,8 +173,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const bool head = n != p.kst && first == int(blockIdx.x) && !p.skip_epilogue;
       const bool poll = head && (p.head_reduces || last == first + 1);
       unsigned arrived = 0;
-      if (poll && threadIdx.x == 128)
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(arrived) : "l"(p.cnt + counter) : "memory");
+      if (poll && threadIdx.x == 128) arrived = load_acquire(p.cnt + counter);
       consume_tile(ring, ps, wg, n, acc);
       if (p.skip_epilogue) continue;  // diagnostic
       const int w0 = t * Cfg::kBW;
@@ -191,10 +196,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       auto slot_of = [&](int cta) {
         return p.ws + (2ll * cta + (bnd(cta, p.units, g) / p.kst == t ? 0 : 1)) * kSlotFloats;
       };
-      if (p.head_reduces && !head) {
+      auto store_partial = [&] {
         float2* mine = reinterpret_cast<float2*>(slot_of(blockIdx.x));
 #pragma unroll
         for (int q = 0; q < Cfg::kAcc / 2; ++q) __stcg(mine + q * 256 + ct, make_float2(acc[2 * q], acc[2 * q + 1]));
+      };
+      if (p.head_reduces && !head) {
+        store_partial();
         named_bar_arrive(2, 128 * Cfg::kConsumerWGs + 32);  // warp 1 fences and counts it
         continue;
       }
@@ -203,7 +211,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // waits (a protocol bug traps instead of hanging).
         const long long t0 = clock64();
         while (arrived != unsigned(last - first)) {
-          asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(arrived) : "l"(p.cnt + counter) : "memory");
+          arrived = load_acquire(p.cnt + counter);
           if (clock64() - t0 > TW_SM90_SPIN_LIMIT_CYCLES) __trap();
         }
       }
@@ -215,9 +223,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
       if (p.head_reduces) named_bar_sync(1, 128 * Cfg::kConsumerWGs);  // thread 128 saw them arrive
       if (!others_done) {
-        float2* mine = reinterpret_cast<float2*>(slot_of(blockIdx.x));
-#pragma unroll
-        for (int q = 0; q < Cfg::kAcc / 2; ++q) __stcg(mine + q * 256 + ct, make_float2(acc[2 * q], acc[2 * q + 1]));
+        store_partial();
         // Release: the partial is visible GPU-wide before the arrival (fence.acq_rel, not fence.sc).
         asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
         named_bar_sync(1, 128 * Cfg::kConsumerWGs);
