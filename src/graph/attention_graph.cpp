@@ -189,7 +189,7 @@ std::vector<DecodeTileDesc> decode_tile_descs(const DecodePlan& plan) {
 
 int TileGraph::add_decode_attention(std::string name, const DecodeAttentionShape& s, const std::vector<int>& lens,
                                     const std::vector<int>& table, const DecodePlan& plan,
-                                    const DecodeAttentionTensorIds& t) {
+                                    const DecodeAttentionTensorIds& t, int kv_granule) {
   validate_decode_attention(s, lens, table);
   const int B = s.batch, Hkv = s.num_kv_heads, G = s.num_q_heads / Hkv, D = s.head_dim;
   const int npairs = B * Hkv;
@@ -213,7 +213,11 @@ int TileGraph::add_decode_attention(std::string name, const DecodeAttentionShape
   };
   const int64_t qd = int64_t(s.num_q_heads) * D;
   const int64_t cache_rows = paged ? int64_t(s.num_pages) * Hkv * s.page_size : int64_t(npairs) * s.max_seq_len;
-  expect(t.q, "q", B, qd);
+  // q may be the first columns of a wider tensor (a decode step's fused q|k|v projection).
+  check_tensor(t.q, "q");
+  if (tensors_[t.q].rows != B || tensors_[t.q].cols < qd || tensors_[t.q].elem_bytes != 2)
+    throw bad_op("q is " + std::to_string(tensors_[t.q].rows) + "x" + std::to_string(tensors_[t.q].cols) +
+                 ", expected bf16 " + std::to_string(B) + " rows of at least " + std::to_string(qd) + " columns");
   expect(t.out, "out", B, qd);
   expect(t.k_cache, "k_cache", cache_rows, D);
   expect(t.v_cache, "v_cache", cache_rows, D);
@@ -260,8 +264,11 @@ int TileGraph::add_decode_attention(std::string name, const DecodeAttentionShape
       const int pu0 = plan.pair_info[2 * pair], pu1 = plan.pair_info[2 * (pair + 1)], len = plan.pair_info[2 * pair + 1];
       const int tok0 = static_cast<int>(std::max<int64_t>(tile.k0, pu0) - pu0) * kernels::kDecodeStageTokens;
       const int tok1 = std::min(static_cast<int>(std::min<int64_t>(tile.k1, pu1) - pu0) * kernels::kDecodeStageTokens, len);
-      for (int tok = tok0; tok < tok1;) {
-        const int end = paged ? std::min(tok1, (tok / s.page_size + 1) * s.page_size) : tok1;
+      const int limit = paged ? std::max(tok1, (tok1 + s.page_size - 1) / s.page_size * s.page_size)
+                              : static_cast<int>(s.max_seq_len);
+      const int tok_end = std::min(limit, (tok1 + kv_granule - 1) / kv_granule * kv_granule);
+      for (int tok = tok0; tok < tok_end;) {
+        const int end = paged ? std::min(tok_end, (tok / s.page_size + 1) * s.page_size) : tok_end;
         const int64_t r = cache_row(pair, tok);
         tile.reads.push_back({t.k_cache, r, r + (end - tok), 0, D});
         tile.reads.push_back({t.v_cache, r, r + (end - tok), 0, D});

@@ -21,6 +21,8 @@ const char* to_string(OpKind k) {
     case OpKind::GemmSiluMul: return "gemm_silu_mul";
     case OpKind::SiluMul: return "silu_mul";
     case OpKind::DecodeAttention: return "decode_attention";
+    case OpKind::Embed: return "embed";
+    case OpKind::Sample: return "sample";
   }
   return "?";
 }
@@ -125,36 +127,62 @@ static void check_tiling(const Tiling& t, const std::string& op) {
 }
 
 int TileGraph::add_gemm(std::string name, int a, int b, int c, Tiling t, int residual) {
+  GemmExtras x;
+  x.residual = residual;
+  return add_gemm_ex(std::move(name), OpKind::Gemm, a, b, c, std::move(t), x);
+}
+
+int TileGraph::add_gemm_silu_mul(std::string name, int a, int b, int c, Tiling t) {
+  return add_gemm_ex(std::move(name), OpKind::GemmSiluMul, a, b, c, std::move(t), {});
+}
+
+int TileGraph::add_gemm_ex(std::string name, OpKind kind, int a, int b, int c, Tiling t, const GemmExtras& x,
+                           const std::vector<int>& side_outputs, const std::function<void(Tile&)>& per_tile) {
+  if (kind != OpKind::Gemm && kind != OpKind::GemmSiluMul)
+    throw InvalidArgument("op '" + name + "': add_gemm_ex takes gemm or gemm_silu_mul, got " + to_string(kind));
   check_tensor(a, "A");
   check_tensor(b, "B");
   check_tensor(c, "C");
-  if (residual >= 0) check_tensor(residual, "residual");
   check_tiling(t, name);
+  const bool gated = kind == OpKind::GemmSiluMul;
   const Tensor &A = tensors_[a], &B = tensors_[b], &C = tensors_[c];
-  if (A.cols != B.cols)
-    throw InvalidArgument("op '" + name + "': K of A (" + std::to_string(A.cols) + ") != K of B (" +
-                          std::to_string(B.cols) + ")");
-  if (C.rows != A.rows || C.cols != B.rows)
-    throw InvalidArgument("op '" + name + "': C is " + std::to_string(C.rows) + "x" + std::to_string(C.cols) +
-                          ", expected " + std::to_string(A.rows) + "x" + std::to_string(B.rows));
-  if (residual >= 0 && (tensors_[residual].rows != C.rows || tensors_[residual].cols != C.cols))
-    throw InvalidArgument("op '" + name + "': residual is " + std::to_string(tensors_[residual].rows) + "x" +
-                          std::to_string(tensors_[residual].cols) + ", expected C's " + std::to_string(C.rows) + "x" +
-                          std::to_string(C.cols));
+  if (A.cols != B.cols || (gated && B.rows % 2) || C.rows != A.rows || C.cols != (gated ? B.rows / 2 : B.rows))
+    throw InvalidArgument("op '" + name + "': shapes A " + std::to_string(A.rows) + "x" + std::to_string(A.cols) +
+                          ", B " + std::to_string(B.rows) + "x" + std::to_string(B.cols) + ", C " +
+                          std::to_string(C.rows) + "x" + std::to_string(C.cols) + " do not fit " +
+                          (gated ? "C = silu(A Bg^T) * (A Bu^T) with B = [gate; up]" : "C = A B^T"));
+  auto expect = [&](int id, const char* what, int64_t rows, int64_t cols) {
+    if (id < 0) return;
+    check_tensor(id, what);
+    if (tensors_[id].rows != rows || tensors_[id].cols != cols)
+      throw InvalidArgument("op '" + name + "': " + what + " is " + std::to_string(tensors_[id].rows) + "x" +
+                            std::to_string(tensors_[id].cols) + ", expected " + std::to_string(rows) + "x" +
+                            std::to_string(cols));
+  };
+  expect(x.residual, "residual", C.rows, C.cols);
+  expect(x.row_stats, "row_stats", A.rows, 1);
+  expect(x.bias, "bias", 1, C.cols);
+  expect(x.out_stats, "out_stats", C.rows, 1);
   Op o;
-  o.residual = residual;
   o.name = std::move(name);
-  o.kind = OpKind::Gemm;
-  o.m = A.rows, o.n = B.rows, o.k = A.cols;
+  o.kind = kind;
+  o.m = A.rows, o.n = C.cols, o.k = A.cols;
   o.a = a, o.b = b, o.c = c;
+  o.residual = x.residual, o.row_stats = x.row_stats, o.bias = x.bias;
+  o.side_outputs = side_outputs;
+  if (x.out_stats >= 0) o.side_outputs.push_back(x.out_stats);
+  for (int id : o.side_outputs) check_tensor(id, "side output");
   o.tiling = t;
-  return add_gemm_op(std::move(o));
+  return add_gemm_op(std::move(o), [&, out_stats = x.out_stats](Tile& tile) {
+    if (out_stats >= 0) tile.writes.push_back({out_stats, tile.reads[0].r0, tile.reads[0].r1, 0, 1});
+    if (per_tile) per_tile(tile);
+  });
 }
 
 // Cuts a GEMM-like op into (tm, tn, ks) tiles. A tile reads its A panel and the B rows of its
 // output columns (gate and up rows for SiLU*mul: B = [gate; up]) over its K slice; with split-K
 // it also accumulates into the op's fp32 workspace (gate in columns [0, N), up in [N, 2N)).
-int TileGraph::add_gemm_op(Op o) {
+int TileGraph::add_gemm_op(Op o, const std::function<void(Tile&)>& per_tile) {
   const Tiling& t = o.tiling;
   const bool gated = o.kind == OpKind::GemmSiluMul;
   check_slices(o);
@@ -178,38 +206,25 @@ int TileGraph::add_gemm_op(Op o) {
         tile.reads.push_back({o.b, c0, c1, tile.k0, tile.k1});
         if (gated) tile.reads.push_back({o.b, o.n + c0, o.n + c1, tile.k0, tile.k1});
         if (o.residual >= 0) tile.reads.push_back({o.residual, r0, r1, c0, c1});
+        if (o.row_stats >= 0) tile.reads.push_back({o.row_stats, r0, r1, 0, 1});
+        if (o.bias >= 0) tile.reads.push_back({o.bias, 0, 1, c0, c1});
         if (t.split_k > 1) {
           tile.writes.push_back({o.workspace, r0, r1, c0, c1});
           if (gated) tile.writes.push_back({o.workspace, r0, r1, o.n + c0, o.n + c1});
         }
         tile.writes.push_back({o.c, r0, r1, c0, c1});
         tile.flops = (gated ? 4.0 : 2.0) * (r1 - r0) * (c1 - c0) * (tile.k1 - tile.k0);
+        if (per_tile) per_tile(tile);
         tiles_.push_back(std::move(tile));
       }
-  o.num_tiles = num_tiles() - o.first_tile;
-  ops_.push_back(o);
-  derive_deps(o.first_tile);
-  return static_cast<int>(ops_.size()) - 1;
+  return finish_op(std::move(o));
 }
 
-int TileGraph::add_gemm_silu_mul(std::string name, int a, int b, int c, Tiling t) {
-  check_tensor(a, "A");
-  check_tensor(b, "B");
-  check_tensor(c, "C");
-  check_tiling(t, name);
-  const Tensor &A = tensors_[a], &B = tensors_[b], &C = tensors_[c];
-  if (A.cols != B.cols || B.rows % 2 != 0 || C.rows != A.rows || C.cols != B.rows / 2)
-    throw InvalidArgument("op '" + name + "': shapes A " + std::to_string(A.rows) + "x" + std::to_string(A.cols) +
-                          ", B " + std::to_string(B.rows) + "x" + std::to_string(B.cols) + ", C " +
-                          std::to_string(C.rows) + "x" + std::to_string(C.cols) +
-                          " do not fit C = silu(A Bg^T) * (A Bu^T) with B = [gate; up]");
-  Op o;
-  o.name = std::move(name);
-  o.kind = OpKind::GemmSiluMul;
-  o.m = A.rows, o.n = C.cols, o.k = A.cols;
-  o.a = a, o.b = b, o.c = c;
-  o.tiling = t;
-  return add_gemm_op(std::move(o));
+int TileGraph::finish_op(Op o) {
+  o.num_tiles = num_tiles() - o.first_tile;
+  ops_.push_back(std::move(o));
+  derive_deps(ops_.back().first_tile);
+  return static_cast<int>(ops_.size()) - 1;
 }
 
 int TileGraph::add_silu_mul(std::string name, int a, int c, int64_t bm, int64_t bn) {
@@ -242,34 +257,88 @@ int TileGraph::add_silu_mul(std::string name, int a, int c, int64_t bm, int64_t 
       tile.flops = 4.0 * (r1 - r0) * (c1 - c0);
       tiles_.push_back(std::move(tile));
     }
-  o.num_tiles = num_tiles() - o.first_tile;
-  ops_.push_back(o);
-  derive_deps(o.first_tile);
-  return static_cast<int>(ops_.size()) - 1;
+  return finish_op(std::move(o));
+}
+
+int TileGraph::add_embed(std::string name, int tokens, int table, int out, int stats, int64_t cols) {
+  check_tensor(tokens, "tokens");
+  check_tensor(table, "table");
+  check_tensor(out, "out");
+  check_tensor(stats, "stats");
+  check_positive(cols, "columns per tile of op '" + name + "'");
+  const Tensor &T = tensors_[tokens], &E = tensors_[table], &C = tensors_[out];
+  if (T.rows != C.rows || T.cols != 1 || E.cols != C.cols || tensors_[stats].rows != C.rows || tensors_[stats].cols != 1)
+    throw InvalidArgument("op '" + name + "': tokens [M, 1], table [V, N], out [M, N] and stats [M, 1] do not fit");
+  Op o;
+  o.name = std::move(name);
+  o.kind = OpKind::Embed;
+  o.m = C.rows, o.n = C.cols, o.k = 0;
+  o.a = tokens, o.b = table, o.c = out;
+  o.side_outputs = {stats};
+  o.tiling = {C.rows, cols, cols, 1, {}};
+  o.grid_m = 1, o.grid_n = ceil_div(o.n, cols);
+  o.first_tile = num_tiles();
+  for (int64_t tn = 0; tn < o.grid_n; ++tn) {
+    Tile tile;
+    tile.op = static_cast<int>(ops_.size());
+    tile.tn = tn;
+    const int64_t c0 = tn * cols, c1 = std::min(o.n, c0 + cols);
+    tile.reads.push_back({tokens, 0, o.m, 0, 1});
+    // Which table rows depends on the tokens: the model charges M rows' worth (rows 0..M-1).
+    tile.reads.push_back({table, 0, std::min(o.m, E.rows), c0, c1});
+    tile.writes.push_back({out, 0, o.m, c0, c1});
+    tile.writes.push_back({stats, 0, o.m, 0, 1});
+    tiles_.push_back(std::move(tile));
+  }
+  return finish_op(std::move(o));
+}
+
+int TileGraph::add_sample(std::string name, int maxima, int out) {
+  check_tensor(maxima, "maxima");
+  check_tensor(out, "out");
+  const Tensor& C = tensors_[out];
+  if (tensors_[maxima].rows != C.rows || C.cols != 1)
+    throw InvalidArgument("op '" + name + "': maxima [M, *] and out [M, 1] do not fit");
+  Op o;
+  o.name = std::move(name);
+  o.kind = OpKind::Sample;
+  o.m = C.rows, o.n = 1, o.k = 0;
+  o.a = maxima, o.c = out;
+  o.tiling = {C.rows, 1, 1, 1, {}};
+  o.grid_m = o.grid_n = 1;
+  o.first_tile = num_tiles();
+  Tile tile;
+  tile.op = static_cast<int>(ops_.size());
+  tile.reads.push_back({maxima, 0, o.m, 0, tensors_[maxima].cols});
+  tile.writes.push_back({out, 0, o.m, 0, 1});
+  tiles_.push_back(std::move(tile));
+  return finish_op(std::move(o));
 }
 
 // A tile depends on every earlier tile whose write overlaps one of its reads (read-after-write).
-// All writers of a tensor belong to one op. A GEMM-like producer has a regular output grid, so the
-// candidate producers of a region are found by index arithmetic and then confirmed by exact
-// overlap: linear in the number of edges, not quadratic in tiles. Decode-attention tiles write pair
-// ranges (no grid): every one of them is tested, at most kDecodeMaxTiles per read region.
+// All writers of a tensor belong to one op. A GEMM-like producer's C has a regular output grid, so the
+// candidate producers of a region are found by index arithmetic and then confirmed by exact overlap:
+// linear in the number of edges, not quadratic in tiles. Writes on no grid (decode-attention tiles
+// write pair ranges; stats and KV-cache appends are an op's side outputs) test every writer.
 void TileGraph::derive_deps(int first_new_tile) {
   const int op_id = tiles_[first_new_tile].op;
+  auto overlapping = [&](int w, const Region& r) {
+    for (const Region& wr : tiles_[w].writes)
+      if (wr.overlaps(r)) return true;
+    return false;
+  };
   for (int id = first_new_tile; id < num_tiles(); ++id) {
     Tile& t = tiles_[id];
     for (const Region& r : t.reads) {
       const auto& ws = writers_[r.tensor];
       if (ws.empty()) continue;
       const Op& po = ops_[tiles_[ws.front()].op];
-      if (r.tensor != po.c)
+      const bool side = std::find(po.side_outputs.begin(), po.side_outputs.end(), r.tensor) != po.side_outputs.end();
+      if (r.tensor != po.c && !side)
         throw InvalidArgument("op '" + ops_[t.op].name + "' reads the internal tensor '" + tensors_[r.tensor].name + "'");
-      if (po.kind == OpKind::DecodeAttention) {
+      if (side || po.kind == OpKind::DecodeAttention || po.kind == OpKind::Sample) {
         for (int w : ws)
-          for (const Region& wr : tiles_[w].writes)
-            if (wr.overlaps(r)) {
-              t.deps.push_back(w);
-              break;
-            }
+          if (overlapping(w, r)) t.deps.push_back(w);
         continue;
       }
       const int64_t bm = po.tiling.bm, bn = po.tiling.bn;
@@ -277,11 +346,7 @@ void TileGraph::derive_deps(int first_new_tile) {
         for (int64_t tn = r.c0 / bn; tn <= (r.c1 - 1) / bn && tn < po.grid_n; ++tn)
           for (int64_t ks = 0; ks < po.tiling.split_k; ++ks) {
             const int w = tile_id(tiles_[ws.front()].op, tm, tn, ks);
-            for (const Region& wr : tiles_[w].writes)
-              if (wr.overlaps(r)) {
-                t.deps.push_back(w);
-                break;
-              }
+            if (overlapping(w, r)) t.deps.push_back(w);
           }
     }
     std::sort(t.deps.begin(), t.deps.end());

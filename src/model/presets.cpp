@@ -12,9 +12,9 @@ std::string join(const std::vector<std::string>& v) {
 
 // L2 sizes as the drivers report them (H200: 60 MiB measured on the lent machine, DESIGN.md §3).
 GpuPreset gpu_preset(const std::string& name) {
-  if (name == "h200") return {name, int64_t{60} << 20, 132};
-  if (name == "h100") return {name, int64_t{50} << 20, 132};
-  if (name == "a100") return {name, int64_t{40} << 20, 108};
+  if (name == "h200") return {name, int64_t{60} << 20, 132, 4.68};
+  if (name == "h100") return {name, int64_t{50} << 20, 132, 3.13};
+  if (name == "a100") return {name, int64_t{40} << 20, 108, 1.90};
   throw InvalidArgument("unknown GPU preset '" + name + "' (known: " + join(gpu_preset_names()) + ")");
 }
 std::vector<std::string> gpu_preset_names() { return {"h100", "h200", "a100"}; }

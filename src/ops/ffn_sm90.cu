@@ -323,7 +323,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 template <int kMPad>
-using CfgFor = sm90::MainloopConfig<kMPad, (kMPad <= 64 ? 2 : 1)>;
+using CfgFor = sm90::MainloopConfig<kMPad, sm90::stage_cols_for(kMPad) / 64>;
 
 template <class F>
 void with_config(int act_rows, F&& f) {
@@ -371,18 +371,6 @@ void pack_weights(const bf16* w, bf16* out, int64_t rows, int64_t cols, bool pai
   pack_weights_kernel<<<blocks, 256, 0, stream>>>(reinterpret_cast<const int4*>(w), reinterpret_cast<int4*>(out), rows,
                                                   cols, packed_atoms(cols), chunks, pairs);
   TW_CUDA_CHECK_LAUNCH();
-}
-
-int act_rows_for(int64_t m) {
-  for (int r : {8, 16, 32, 64, 128})
-    if (m <= r) return r;
-  return 256;
-}
-
-int stage_cols_for(int act_rows) {
-  int cols = 0;
-  with_config(act_rows, [&](auto cfg) { cols = decltype(cfg)::kBK; });
-  return cols;
 }
 
 int prepare_kernel(int act_rows) {

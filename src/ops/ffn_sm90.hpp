@@ -9,14 +9,14 @@
 #include <string>
 
 #include "tileweave/graph/tile_graph.hpp"
-
+#include "tileweave/kernels/sm90/tile_shape.hpp"
 #include "tileweave/runtime/exec_params.hpp"
 
 namespace tw::ffn_sm90 {
 
-// Weight rows per tile: two consumer warpgroups x 64 (wgmma's M). A gated tile holds 64 output
-// columns (8 gate rows then their 8 up rows per 16-row group); a plain tile 128.
-constexpr int kTileRows = 128;
+using sm90::kTileRows;  // a gated tile holds 64 output columns: 8 gate rows then their 8 up rows per 16-row group
+using sm90::act_rows_for;
+using sm90::stage_cols_for;
 constexpr int kThreads = 384;  // 1 producer warpgroup + 2 consumer warpgroups
 
 constexpr int kMaxSlices = 64;  // split-K slices per op (the slice table lives in the kernel parameters)
@@ -47,10 +47,6 @@ struct Maps {
   CUtensorMap w0, w1, x, h;
 };
 
-// Activation rows per tile (wgmma N) for a batch of m rows: 8, 16, 32, 64, 128 or 256.
-int act_rows_for(int64_t m);
-// K columns per pipeline stage for that tile height.
-int stage_cols_for(int act_rows);
 // Dynamic shared memory of the kernel for that tile height (sets the function attribute once).
 int prepare_kernel(int act_rows);
 

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   CLI::App app{"tileweave: tile graphs, orders and the DRAM traffic they cause"};
   app.require_subcommand(0, 1);
   tw::cli::register_model_commands(app);
+  tw::cli::register_step_command(app);
   register_gui_command(app);
   try {
     app.parse(argc, argv);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -45,6 +46,8 @@ enum class OpKind {
   DecodeAttention,  // split-KV decode attention (graph/attention_graph.hpp): C = out [B, Hq*D]; its
                     // tiles form a 1 x P grid (tile c at tm = 0, tn = c), each writing the output
                     // of a range of (sequence, KV head) pairs, so the writes are not a regular grid
+  Embed,            // C[M, N] = table[token[m], :] (column blocks), the rows' sums of squares in stats
+  Sample,           // C[M, 1] = the greedy token of each row, from the LM head's running maxima
 };
 const char* to_string(OpKind k);
 
@@ -69,6 +72,13 @@ struct Op {
   Tiling tiling;
   int a = -1, b = -1, c = -1;  // tensor ids
   int residual = -1;           // Gemm: R [M, N] added to C in the epilogue (-1: none)
+  int row_stats = -1;          // [M, 1] fp32 sums of squares of A's rows: A is RMS-normalised (the norm's
+                               // weight folded into B), rows scaled by rsqrt(stats / K + eps) (-1: none)
+  int bias = -1;               // [1, N] added to C (-1: none)
+  // Tensors the op's tiles write besides C, at places no grid describes (a consumer of them depends on
+  // every tile whose write overlaps its read): sums of squares accumulated by every tile (stats), the
+  // KV-cache rows a QKV projection appends.
+  std::vector<int> side_outputs;
   int workspace = -1;          // fp32 split-K accumulator [M, N] ([M, 2N] gate|up) when split_k > 1:
                                // every slice adds into it; the last slice to finish writes C
   int64_t grid_m = 0, grid_n = 0;
@@ -91,6 +101,12 @@ struct Tile {
   double flops = 0;
 };
 
+// The optional parts of a GEMM op (Op says what each is).
+struct GemmExtras {
+  int residual = -1, row_stats = -1, bias = -1;
+  int out_stats = -1;  // [M, 1] fp32: sums of squares of C's rows, accumulated by every tile
+};
+
 struct DecodeAttentionShape;
 struct DecodePlan;
 struct DecodeAttentionTensorIds;
@@ -102,13 +118,26 @@ class TileGraph {
   // residual >= 0: C = A . B^T + R (R [M, N], read by every K slice, since any may finish last).
   int add_gemm(std::string name, int a, int b, int c, Tiling t, int residual = -1);
   int add_gemm_silu_mul(std::string name, int a, int b_gate_up, int c, Tiling t);
+  // Either GEMM kind with its optional parts. `per_tile`, if given, may add reads and writes to each tile
+  // before its dependencies are derived (writes to tensors other than C must be in side_outputs).
+  int add_gemm_ex(std::string name, OpKind kind, int a, int b, int c, Tiling t, const GemmExtras& x,
+                  const std::vector<int>& side_outputs = {}, const std::function<void(Tile&)>& per_tile = {});
+  // Embedding rows: tile c copies columns [c * cols, (c + 1) * cols) of table[token[m]] into out for all
+  // rows m, and adds the rows' sums of squares into stats (out_stats of GemmExtras).
+  int add_embed(std::string name, int tokens, int table, int out, int stats, int64_t cols);
+  // One tile: the greedy token of every row from `maxima` (written by an earlier op's tiles) into out.
+  int add_sample(std::string name, int maxima, int out);
   int add_silu_mul(std::string name, int a, int c, int64_t bm, int64_t bn);
   // The P work tiles of a decode-attention plan (defined in attention_graph.cpp). Tile c reads q,
   // k_new, v_new of its pairs and the K/V rows of its units, and writes the output of its whole
   // pair range: the last tile to finish a pair merges it, and which one that is is only known at
   // run time, so a consumer of a pair's output depends on every tile holding a part of the pair.
+  // kv_granule > 1: each read of cache rows is rounded out to whole granules of tokens (the model's
+  // block grid of the cache then has granule-row blocks rather than single rows; a decode step's
+  // graph uses the 16-token unit).
   int add_decode_attention(std::string name, const DecodeAttentionShape& s, const std::vector<int>& seq_lens,
-                           const std::vector<int>& page_table, const DecodePlan& plan, const DecodeAttentionTensorIds& t);
+                           const std::vector<int>& page_table, const DecodePlan& plan, const DecodeAttentionTensorIds& t,
+                           int kv_granule = 1);
 
   const std::vector<Tensor>& tensors() const { return tensors_; }
   const std::vector<Op>& ops() const { return ops_; }
@@ -127,7 +156,8 @@ class TileGraph {
 
  private:
   void check_tensor(int id, const char* what) const;
-  int add_gemm_op(Op o);  // tiles of a Gemm or GemmSiluMul op whose shape fields are set
+  int add_gemm_op(Op o, const std::function<void(Tile&)>& per_tile = {});  // tiles of a Gemm or GemmSiluMul op
+  int finish_op(Op o);  // registers o, whose tiles were just appended, and derives their dependencies
   void derive_deps(int first_new_tile);
   std::vector<Tensor> tensors_;
   std::vector<Op> ops_;

@@ -13,6 +13,7 @@ struct GpuPreset {
   std::string name;
   int64_t l2_bytes = 0;
   int sms = 0;
+  double read_tbps = 0;  // the streaming-read floor (measured on the lent H200/H100; A100: datasheet x 0.93)
 };
 // "h100" | "h200" | "a100"; unknown -> InvalidArgument naming it.
 GpuPreset gpu_preset(const std::string& name);

@@ -181,6 +181,90 @@ __device__ __forceinline__ int64_t kv_offset(const DecodeParams& p, int pair, in
 }
 
 
+// One warp's online-softmax step over one 16-token stage: S = q K^T for the group's heads (rows of the
+// mma tile; qa holds q as A fragments, see the caller), the running max m (log2 domain) and this
+// thread's share l of the row sum rescaled, O = O * alpha + P V. ks / vs: the stage's K and V rows
+// (swizzled for cp.async, the global layout for bulk copies), `valid` of its 16 tokens real.
+template <int D, bool kBulk>
+__device__ __forceinline__ void attend_unit(const uint32_t (&qa)[D / 16][2], const __nv_bfloat16* ks,
+                                            const __nv_bfloat16* vs, int valid, float scale_log2,
+                                            float (&o)[D / 8][4], float& m, float& l) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  auto chunk_at = [](int ch, int tok) { return kBulk ? ch : swizzle_chunk(ch, tok); };
+  // S = q K^T: n-tile nt covers tokens 8nt..8nt+7; this thread supplies token 8nt + g.
+  float s[2][4];
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+    const int tok = 8 * nt + g;
+#pragma unroll
+    for (int j = 0; j < D / 32; ++j) {
+      const uint4 kv = lds128(ks + tok * D + chunk_at(t + 4 * j, tok) * 8);
+      mma_bf16(s[nt], qa[2 * j][0], 0u, qa[2 * j][1], 0u, kv.x, kv.y);
+      mma_bf16(s[nt], qa[2 * j + 1][0], 0u, qa[2 * j + 1][1], 0u, kv.z, kv.w);
+    }
+  }
+
+  // Online softmax of row g over tokens 8nt + 2t + e (e < 2); the quad (same g) shares the row.
+  float x[2][2], mx = -INFINITY;
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      x[nt][e] = 8 * nt + 2 * t + e < valid ? s[nt][e] * scale_log2 : -INFINITY;
+      mx = fmaxf(mx, x[nt][e]);
+    }
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  const float m_new = fmaxf(m, mx);  // finite: every stage holds at least one token
+  const float alpha = exp2f(m - m_new);
+  float psum = 0.f;
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      x[nt][e] = exp2f(x[nt][e] - m_new);
+      psum += x[nt][e];
+    }
+  l = l * alpha + psum;
+  m = m_new;
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) {
+    o[j][0] *= alpha;
+    o[j][1] *= alpha;
+  }
+  // P as the A fragment: the S accumulator layout (row g, tokens 2t+{0,1} of n-tile 0 and 1) is
+  // exactly A columns 2t+{0,1} and 2t+8+{0,1}.
+  const uint32_t pa0 = pack_bf16(x[0][0], x[0][1]), pa2 = pack_bf16(x[1][0], x[1][1]);
+
+  // O += P V. B fragment of n-tile 8q + e, column g: element e of chunk g + 8q of tokens 2t, 2t+1
+  // (b0) and 2t+8, 2t+9 (b1); zero-filled rows past `valid` meet p = 0.
+#pragma unroll
+  for (int q = 0; q < D / 64; ++q) {
+    const int ch = g + 8 * q;
+    uint4 v0 = lds128(vs + (2 * t) * D + chunk_at(ch, 2 * t) * 8);
+    uint4 v1 = lds128(vs + (2 * t + 1) * D + chunk_at(ch, 2 * t + 1) * 8);
+    uint4 v2 = lds128(vs + (2 * t + 8) * D + chunk_at(ch, 2 * t + 8) * 8);
+    uint4 v3 = lds128(vs + (2 * t + 9) * D + chunk_at(ch, 2 * t + 9) * 8);
+    if constexpr (kBulk) {  // stale rows past `valid` may hold NaN, and 0 * NaN is NaN
+      const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+      if (2 * t >= valid) v0 = zero;
+      if (2 * t + 1 >= valid) v1 = zero;
+      if (2 * t + 8 >= valid) v2 = zero;
+      if (2 * t + 9 >= valid) v3 = zero;
+    }
+    const uint32_t w0[4] = {v0.x, v0.y, v0.z, v0.w}, w1[4] = {v1.x, v1.y, v1.z, v1.w};
+    const uint32_t w2[4] = {v2.x, v2.y, v2.z, v2.w}, w3[4] = {v3.x, v3.y, v3.z, v3.w};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const uint32_t sel = (e & 1) ? 0x7632u : 0x5410u;  // high or low halves of the two words
+      const uint32_t b0 = __byte_perm(w0[e / 2], w1[e / 2], sel);
+      const uint32_t b1 = __byte_perm(w2[e / 2], w3[e / 2], sel);
+      mma_bf16(o[8 * q + e], pa0, 0u, pa2, 0u, b0, b1);
+    }
+  }
+}
+
 template <int N = 0>
 __device__ __forceinline__ void cp_async_wait_dyn(int n) {
   if constexpr (N < kDecodeMaxSlots) {
@@ -528,78 +612,7 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
         __syncwarp();
       }
 
-      // S = q K^T: n-tile nt covers tokens 8nt..8nt+7; this thread supplies token 8nt + g.
-      float s[2][4];
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-        const int tok = 8 * nt + g;
-#pragma unroll
-        for (int j = 0; j < D / 32; ++j) {
-          const uint4 kv = lds128(ks + tok * D + chunk_at(t + 4 * j, tok) * 8);
-          mma_bf16(s[nt], qa[2 * j][0], 0u, qa[2 * j][1], 0u, kv.x, kv.y);
-          mma_bf16(s[nt], qa[2 * j + 1][0], 0u, qa[2 * j + 1][1], 0u, kv.z, kv.w);
-        }
-      }
-
-      // Online softmax of row g over tokens 8nt + 2t + e (e < 2); the quad (same g) shares the row.
-      float x[2][2], mx = -INFINITY;
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          x[nt][e] = 8 * nt + 2 * t + e < valid ? s[nt][e] * p.scale_log2 : -INFINITY;
-          mx = fmaxf(mx, x[nt][e]);
-        }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m, mx);  // finite: every stage holds at least one token
-      const float alpha = exp2f(m - m_new);
-      float psum = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          x[nt][e] = exp2f(x[nt][e] - m_new);
-          psum += x[nt][e];
-        }
-      l = l * alpha + psum;
-      m = m_new;
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        o[j][0] *= alpha;
-        o[j][1] *= alpha;
-      }
-      // P as the A fragment: the S accumulator layout (row g, tokens 2t+{0,1} of n-tile 0 and 1) is
-      // exactly A columns 2t+{0,1} and 2t+8+{0,1}.
-      const uint32_t pa0 = pack_bf16(x[0][0], x[0][1]), pa2 = pack_bf16(x[1][0], x[1][1]);
-
-      // O += P V. B fragment of n-tile 8q + e, column g: element e of chunk g + 8q of tokens 2t, 2t+1
-      // (b0) and 2t+8, 2t+9 (b1); zero-filled rows past `valid` meet p = 0.
-#pragma unroll
-      for (int q = 0; q < D / 64; ++q) {
-        const int ch = g + 8 * q;
-        uint4 v0 = lds128(vs + (2 * t) * D + chunk_at(ch, 2 * t) * 8);
-        uint4 v1 = lds128(vs + (2 * t + 1) * D + chunk_at(ch, 2 * t + 1) * 8);
-        uint4 v2 = lds128(vs + (2 * t + 8) * D + chunk_at(ch, 2 * t + 8) * 8);
-        uint4 v3 = lds128(vs + (2 * t + 9) * D + chunk_at(ch, 2 * t + 9) * 8);
-        if constexpr (kBulk) {  // stale rows past `valid` may hold NaN, and 0 * NaN is NaN
-          const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-          if (2 * t >= valid) v0 = zero;
-          if (2 * t + 1 >= valid) v1 = zero;
-          if (2 * t + 8 >= valid) v2 = zero;
-          if (2 * t + 9 >= valid) v3 = zero;
-        }
-        const uint32_t w0[4] = {v0.x, v0.y, v0.z, v0.w}, w1[4] = {v1.x, v1.y, v1.z, v1.w};
-        const uint32_t w2[4] = {v2.x, v2.y, v2.z, v2.w}, w3[4] = {v3.x, v3.y, v3.z, v3.w};
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const uint32_t sel = (e & 1) ? 0x7632u : 0x5410u;  // high or low halves of the two words
-          const uint32_t b0 = __byte_perm(w0[e / 2], w1[e / 2], sel);
-          const uint32_t b1 = __byte_perm(w2[e / 2], w3[e / 2], sel);
-          mma_bf16(o[8 * q + e], pa0, 0u, pa2, 0u, b0, b1);
-        }
-      }
+      attend_unit<D, kBulk>(qa, ks, vs, valid, p.scale_log2, o, m, l);
       __syncwarp();  // every lane is done with the slot: refill it
       issue(k + slots);
     }

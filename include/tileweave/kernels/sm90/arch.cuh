@@ -28,14 +28,20 @@ namespace ptx = cuda::ptx;
 
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) { ptx::mbarrier_init(bar, count); }
 
+// Out of line: a trap inlined into a warp role's code makes ptxas keep that role at the kernel's
+// entry register budget (168 at 384 threads) whatever setmaxnreg gives it, and spill around the
+// trap (seen in the decode step's consumers: 165 registers at most and ~300 B of spills; none with
+// the trap behind a call). The launch then fails with cudaErrorLaunchFailure.
+static __device__ __noinline__ void fail_wait() { __trap(); }
+
 // Bounded parity wait. `what` names the barrier for the reader of the code (and a debugger).
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity, const char* what) {
   if (ptx::mbarrier_try_wait_parity(bar, parity)) return;
   const long long t0 = clock64();
   while (!ptx::mbarrier_try_wait_parity(bar, parity)) {
     // No printf here: a call inside the consumer's loop makes ptxas serialise every wgmma
-    // (warning C7510). A trap is enough: the launch fails with cudaErrorLaunchFailure.
-    if (clock64() - t0 > TW_SM90_SPIN_LIMIT_CYCLES) __trap();
+    // (warning C7510). A trap is enough.
+    if (clock64() - t0 > TW_SM90_SPIN_LIMIT_CYCLES) fail_wait();
   }
 }
 

@@ -1,0 +1,174 @@
+// The whole decode step in one launch (ops/decode_step.hpp) against the floor: the step's weights and
+// K/V bytes at the streaming-read floor measured in the same run. Random weights and caches on the
+// device; every sequence's cache holds kv_len - 1 tokens and the step appends the kv_len-th, with the
+// sequences inactive (their lengths do not advance) so that every timed launch is the same step.
+// Weights are GBs: L2 holds nothing of one launch for the next, no rotation needed.
+// bench/decode_step_torch.py times torch.compile + CUDA graph on the same cases and merges its
+// numbers into the JSON; scripts/hf_check.py the error against transformers.
+//   bench_decode_step [--cases llama-3.2-1b:1:1024,...] [--layout paged] [--no-model] [--trace] [--l2 0,8] [--stream 0,16] [--max-split 0,2] [--attn-kib 0,64]
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "harness.cuh"
+#include "tileweave/model/cache_model.hpp"
+#include "tileweave/order/orders.hpp"
+#include "tileweave/ops/decode_step.hpp"
+
+namespace {
+
+struct Case {
+  std::string model;
+  int batch = 1, kv_len = 1024;
+};
+
+std::vector<Case> parse_cases(const std::string& s) {
+  std::vector<Case> out;
+  for (const std::string& item : tw::bench::split_list(s)) {
+    const auto parts = tw::bench::split_list(item, ':');
+    if (parts.size() != 3) throw std::invalid_argument("--cases: '" + item + "' is not model:batch:kv_len");
+    out.push_back({parts[0], tw::bench::parse_counts(parts[1], "batch")[0], tw::bench::parse_counts(parts[2], "kv_len")[0]});
+  }
+  return out;
+}
+
+// Per op of the last launch (tile timelines): when its first ticket was taken and its last tile done,
+// the mean tile time from the consumers' start to the publication, and the mean wait for producers.
+nlohmann::json op_timeline(const tw::DecodeStep& st) {
+  const auto times = st.plan().read_trace();
+  const tw::TileGraph& g = st.graph().graph;
+  nlohmann::json ops = nlohmann::json::array(), tiles = nlohmann::json::array();
+  std::printf("  %-24s %6s %9s %9s %9s %9s\n", "op", "tiles", "first_us", "last_us", "tile_us", "wait_us");
+  for (int op = 0; op < int(g.ops().size()); ++op) {
+    const tw::Op& o = g.op(op);
+    double first = 1e30, last = 0, busy = 0, wait = 0;
+    int n = 0, nw = 0;
+    for (int t = o.first_tile; t < o.first_tile + o.num_tiles; ++t) {
+      const auto& x = times[t];
+      if (x.taken < 0) continue;
+      first = std::min(first, x.taken);
+      last = std::max(last, x.done);
+      if (x.started >= 0 && x.done >= 0) busy += x.done - x.started, ++n;
+      if (x.ready >= 0) wait += x.ready - x.taken, ++nw;
+    }
+    if (o.name.rfind("layers.0.", 0) == 0 || o.name.rfind("layers.1.", 0) == 0 || o.name == "embed")
+      for (int t = o.first_tile; t < o.first_tile + o.num_tiles; ++t) {
+        const auto& x = times[t];
+        tiles.push_back({t, op, x.sm, x.taken, x.ready, x.started, x.computed, x.done});
+      }
+    ops.push_back({{"op", o.name}, {"tiles", o.num_tiles}, {"first_us", first}, {"last_us", last},
+                   {"tile_us", n ? busy / n : 0.0}, {"wait_us", nw ? wait / nw : 0.0}});
+    const bool show = o.name.rfind("layers.", 0) != 0 || o.name.rfind("layers.0.", 0) == 0 || o.name.rfind("layers.1.", 0) == 0;
+    if (show)
+      std::printf("  %-24s %6d %9.1f %9.1f %9.2f %9.2f\n", o.name.c_str(), o.num_tiles, first, last, n ? busy / n : 0.0,
+                  nw ? wait / nw : 0.0);
+  }
+  return {{"ops", ops}, {"tiles_layers_0_1", {{"columns", {"tile", "op", "sm", "taken", "ready", "started", "computed", "done"}}, {"rows", tiles}}}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string cases_arg = "llama-3.2-1b:1:1024,llama-3.2-1b:1:32768,llama-3.2-1b:16:4096,llama-3-8b:1:1024,"
+                          "llama-3-8b:16:4096,qwen2-0.5b:1:1024,qwen2-7b:1:1024";
+  tw::KvLayout layout = tw::KvLayout::Contiguous;
+  bool model = true, trace = false;
+  std::vector<int> l2_variants{0};
+  std::vector<int64_t> stream_variants{0};  // MiB
+  std::vector<int> split_variants{0}, attn_kib_variants{0};
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--cases") && i + 1 < argc) cases_arg = argv[++i];
+    else if (!std::strcmp(argv[i], "--layout") && i + 1 < argc) layout = std::string(argv[++i]) == "paged" ? tw::KvLayout::Paged : tw::KvLayout::Contiguous;
+    else if (!std::strcmp(argv[i], "--no-model")) model = false;
+    else if (!std::strcmp(argv[i], "--trace")) trace = true;
+    else if (!std::strcmp(argv[i], "--stream") && i + 1 < argc) {
+      stream_variants.clear();
+      for (const auto& v : tw::bench::split_list(argv[++i])) stream_variants.push_back(std::stoll(v));
+    } else if (!std::strcmp(argv[i], "--max-split") && i + 1 < argc) {
+      split_variants.clear();
+      for (const auto& v : tw::bench::split_list(argv[++i])) split_variants.push_back(std::stoi(v));
+    } else if (!std::strcmp(argv[i], "--attn-kib") && i + 1 < argc) {
+      attn_kib_variants.clear();
+      for (const auto& v : tw::bench::split_list(argv[++i])) attn_kib_variants.push_back(std::stoi(v));
+    } else if (!std::strcmp(argv[i], "--l2") && i + 1 < argc) {
+      l2_variants.clear();
+      for (const auto& v : tw::bench::split_list(argv[++i])) l2_variants.push_back(std::stoi(v));
+    }
+    else {
+      std::fprintf(stderr, "usage: bench_decode_step [--cases model:batch:kv,...] [--layout contiguous|paged] [--no-model] [--trace]\n");
+      return 2;
+    }
+  }
+  const std::vector<Case> cases = parse_cases(cases_arg);
+  const auto gpu = tw::bench::current_gpu();
+  const auto floor = tw::bench::measure_floor(gpu);
+  std::printf("%s: floor %.3f TB/s (bulk %.3f, vec %.3f)\n", gpu.prop.name, floor.tbps(), floor.bulk_tbps, floor.vec_tbps);
+  tw::bench::ResultFile res("decode_step", gpu, floor);
+  res.doc["layout"] = layout == tw::KvLayout::Paged ? "paged16" : "contiguous";
+  std::vector<std::string> rows;
+  for (const Case& c : cases)
+  for (int64_t stream_mib : stream_variants)
+  for (int max_split : split_variants)
+  for (int attn_kib : attn_kib_variants)
+  for (int l2 : l2_variants) {
+    const tw::ModelConfig cfg = tw::named_config(c.model);
+    tw::DecodeStepOptions opt;
+    opt.batch = c.batch;
+    opt.max_seq_len = c.kv_len;
+    opt.layout = layout;
+    opt.trace = trace;
+    opt.l2_prefetch_stages = l2;
+    opt.l2_stream_bytes = stream_mib << 20;
+    opt.max_split = max_split;
+    opt.attention_min_tile_bytes = int64_t(attn_kib) << 10;
+    tw::DecodeStep st(cfg, opt);
+    st.random_weights(0x5EED + c.batch);
+    st.fill_cache_random(0xCAC4E);
+    const std::vector<int> lens(c.batch, c.kv_len - 1);
+    st.set_lengths(lens);
+    st.set_active(std::vector<uint8_t>(c.batch, 0));
+    st.set_tokens(std::vector<int32_t>(c.batch, 1));
+    const int64_t wbytes = cfg.decode_weight_bytes(), kvbytes = cfg.kv_bytes(std::vector<int>(c.batch, c.kv_len));
+    const double floor_us = double(wbytes + kvbytes) / (floor.tbps() * 1e6);
+    auto launch = [&](int, cudaStream_t s) { st.step(s); };
+    const double replay = tw::bench::time_us(launch, 1, 3, 20);
+    const double b2b = tw::bench::time_us_seq(launch, 1, 2, 10, 8);
+    if (trace) st.step();  // the traced launch: one step after the timed ones
+    if (st.plan().error()) throw std::runtime_error("a bounded wait expired");
+    nlohmann::json j{{"model", c.model}, {"batch", c.batch}, {"kv_len", c.kv_len}, {"step_us", b2b},
+                     {"step_replay_us", replay}, {"floor_us", floor_us}, {"pct_floor", 100.0 * floor_us / b2b},
+                     {"weight_bytes", wbytes}, {"kv_bytes", kvbytes}, {"tiles", st.graph().graph.num_tiles()},
+                     {"attention_tiles", st.tiling().attention_tiles}, {"act_rows", st.act_rows()},
+                     {"l2_prefetch_stages", l2}, {"l2_stream_mib", stream_mib}, {"max_split", max_split},
+                     {"attention_min_tile_kib", attn_kib},
+                     {"splits", {{"qkv", st.tiling().qkv.split_k}, {"o_proj", st.tiling().o_proj.split_k},
+                                 {"gate_up", st.tiling().gate_up.split_k}, {"down", st.tiling().down.split_k}}}};
+    if (model) {
+      // The traffic model on the step's graph at this case's lengths: the DRAM bytes it predicts.
+      tw::DecodeStepShape shape = st.shape();
+      std::vector<int> table;
+      if (layout == tw::KvLayout::Paged)
+        for (int i = 0; i < c.batch * shape.pages_per_seq(); ++i) table.push_back(i);
+      const tw::StepGraph g = tw::build_step_graph(cfg, shape, lens, table, st.tiling());
+      tw::CacheConfig cc;
+      cc.capacity_bytes = gpu.prop.l2CacheSize;
+      cc.in_flight = gpu.prop.multiProcessorCount;
+      const tw::TrafficReport sim = tw::simulate(g.graph, tw::make_order(g.graph, "kslices/col_major"), cc);
+      j["model_read_bytes"] = sim.dram_read;
+      j["model_write_bytes"] = sim.dram_write;
+    }
+    if (trace) j["timeline"] = op_timeline(st);
+    res.add(j);
+    char row[256];
+    std::snprintf(row, sizeof row, "%-13s B=%-3d KV=%-6d l2=%-2d str=%-2lld split<=%-2d attn=%-3dK %8.1f us b2b %8.1f replay floor %7.1f %5.1f%%",
+                  c.model.c_str(), c.batch, c.kv_len, l2, (long long)stream_mib, max_split, attn_kib, b2b, replay, floor_us,
+                  100.0 * floor_us / b2b);
+    rows.push_back(row);
+    std::printf("%s\n", row);
+    std::fflush(stdout);
+  }
+  std::printf("-> %s\n", res.write(gpu).c_str());
+  for (const auto& r : rows) std::printf("%s\n", r.c_str());
+  return 0;
+}

@@ -1,0 +1,77 @@
+// A whole decode step of a Llama/Qwen2-family model as one tile graph: embedding, per layer the
+// QKV projection (input RMSNorm folded in, RoPE and the KV-cache append in its epilogue), split-KV
+// attention, o_proj + residual, gate/up + SiLU*mul (post-attention RMSNorm folded in), down +
+// residual, then the LM head (final norm folded in) and greedy sampling. The traffic model simulates
+// it; the GPU decode step (ops/decode_step.hpp) runs the same graph in one persistent launch.
+//
+// RMSNorm without a grid-wide barrier: the norm's weight is folded into the columns of the weight
+// that follows it, and the residual-writing epilogues (embedding, o_proj, down) accumulate the sums
+// of squares of the rows they write into a stats tensor [B, 1]; the consumer, which reads whole rows
+// and so waits for all their writers anyway, scales its output rows by rsqrt(stats / d + eps).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "tileweave/graph/attention_graph.hpp"
+#include "tileweave/graph/tile_graph.hpp"
+#include "tileweave/llm/config.hpp"
+#include "tileweave/runtime/exec_plan.hpp"
+
+namespace tw {
+
+// The batch and the KV cache a step runs on.
+struct DecodeStepShape {
+  int batch = 1;
+  KvLayout layout = KvLayout::Contiguous;
+  int64_t max_seq_len = 4096;  // tokens one sequence's cache holds (paged: pages per sequence * page size)
+  int page_size = 16;          // paged: tokens per page, a multiple of 16
+  int num_pages = 0;           // paged: pages in each layer's pool (0: batch * pages per sequence)
+  int pages_per_seq() const { return static_cast<int>((max_seq_len + page_size - 1) / page_size); }
+  int pool_pages() const { return num_pages > 0 ? num_pages : batch * pages_per_seq(); }
+  // The attention op's shape for config c (RoPE is not its business: the QKV epilogue applies it).
+  DecodeAttentionShape attention(const ModelConfig& c) const;
+};
+
+// The tilings of the step's ops, the same in every layer.
+struct StepTiling {
+  Tiling qkv, o_proj, gate_up, down, lm_head;
+  int attention_tiles = 0;  // work tiles of each layer's attention (P)
+  int64_t embed_cols = 0;   // columns per embedding tile
+};
+
+// The planner: sm90 weight tiles (128 weight rows x all batch rows), each op's K cut into the fewest
+// slices that give every SM a tile (no slice under two pipeline stages, and none whose fp32 partial
+// outweighs half its weights), one attention tile per SM.
+// max_split > 0 caps every op's K slices (an experiment's knob; 0: the planner's).
+StepTiling plan_step_tiling(const ModelConfig& c, int batch, int sms, int max_split = 0);
+
+struct StepGraph {
+  TileGraph graph;
+  struct Layer {
+    int x = -1, x_stats = -1;  // the layer's input (residual stream) and its rows' sums of squares
+    int w_qkv = -1, b_qkv = -1, qkv = -1, k_cache = -1, v_cache = -1, attn = -1;
+    int w_o = -1, x_mid = -1, mid_stats = -1, w_gate_up = -1, h = -1, w_down = -1;
+    int op_qkv = -1, op_attention = -1, op_o_proj = -1, op_gate_up = -1, op_down = -1;
+  };
+  std::vector<Layer> layers;
+  int tokens = -1, embed_table = -1, x_final = -1, final_stats = -1, w_lm = -1, logits = -1, maxima = -1, next = -1;
+  int op_embed = -1, op_lm_head = -1, op_sample = -1;
+};
+
+// seq_lens: tokens in each sequence's cache before the step (the new token goes at that position);
+// page_table [batch, pages_per_seq] when paged. InvalidArgument names the bad value.
+StepGraph build_step_graph(const ModelConfig& c, const DecodeStepShape& s, const std::vector<int>& seq_lens,
+                           const std::vector<int>& page_table, const StepTiling& t);
+
+// How the executor synchronises the step: one counter per op (a consumer of a whole-row input waits
+// for all of the op's tiles anyway, and the attention tiles' pair ranges change with the lengths),
+// except per tile on gate/up, whose down slices each wait only for the h columns they read.
+std::map<int, SyncSpec> step_sync_policy(const StepGraph& g);
+
+// Bytes a step must read at least: every weight once (ModelConfig::decode_weight_bytes) and the K/V
+// of every sequence after its append.
+int64_t step_floor_bytes(const ModelConfig& c, const std::vector<int>& seq_lens);
+
+}  // namespace tw

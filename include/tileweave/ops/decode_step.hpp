@@ -1,0 +1,115 @@
+// A whole decode step of a Llama/Qwen2-family model in one persistent launch of the tile executor:
+// embedding, every layer (RMSNorm folded into the QKV, gate/up and LM-head weights; RoPE and the
+// KV-cache append in the QKV epilogue; split-KV attention over the whole GPU; o_proj and down with the
+// residual), the LM head and greedy sampling. The step's tile graph is graph/step_graph.hpp; the
+// kernel dispatches each ticket to the tile body of its op kind (src/ops/decode_step_kernel.cuh).
+//
+// The state lives on the device, so steps run back to back with no host round trip (and may be
+// captured in a CUDA graph): the input tokens (overwritten by the sampled ones), the cache lengths
+// (advanced by the launch for the active sequences), optionally the sampled-token history and the
+// logits. Consecutive steps overlap (programmatic dependent launch): a step's first weights stream
+// while the previous step finishes.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tileweave/graph/step_graph.hpp"
+#include "tileweave/llm/weights.hpp"
+#include "tileweave/order/schedule.hpp"
+#include "tileweave/runtime/device_plan.hpp"
+
+namespace tw {
+
+struct DecodeStepOptions {
+  int batch = 1;
+  int64_t max_seq_len = 4096;             // tokens each sequence's cache holds
+  KvLayout layout = KvLayout::Contiguous;
+  int page_size = 16;                     // paged: tokens per page (a multiple of 16)
+  int num_pages = 0;                      // paged: pages per layer's pool (0: batch * pages per sequence)
+  bool overlap_previous = true;           // start on the SMs the previous kernel leaves (its weights first)
+  bool keep_logits = false;               // write the fp32 logits [batch, vocab] of every step
+  int history = 0;                        // steps of sampled tokens kept on the device (a ring by launch)
+  std::string order = "kslices/col_major";  // any make_order spec
+  uint32_t spin_limit = 0;                // > 0: waits abort after this many polls (tests)
+  uint32_t delay_ns = 0;                  // > 0: tiles sleep up to this long before signalling (stress)
+  bool trace = false;                     // record every tile's timeline (plan().read_trace())
+  int l2_prefetch_stages = 0;             // a weight tile that must wait pulls this many more stages into L2
+  int64_t l2_stream_bytes = 0;            // weights pulled into L2 this far ahead of the tickets (0: off)
+  // K/V bytes an attention tile takes at least (fewer tiles at short contexts; 0: 256 KiB). Tests set
+  // 1 to cut pairs over many tiles.
+  int64_t attention_min_tile_bytes = 0;
+  int max_split = 0;                      // caps every op's K slices (0: the planner's)
+};
+
+class DecodeStep {
+ public:
+  // Validates the config and options (InvalidArgument naming the bad value), plans the tiles, builds
+  // the graph, schedule and executor plan, and allocates weights, caches and state. Needs an sm_90 GPU.
+  DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt = {});
+  ~DecodeStep();
+  DecodeStep(const DecodeStep&) = delete;
+  DecodeStep& operator=(const DecodeStep&) = delete;
+
+  // Weights under transformers' names (every expected tensor, shapes checked before anything is
+  // uploaded); norms are folded into the weights that follow them, the matrices packed for streaming.
+  void load_weights(const HostWeights& w);
+  // Random weights generated on the device (benchmarks: no host copy of a large model).
+  void random_weights(uint64_t seed, float std = 0.02f);
+
+  // Sequence state. lengths: tokens already in each cache (< max_seq_len). The page table maps each
+  // sequence's pages into the pool (default: sequence b owns pages [b * pages_per_seq, ...)).
+  void set_lengths(const std::vector<int>& lengths, cudaStream_t stream = nullptr);
+  void set_page_table(const std::vector<int>& table, cudaStream_t stream = nullptr);
+  void set_tokens(const std::vector<int32_t>& tokens, cudaStream_t stream = nullptr);  // the next inputs
+  void set_active(const std::vector<uint8_t>& active, cudaStream_t stream = nullptr);  // empty: all advance
+  void fill_cache_random(uint64_t seed, cudaStream_t stream = nullptr);  // every cache row (benchmarks)
+
+  // One step: for each sequence b its token at position lengths()[b]; the sampled tokens replace the
+  // inputs; the active sequences' lengths grow by one. InvalidArgument (before the launch) when an
+  // active sequence's cache is full. One stream at a time.
+  void step(cudaStream_t stream = nullptr);
+
+  std::vector<int32_t> tokens(cudaStream_t stream = nullptr) const;  // synchronises
+  std::vector<float> logits(cudaStream_t stream = nullptr) const;    // [batch][vocab]; needs keep_logits
+  float* logits_device() const;                                      // the same on the device (null without)
+  int32_t* tokens_device() const;                                    // [batch] inputs, then the sampled tokens
+  // History row of launch e (e = 0 for the first step since the object was made), [batch].
+  std::vector<int32_t> history(int64_t launch, cudaStream_t stream = nullptr) const;
+  const std::vector<int>& lengths() const { return lengths_; }  // the host's view after the enqueued steps
+
+  const ModelConfig& config() const { return cfg_; }
+  const DecodeStepShape& shape() const { return shape_; }
+  const StepTiling& tiling() const { return tiling_; }
+  const StepGraph& graph() const { return g_; }  // as planned (every cache full); step_graph builds others
+  const Schedule& schedule() const { return sched_; }
+  const runtime::DevicePlan& plan() const { return *plan_; }
+  int grid() const { return grid_; }
+  int act_rows() const { return act_rows_; }
+  // After a launch that aborted on a bounded wait (plan().error() != 0): zero counters and workspaces.
+  void reset();
+
+ private:
+  struct Buffers;
+  void upload_params();
+  ModelConfig cfg_;
+  DecodeStepOptions opt_;
+  DecodeStepShape shape_;
+  StepTiling tiling_;
+  StepGraph g_;
+  Schedule sched_;
+  std::unique_ptr<runtime::DevicePlan> plan_;
+  std::unique_ptr<Buffers> buf_;
+  std::vector<int> lengths_;
+  std::vector<uint8_t> active_;
+  int grid_ = 0, act_rows_ = 0, smem_ = 0;
+  int64_t launches_ = 0;
+  bool page_table_set_ = false;
+};
+
+}  // namespace tw

@@ -1,0 +1,199 @@
+#include "tileweave/graph/step_graph.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "tileweave/kernels/attention/decode_units.hpp"
+#include "tileweave/kernels/sm90/tile_shape.hpp"
+
+namespace tw {
+
+namespace {
+
+[[noreturn]] void bad(const std::string& what) { throw InvalidArgument("decode step: " + what); }
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The model sees the caches in 16-token units (one block row each): single-row edges (the appended row,
+// a sequence's last token) would cut the caches into one block per row.
+constexpr int64_t kUnit = kernels::kDecodeStageTokens;
+
+// One GEMM op of the step on the sm90 tile: out_cols output columns per tile (128, or 64 for paired
+// gate/up rows), K in the fewest slices of whole stages that give every SM a tile.
+Tiling plan_gemm(int64_t n, int64_t k, int64_t out_cols, int act_rows, int sms, int max_split) {
+  const int64_t step = sm90::stage_cols_for(act_rows), stages = ceil_div(k, step);
+  const int64_t tiles_n = ceil_div(n, out_cols);
+  int64_t split = 1;
+  if (10 * tiles_n < 9 * int64_t(sms)) {  // under 90% of the SMs busy unsplit
+    split = ceil_div(sms, tiles_n);
+    // At least two stages per slice (the pipeline's fill and the split's reduction are per tile), and
+    // each slice's fp32 partial (kTileRows x act_rows floats) at most half its weight bytes.
+    split = std::min(split, std::max<int64_t>(1, stages / 2));
+    split = std::min(split, std::max<int64_t>(1, k / (4 * act_rows)));
+  }
+  if (max_split > 0) split = std::min<int64_t>(split, max_split);
+  // Slices of whole stages, none empty (as TileGraph cuts them).
+  const int64_t slice = ceil_div(ceil_div(k, split), step) * step;
+  return {act_rows, out_cols, step, ceil_div(k, slice), {}};
+}
+
+}  // namespace
+
+DecodeAttentionShape DecodeStepShape::attention(const ModelConfig& c) const {
+  DecodeAttentionShape a;
+  a.batch = batch;
+  a.num_q_heads = c.num_q_heads;
+  a.num_kv_heads = c.num_kv_heads;
+  a.head_dim = c.head_dim;
+  a.layout = layout;
+  a.max_seq_len = max_seq_len;
+  if (layout == KvLayout::Paged) {
+    a.page_size = page_size;
+    a.num_pages = pool_pages();
+    a.pages_per_seq = pages_per_seq();
+  }
+  a.rope_theta = 0;  // applied by the QKV epilogue
+  a.append = false;  // likewise: the attention reads the new row from the cache
+  return a;
+}
+
+StepTiling plan_step_tiling(const ModelConfig& c, int batch, int sms, int max_split) {
+  c.validate();
+  if (batch < 1 || batch > sm90::kMaxActRows)
+    bad("batch " + std::to_string(batch) + " is outside [1, " + std::to_string(sm90::kMaxActRows) + "]");
+  if (sms < 1) bad("the GPU's SM count " + std::to_string(sms) + " must be >= 1");
+  const int rows = sm90::act_rows_for(batch);
+  const int64_t d = c.hidden_size, f = c.intermediate_size, qkv = c.q_dim() + 2 * c.kv_dim();
+  StepTiling t;
+  // q|k|v rows are packed in pairs (each rotary dimension with its partner half a head away), so a
+  // tile holds 64 pairs = 128 consecutive output columns, like a plain tile.
+  t.qkv = plan_gemm(qkv, d, sm90::kTileRows, rows, sms, max_split);
+  t.o_proj = plan_gemm(d, c.q_dim(), sm90::kTileRows, rows, sms, max_split);
+  t.gate_up = plan_gemm(f, d, sm90::kTileRows / 2, rows, sms, max_split);
+  t.down = plan_gemm(d, f, sm90::kTileRows, rows, sms, max_split);
+  t.lm_head = plan_gemm(c.vocab_size, d, sm90::kTileRows, rows, sms, max_split);
+  t.attention_tiles = std::min(sms, kernels::kDecodeMaxTiles);
+  t.embed_cols = std::min<int64_t>(d, 512);
+  return t;
+}
+
+StepGraph build_step_graph(const ModelConfig& c, const DecodeStepShape& s, const std::vector<int>& seq_lens,
+                           const std::vector<int>& page_table, const StepTiling& t) {
+  c.validate();
+  if (s.batch < 1 || s.batch > sm90::kMaxActRows)
+    bad("batch " + std::to_string(s.batch) + " is outside [1, " + std::to_string(sm90::kMaxActRows) + "]");
+  if (int64_t(seq_lens.size()) != s.batch)
+    bad("seq_lens has " + std::to_string(seq_lens.size()) + " entries for batch " + std::to_string(s.batch));
+  std::vector<int> after(seq_lens);
+  for (int b = 0; b < s.batch; ++b) {
+    if (seq_lens[b] < 0) bad("seq_lens[" + std::to_string(b) + "] = " + std::to_string(seq_lens[b]) + " is negative");
+    if (seq_lens[b] >= s.max_seq_len)
+      bad("sequence " + std::to_string(b) + " holds " + std::to_string(seq_lens[b]) +
+          " tokens: the new one does not fit max_seq_len " + std::to_string(s.max_seq_len));
+    after[b] = seq_lens[b] + 1;
+  }
+  const DecodeAttentionShape as = s.attention(c);
+  validate_decode_attention(as, after, page_table);  // heads, group, head_dim, the page table
+
+  StepGraph g;
+  TileGraph& G = g.graph;
+  const int64_t B = s.batch, d = c.hidden_size, f = c.intermediate_size, V = c.vocab_size, D = c.head_dim;
+  const int64_t qd = c.q_dim(), kvd = c.kv_dim(), Hkv = c.num_kv_heads;
+  const int64_t cache_rows = s.layout == KvLayout::Paged ? int64_t(s.pool_pages()) * Hkv * s.page_size
+                                                         : B * Hkv * s.max_seq_len;
+  auto cache_row = [&](int64_t b, int64_t h, int64_t tok) -> int64_t {
+    if (s.layout == KvLayout::Contiguous) return (b * Hkv + h) * s.max_seq_len + tok;
+    const int page = page_table[b * s.pages_per_seq() + tok / s.page_size];
+    return (int64_t(page) * Hkv + h) * s.page_size + tok % s.page_size;
+  };
+  const DecodePlan plan = plan_decode(after, c.num_kv_heads, t.attention_tiles);
+
+  g.tokens = G.add_tensor("tokens", B, 1, 4, TensorRole::Input);
+  g.embed_table = G.add_tensor("embed_tokens", V, d, 2, TensorRole::Weight);
+  int x = G.add_tensor("x0", B, d, 2, TensorRole::Intermediate);
+  int x_stats = G.add_tensor("x0.sumsq", B, 1, 4, TensorRole::Intermediate);
+  g.op_embed = G.add_embed("embed", g.tokens, g.embed_table, x, x_stats, t.embed_cols);
+  for (int l = 0; l < c.num_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    StepGraph::Layer L;
+    L.x = x, L.x_stats = x_stats;
+    L.w_qkv = G.add_tensor(p + "w_qkv", qd + 2 * kvd, d, 2, TensorRole::Weight);
+    if (c.qkv_bias) L.b_qkv = G.add_tensor(p + "b_qkv", 1, qd + 2 * kvd, 2, TensorRole::Weight);
+    L.qkv = G.add_tensor(p + "qkv", B, qd + 2 * kvd, 2, TensorRole::Intermediate);
+    L.k_cache = G.add_tensor(p + "k_cache", cache_rows, D, 2, TensorRole::Input);
+    L.v_cache = G.add_tensor(p + "v_cache", cache_rows, D, 2, TensorRole::Input);
+    L.attn = G.add_tensor(p + "attn", B, qd, 2, TensorRole::Intermediate);
+    L.w_o = G.add_tensor(p + "w_o", d, qd, 2, TensorRole::Weight);
+    L.x_mid = G.add_tensor(p + "x_mid", B, d, 2, TensorRole::Intermediate);
+    L.mid_stats = G.add_tensor(p + "x_mid.sumsq", B, 1, 4, TensorRole::Intermediate);
+    L.w_gate_up = G.add_tensor(p + "w_gate_up", 2 * f, d, 2, TensorRole::Weight);
+    L.h = G.add_tensor(p + "h", B, f, 2, TensorRole::Intermediate);
+    L.w_down = G.add_tensor(p + "w_down", d, f, 2, TensorRole::Weight);
+    const int x_out = G.add_tensor("x" + std::to_string(l + 1), B, d, 2, TensorRole::Intermediate);
+    const int out_stats = G.add_tensor("x" + std::to_string(l + 1) + ".sumsq", B, 1, 4, TensorRole::Intermediate);
+
+    GemmExtras qx;
+    qx.row_stats = L.x_stats;
+    qx.bias = L.b_qkv;
+    // A QKV tile writes the roped k and v of its columns' KV heads into the caches at each sequence's
+    // new position (the attention then reads that row like any other).
+    L.op_qkv = G.add_gemm_ex(p + "qkv", OpKind::Gemm, L.x, L.w_qkv, L.qkv, t.qkv, qx, {L.k_cache, L.v_cache}, [&](Tile& tile) {
+      const int64_t c0 = tile.tn * t.qkv.bn, c1 = std::min(qd + 2 * kvd, c0 + t.qkv.bn);
+      for (int64_t col = std::max(c0, qd) / D * D; col < c1; col += D) {
+        const bool is_k = col < qd + kvd;
+        const int64_t h = (col - qd - (is_k ? 0 : kvd)) / D;
+        // The 16-token unit holding the new row (the model's blocks of the cache are units: see the
+        // attention's kv_granule), clipped to the cache.
+        for (int64_t b = 0; b < B; ++b) {
+          const int64_t unit0 = seq_lens[b] / kUnit * kUnit, unit1 = std::min<int64_t>(unit0 + kUnit, s.max_seq_len);
+          const int64_t r = cache_row(b, h, unit0);
+          tile.writes.push_back({is_k ? L.k_cache : L.v_cache, r, r + (unit1 - unit0), 0, D});
+        }
+      }
+    });
+    DecodeAttentionTensorIds at;
+    at.q = L.qkv, at.k_cache = L.k_cache, at.v_cache = L.v_cache, at.out = L.attn;
+    L.op_attention = G.add_decode_attention(p + "attention", as, after, page_table, plan, at, kUnit);
+
+    GemmExtras ox;
+    ox.residual = L.x;
+    ox.out_stats = L.mid_stats;
+    L.op_o_proj = G.add_gemm_ex(p + "o_proj", OpKind::Gemm, L.attn, L.w_o, L.x_mid, t.o_proj, ox);
+    GemmExtras gx;
+    gx.row_stats = L.mid_stats;
+    L.op_gate_up = G.add_gemm_ex(p + "gate_up", OpKind::GemmSiluMul, L.x_mid, L.w_gate_up, L.h, t.gate_up, gx);
+    GemmExtras dx;
+    dx.residual = L.x_mid;
+    dx.out_stats = out_stats;
+    L.op_down = G.add_gemm_ex(p + "down", OpKind::Gemm, L.h, L.w_down, x_out, t.down, dx);
+    g.layers.push_back(L);
+    x = x_out, x_stats = out_stats;
+  }
+  g.x_final = x, g.final_stats = x_stats;
+  g.w_lm = G.add_tensor("lm_head", V, d, 2, TensorRole::Weight);
+  g.logits = G.add_tensor("logits", B, V, 4, TensorRole::Output);
+  // Running maxima of the logits, one 64-bit (value, index) key per row.
+  g.maxima = G.add_tensor("logits.max", B, 2, 4, TensorRole::Intermediate);
+  GemmExtras lx;
+  lx.row_stats = g.final_stats;
+  g.op_lm_head = G.add_gemm_ex("lm_head", OpKind::Gemm, g.x_final, g.w_lm, g.logits, t.lm_head, lx, {g.maxima},
+                               [&](Tile& tile) { tile.writes.push_back({g.maxima, 0, B, 0, 2}); });
+  g.next = G.add_tensor("next_tokens", B, 1, 4, TensorRole::Output);
+  g.op_sample = G.add_sample("sample", g.maxima, g.next);
+  return g;
+}
+
+std::map<int, SyncSpec> step_sync_policy(const StepGraph& g) {
+  std::map<int, SyncSpec> p;
+  for (int op = 0; op < static_cast<int>(g.graph.ops().size()); ++op) p[op] = {SyncPolicy::Row, 1};
+  for (const auto& L : g.layers) p[L.op_gate_up] = {SyncPolicy::Tile, 1};
+  return p;
+}
+
+int64_t step_floor_bytes(const ModelConfig& c, const std::vector<int>& seq_lens) {
+  std::vector<int> after(seq_lens);
+  for (int& l : after) ++l;
+  return c.decode_weight_bytes() + c.kv_bytes(after);
+}
+
+}  // namespace tw

@@ -1,0 +1,516 @@
+// DecodeStep: validation, the step's graph, schedule and executor plan, the device buffers (packed
+// weights, act-layout activations, caches, state), weight loading, and the launch of
+// decode_step_kernel.cuh.
+#include "tileweave/ops/decode_step.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "decode_step_sm90.hpp"
+#include "ffn_sm90.hpp"
+#include "tileweave/kernels/attention/decode_units.hpp"
+#include "tileweave/order/orders.hpp"
+#include "tileweave/util/cuda_check.hpp"
+
+namespace tw {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+using step::StepOpArgs;
+
+[[noreturn]] void bad(const std::string& what) { throw InvalidArgument("decode step: " + what); }
+
+// Elements of an act-layout buffer holding `cols` columns (the packed weights' atoms: K padded to
+// whole stages with zeros).
+int64_t act_elems(int rows, int64_t cols) { return int64_t(rows) * ffn_sm90::packed_atoms(cols) * 64; }
+// Elements of a packed weight [rows, cols] (pairs: rows pairs of [first; second] halves).
+int64_t packed_elems(int64_t rows, int64_t cols, bool pairs) {
+  return ffn_sm90::packed_tiles(rows, pairs) * ffn_sm90::packed_atoms(cols) * ffn_sm90::kTileRows * 64;
+}
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Uniform values of the given standard deviation (benchmark weights and caches; no host copy).
+__global__ void fill_random_kernel(bf16* p, int64_t n, uint64_t seed, float amp) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint64_t x = seed ^ (uint64_t(i) * 0xD1B54A32D192ED03ull);
+    x = (x ^ (x >> 33)) * 0xFF51AFD7ED558CCDull;
+    x = (x ^ (x >> 33)) * 0xC4CEB9FE1A85EC53ull;
+    x ^= x >> 33;
+    p[i] = __float2bfloat16(amp * (float(x >> 40) * (2.f / 16777216.f) - 1.f));
+  }
+}
+void fill_random(bf16* p, int64_t n, uint64_t seed, float std, cudaStream_t s) {
+  if (n <= 0) return;
+  fill_random_kernel<<<1024, 256, 0, s>>>(p, n, seed, std * std::sqrt(3.f));
+  TW_CUDA_CHECK_LAUNCH();
+}
+
+int device_sms(int* major) {
+  int dev = 0, sms = 0;
+  TW_CUDA_CHECK(cudaGetDevice(&dev));
+  TW_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  TW_CUDA_CHECK(cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, dev));
+  return sms;
+}
+
+}  // namespace
+
+struct DecodeStep::Buffers {
+  std::vector<void*> allocs;
+  template <class T>
+  T* alloc(int64_t n) {  // zeroed
+    void* p = nullptr;
+    TW_CUDA_CHECK(cudaMalloc(&p, std::max<int64_t>(n, 1) * sizeof(T)));
+    TW_CUDA_CHECK(cudaMemset(p, 0, std::max<int64_t>(n, 1) * sizeof(T)));
+    allocs.push_back(p);
+    return static_cast<T*>(p);
+  }
+  ~Buffers() {
+    for (void* p : allocs) cudaFree(p);
+  }
+  struct Layer {
+    bf16 *w_qkv, *w_o, *w_gate_up, *w_down, *bias;
+    bf16 *x_mid, *h, *attn, *q, *k_cache, *v_cache;
+  };
+  std::vector<Layer> layers;
+  std::vector<bf16*> x;  // the residual stream entering layer l (l = L: the final one), act layout
+  bf16 *embed = nullptr, *w_lm = nullptr;
+  float* stats = nullptr;
+  unsigned long long* maxima = nullptr;
+  float *o_part = nullptr, *lse_part = nullptr, *logits = nullptr;
+  int32_t *merge_count = nullptr, *page_table = nullptr, *tokens = nullptr, *seq_lens = nullptr, *active = nullptr,
+          *history = nullptr;
+  std::vector<float*> ws;  // split-K partials of each op (null: unsplit)
+  std::vector<int64_t> ws_elems;
+  StepOpArgs* ops = nullptr;
+  step::StepParams params{};
+  int64_t cache_elems = 0;  // per layer and K or V
+};
+
+DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : cfg_(c), opt_(opt) {
+  // Host checks first: nothing touches the GPU before the config and the options are valid.
+  cfg_.validate();
+  if (cfg_.head_dim != 64 && cfg_.head_dim != 128) bad("head_dim " + std::to_string(cfg_.head_dim) + " is not 64 or 128");
+  if (cfg_.hidden_size % 8 || cfg_.intermediate_size % 8)
+    bad("hidden_size " + std::to_string(cfg_.hidden_size) + " and intermediate_size " +
+        std::to_string(cfg_.intermediate_size) + " must be multiples of 8");
+  if (opt.batch < 1 || opt.batch > step::kMaxBatch)
+    bad("batch " + std::to_string(opt.batch) + " is outside [1, " + std::to_string(step::kMaxBatch) + "]");
+  if (opt.max_seq_len < 1) bad("max_seq_len " + std::to_string(opt.max_seq_len) + " must be >= 1");
+  if (opt.history < 0) bad("history " + std::to_string(opt.history) + " must be >= 0");
+  if (opt.l2_stream_bytes < 0) bad("l2_stream_bytes " + std::to_string(opt.l2_stream_bytes) + " must be >= 0");
+  if (opt.l2_prefetch_stages < 0 || opt.l2_prefetch_stages > 64)
+    bad("l2_prefetch_stages " + std::to_string(opt.l2_prefetch_stages) + " is outside [0, 64]");
+  shape_.batch = opt.batch;
+  shape_.layout = opt.layout;
+  shape_.max_seq_len = opt.max_seq_len;
+  shape_.page_size = opt.page_size;
+  shape_.num_pages = opt.num_pages;
+  if (opt.layout == KvLayout::Paged) {
+    if (opt.page_size < 16 || opt.page_size % 16) bad("page_size " + std::to_string(opt.page_size) + " is not a positive multiple of 16");
+    if (opt.num_pages < 0) bad("num_pages " + std::to_string(opt.num_pages) + " must be >= 0");
+  }
+  int major = 0;
+  const int sms = device_sms(&major);
+  if (major != 9) bad("needs an sm_90 GPU (H100/H200); this one is sm_" + std::to_string(major) + "x");
+
+  // The plan's graph: every cache full, so the attention gets its most tiles (P); the executor's
+  // tables do not depend on the lengths (one counter per op: step_sync_policy).
+  tiling_ = plan_step_tiling(cfg_, opt.batch, sms, opt.max_split);
+  const int pps = shape_.pages_per_seq(), pool = shape_.pool_pages();
+  std::vector<int> table;
+  if (opt.layout == KvLayout::Paged) {
+    table.resize(size_t(opt.batch) * pps);
+    for (size_t i = 0; i < table.size(); ++i) table[i] = int(i % size_t(pool));
+  }
+  g_ = build_step_graph(cfg_, shape_, std::vector<int>(opt.batch, int(opt.max_seq_len - 1)), table, tiling_);
+  sched_ = make_order(g_.graph, opt.order);
+  const ExecPlan plan = make_exec_plan(g_.graph, sched_, step_sync_policy(g_));
+  act_rows_ = sm90::act_rows_for(opt.batch);
+  smem_ = cfg_.head_dim == 64 ? step::prepare_kernel_d64(act_rows_) : step::prepare_kernel_d128(act_rows_);
+  grid_ = sms;
+  plan_ = std::make_unique<runtime::DevicePlan>(plan);
+  if (opt.trace) plan_->enable_trace();
+
+  // Buffers.
+  buf_ = std::make_unique<Buffers>();
+  Buffers& b = *buf_;
+  const int R = act_rows_, B = opt.batch, L = cfg_.num_layers, D = cfg_.head_dim;
+  const int64_t d = cfg_.hidden_size, f = cfg_.intermediate_size, V = cfg_.vocab_size;
+  const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), qkv = qd + 2 * kvd, Hkv = cfg_.num_kv_heads;
+  const int G = cfg_.num_q_heads / cfg_.num_kv_heads;
+  b.cache_elems = (opt.layout == KvLayout::Paged ? int64_t(pool) * opt.page_size : int64_t(B) * opt.max_seq_len) * Hkv * D;
+  for (int l = 0; l <= L; ++l) b.x.push_back(b.alloc<bf16>(act_elems(R, d)));
+  for (int l = 0; l < L; ++l) {
+    Buffers::Layer y{};
+    y.w_qkv = b.alloc<bf16>(packed_elems(qkv / 2, d, true));
+    y.w_o = b.alloc<bf16>(packed_elems(d, qd, false));
+    y.w_gate_up = b.alloc<bf16>(packed_elems(f, d, true));
+    y.w_down = b.alloc<bf16>(packed_elems(d, f, false));
+    y.bias = cfg_.qkv_bias ? b.alloc<bf16>(qkv) : nullptr;
+    y.x_mid = b.alloc<bf16>(act_elems(R, d));
+    y.h = b.alloc<bf16>(act_elems(R, f));
+    y.attn = b.alloc<bf16>(act_elems(R, qd));
+    y.q = b.alloc<bf16>(int64_t(B) * qd);
+    y.k_cache = b.alloc<bf16>(b.cache_elems);
+    y.v_cache = b.alloc<bf16>(b.cache_elems);
+    b.layers.push_back(y);
+  }
+  b.embed = b.alloc<bf16>(V * d);
+  b.w_lm = b.alloc<bf16>(packed_elems(V, d, false));
+  const int stats_count = (2 * L + 1) * B;
+  b.stats = b.alloc<float>(2 * int64_t(stats_count));
+  b.maxima = b.alloc<unsigned long long>(2 * B);
+  const int P = tiling_.attention_tiles = g_.graph.op(g_.layers[0].op_attention).num_tiles;
+  b.o_part = b.alloc<float>(int64_t(P) * 2 * G * D);
+  b.lse_part = b.alloc<float>(int64_t(P) * 2 * G);
+  b.merge_count = b.alloc<int32_t>(int64_t(B) * Hkv);
+  b.page_table = opt.layout == KvLayout::Paged ? b.alloc<int32_t>(int64_t(B) * pps) : nullptr;
+  b.tokens = b.alloc<int32_t>(B);
+  b.seq_lens = b.alloc<int32_t>(B);
+  b.active = b.alloc<int32_t>(B);
+  b.history = opt.history > 0 ? b.alloc<int32_t>(int64_t(opt.history) * B) : nullptr;
+  b.logits = opt.keep_logits ? b.alloc<float>(int64_t(B) * V) : nullptr;
+  lengths_.assign(B, 0);
+  active_.assign(B, 1);
+  set_active({});
+  if (opt.layout == KvLayout::Paged && pool >= B * pps) {
+    std::vector<int> identity(size_t(B) * pps);
+    for (size_t i = 0; i < identity.size(); ++i) identity[i] = int(i);
+    set_page_table(identity);
+  }
+
+  // The ops' arguments, in graph order.
+  const TileGraph& G_ = g_.graph;
+  std::vector<StepOpArgs> ops(G_.ops().size());
+  b.ws.assign(ops.size(), nullptr);
+  b.ws_elems.assign(ops.size(), 0);
+  auto stats_at = [&](int index) { return b.stats + int64_t(index) * B; };  // x0: 0; layer l: 2l + 1 (mid), 2l + 2
+  auto gemm = [&](int op, int kind, int layer, const bf16* w, const bf16* act) {
+    const Op& o = G_.op(op);
+    StepOpArgs a{};
+    a.kind = kind;
+    a.layer = layer;
+    a.n = int32_t(o.n);
+    a.k = int32_t(o.k);
+    a.grid_n = int32_t(o.grid_n);
+    a.split = int32_t(o.tiling.split_k);
+    if (a.split > step::kMaxSlices)
+      bad("op '" + o.name + "' has " + std::to_string(a.split) + " K slices, over " + std::to_string(step::kMaxSlices));
+    a.packed_atoms = int32_t(ffn_sm90::packed_atoms(o.k));
+    a.w = w;
+    a.act = act;
+    const int64_t step_cols = o.tiling.bk;
+    for (int64_t ks = 0; ks <= o.tiling.split_k; ++ks) a.slice_start[ks] = int16_t((o.k_begin(ks) + step_cols - 1) / step_cols);
+    if (a.split > 1) {
+      b.ws_elems[op] = o.grid_n * int64_t(ffn_sm90::kTileRows) * R;  // one fragment-order block per output tile
+      b.ws[op] = b.alloc<float>(b.ws_elems[op]);
+      a.ws = b.ws[op];
+    }
+    return a;
+  };
+  {
+    StepOpArgs& e = ops[g_.op_embed];
+    e.kind = step::kEmbed;
+    e.n = int32_t(d);
+    e.cols = int32_t(tiling_.embed_cols);
+    e.out = b.x[0];
+    e.out_stats = stats_at(0);
+  }
+  for (int l = 0; l < L; ++l) {
+    const auto& gl = g_.layers[l];
+    const Buffers::Layer& y = b.layers[l];
+    StepOpArgs& q = ops[gl.op_qkv] = gemm(gl.op_qkv, step::kQkv, l, y.w_qkv, b.x[l]);
+    q.row_stats = stats_at(2 * l);
+    q.bias = y.bias;
+    q.out = y.q;
+    q.k_cache = y.k_cache;
+    q.v_cache = y.v_cache;
+    StepOpArgs& at = ops[gl.op_attention];
+    at.kind = step::kAttention;
+    at.layer = l;
+    at.act = y.q;
+    at.out = y.attn;
+    at.k_cache = y.k_cache;
+    at.v_cache = y.v_cache;
+    StepOpArgs& o = ops[gl.op_o_proj] = gemm(gl.op_o_proj, step::kResidual, l, y.w_o, y.attn);
+    o.residual = b.x[l];
+    o.out = y.x_mid;
+    o.out_stats = stats_at(2 * l + 1);
+    StepOpArgs& gu = ops[gl.op_gate_up] = gemm(gl.op_gate_up, step::kGateUp, l, y.w_gate_up, y.x_mid);
+    gu.row_stats = stats_at(2 * l + 1);
+    gu.out = y.h;
+    StepOpArgs& dn = ops[gl.op_down] = gemm(gl.op_down, step::kResidual, l, y.w_down, y.h);
+    dn.residual = y.x_mid;
+    dn.out = b.x[l + 1];
+    dn.out_stats = stats_at(2 * l + 2);
+  }
+  StepOpArgs& lm = ops[g_.op_lm_head] = gemm(g_.op_lm_head, step::kLmHead, L, b.w_lm, b.x[L]);
+  lm.row_stats = stats_at(2 * L);
+  ops[g_.op_sample].kind = step::kSample;
+  b.ops = b.alloc<StepOpArgs>(int64_t(ops.size()));
+  TW_CUDA_CHECK(cudaMemcpy(b.ops, ops.data(), ops.size() * sizeof(StepOpArgs), cudaMemcpyHostToDevice));
+
+  step::StepParams& p = b.params;
+  p.ep = plan_->params(opt.spin_limit, opt.delay_ns);
+  p.ops = b.ops;
+  p.batch = B;
+  p.act_rows = R;
+  p.hidden = int32_t(d);
+  p.vocab = int32_t(V);
+  p.q_dim = int32_t(qd);
+  p.kv_dim = int32_t(kvd);
+  p.num_kv_heads = int32_t(Hkv);
+  p.group = G;
+  p.eps = float(cfg_.rms_norm_eps);
+  p.scale_log2 = float(1.0 / std::sqrt(double(D)) * 1.4426950408889634);
+  p.max_seq_len = opt.layout == KvLayout::Paged ? 0 : opt.max_seq_len;
+  p.page_size = opt.layout == KvLayout::Paged ? opt.page_size : 0;
+  p.pages_per_seq = opt.layout == KvLayout::Paged ? pps : 0;
+  p.page_table = b.page_table;
+  p.attn_tiles = P;
+  {  // 16-token units of K and V per tile, at least
+    const int64_t unit_bytes = int64_t(kernels::kDecodeStageTokens) * D * 2 * 2;
+    const int64_t want = opt.attention_min_tile_bytes > 0 ? opt.attention_min_tile_bytes : int64_t(256) << 10;
+    p.attn_min_units = int32_t(std::max<int64_t>(1, want / unit_bytes));
+  }
+  p.o_part = b.o_part;
+  p.lse_part = b.lse_part;
+  p.merge_count = b.merge_count;
+  p.tokens = b.tokens;
+  p.seq_lens = b.seq_lens;
+  p.active = b.active;
+  p.history = b.history;
+  p.history_len = opt.history;
+  p.embed = b.embed;
+  p.maxima = b.maxima;
+  p.logits = b.logits;
+  p.stats = b.stats;
+  p.stats_count = stats_count;
+  p.overlap = opt.overlap_previous ? 1 : 0;
+  p.l2_ahead = opt.l2_prefetch_stages;
+  p.l2_stream_bytes = opt.l2_stream_bytes;
+  {  // weight bytes before each ticket (the L2 streamer's position)
+    std::vector<int64_t> before(sched_.order.size() + 1, 0);
+    const int64_t stage_bytes = int64_t(sm90::stage_cols_for(R)) * ffn_sm90::kTileRows * 2;
+    for (size_t i = 0; i < sched_.order.size(); ++i) {
+      const Tile& t = G_.tile(sched_.order[i]);
+      const StepOpArgs& a = ops[t.op];
+      const bool weights = a.kind == step::kQkv || a.kind == step::kResidual || a.kind == step::kGateUp || a.kind == step::kLmHead;
+      before[i + 1] = before[i] + (weights ? (a.slice_start[t.ks + 1] - a.slice_start[t.ks]) * stage_bytes : 0);
+    }
+    int64_t* dev = b.alloc<int64_t>(int64_t(before.size()));
+    TW_CUDA_CHECK(cudaMemcpy(dev, before.data(), before.size() * sizeof(int64_t), cudaMemcpyHostToDevice));
+    p.ticket_bytes = dev;
+  }
+  const std::vector<float> inv = cfg_.rope_inv_freq();
+  std::copy(inv.begin(), inv.end(), p.inv_freq);
+  TW_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+DecodeStep::~DecodeStep() = default;
+
+void DecodeStep::load_weights(const HostWeights& w) {
+  w.check(cfg_);  // every tensor present with its size, before anything is uploaded
+  Buffers& b = *buf_;
+  const int L = cfg_.num_layers, D = cfg_.head_dim;
+  const int64_t d = cfg_.hidden_size, f = cfg_.intermediate_size, V = cfg_.vocab_size;
+  const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), qkv = qd + 2 * kvd;
+  std::vector<uint16_t> host;
+  bf16* staging = b.alloc<bf16>(std::max({qkv * d, 2 * f * d, V * d}));
+  // Upload host [rows_total, cols] and pack it (pairs: rows pairs of [first; second] halves).
+  auto pack = [&](int64_t rows, int64_t cols, bool pairs, bf16* dst) {
+    TW_CUDA_CHECK(cudaMemcpy(staging, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+    ffn_sm90::pack_weights(staging, dst, rows, cols, pairs, nullptr);
+  };
+  // RMSNorm folded into the next weight: W[r][c] * g[c], rounded to bf16 (the consumer scales its
+  // output rows by rsqrt(mean(x^2) + eps)).
+  auto fold_row = [&](const uint16_t* src, const std::vector<uint16_t>& g, int64_t cols, uint16_t* dst) {
+    for (int64_t c = 0; c < cols; ++c) dst[c] = float_to_bf16(bf16_to_float(src[c]) * bf16_to_float(g[c]));
+  };
+  for (int l = 0; l < L; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const Buffers::Layer& y = b.layers[l];
+    const auto& g_in = w.at(p + "input_layernorm.weight");
+    // q|k|v rows paired for RoPE in the epilogue: pair i of head h is (row hD + i, row hD + D/2 + i),
+    // stacked as [first halves; second halves] (the packed layout's pairs).
+    const std::vector<uint16_t>* parts[3] = {&w.at(p + "self_attn.q_proj.weight"), &w.at(p + "self_attn.k_proj.weight"),
+                                             &w.at(p + "self_attn.v_proj.weight")};
+    host.assign(qkv * d, 0);
+    for (int64_t row = 0; row < qkv; ++row) {
+      const int part = row < qd ? 0 : row < qd + kvd ? 1 : 2;
+      const int64_t local = row - (part == 0 ? 0 : part == 1 ? qd : qd + kvd);
+      const int64_t head = row / D, i = row % D, pair = head * (D / 2) + i % (D / 2);
+      const int64_t at = (i < D / 2 ? pair : qkv / 2 + pair) * d;
+      fold_row(parts[part]->data() + local * d, g_in, d, host.data() + at);
+    }
+    pack(qkv / 2, d, true, y.w_qkv);
+    if (cfg_.qkv_bias) {
+      host.clear();
+      for (const char* n : {"q_proj", "k_proj", "v_proj"}) {
+        const auto& bias = w.at(p + "self_attn." + n + ".bias");
+        host.insert(host.end(), bias.begin(), bias.end());
+      }
+      TW_CUDA_CHECK(cudaMemcpy(y.bias, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+    }
+    host = w.at(p + "self_attn.o_proj.weight");
+    pack(d, qd, false, y.w_o);
+    const auto& g_post = w.at(p + "post_attention_layernorm.weight");
+    const auto& gate = w.at(p + "mlp.gate_proj.weight");
+    const auto& up = w.at(p + "mlp.up_proj.weight");
+    host.assign(2 * f * d, 0);
+    for (int64_t r = 0; r < f; ++r) {
+      fold_row(gate.data() + r * d, g_post, d, host.data() + r * d);
+      fold_row(up.data() + r * d, g_post, d, host.data() + (f + r) * d);
+    }
+    pack(f, d, true, y.w_gate_up);
+    host = w.at(p + "mlp.down_proj.weight");
+    pack(d, f, false, y.w_down);
+  }
+  const auto& embed = w.at("model.embed_tokens.weight");
+  TW_CUDA_CHECK(cudaMemcpy(b.embed, embed.data(), embed.size() * 2, cudaMemcpyHostToDevice));
+  const auto& lm = w.lm_head();
+  const auto& g_final = w.at("model.norm.weight");
+  host.assign(V * d, 0);
+  for (int64_t r = 0; r < V; ++r) fold_row(lm.data() + r * d, g_final, d, host.data() + r * d);
+  pack(V, d, false, b.w_lm);
+  TW_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaFree(staging);
+  b.allocs.erase(std::find(b.allocs.begin(), b.allocs.end(), static_cast<void*>(staging)));
+}
+
+void DecodeStep::random_weights(uint64_t seed, float std) {
+  Buffers& b = *buf_;
+  const int64_t d = cfg_.hidden_size, f = cfg_.intermediate_size, V = cfg_.vocab_size;
+  const int64_t qd = cfg_.q_dim(), qkv = qd + 2 * cfg_.kv_dim();
+  uint64_t s = splitmix64(seed);
+  auto fill = [&](bf16* p, int64_t n) { fill_random(p, n, s = splitmix64(s), std, nullptr); };
+  for (const Buffers::Layer& y : b.layers) {
+    fill(y.w_qkv, packed_elems(qkv / 2, d, true));
+    fill(y.w_o, packed_elems(d, qd, false));
+    fill(y.w_gate_up, packed_elems(f, d, true));
+    fill(y.w_down, packed_elems(d, f, false));
+    if (y.bias) fill(y.bias, qkv);
+  }
+  fill(b.embed, V * d);
+  fill(b.w_lm, packed_elems(V, d, false));
+  TW_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void DecodeStep::fill_cache_random(uint64_t seed, cudaStream_t stream) {
+  uint64_t s = splitmix64(seed ^ 0x5EED);
+  for (const Buffers::Layer& y : buf_->layers) {
+    fill_random(y.k_cache, buf_->cache_elems, s = splitmix64(s), 1.f, stream);
+    fill_random(y.v_cache, buf_->cache_elems, s = splitmix64(s), 1.f, stream);
+  }
+}
+
+void DecodeStep::set_lengths(const std::vector<int>& lengths, cudaStream_t stream) {
+  if (int(lengths.size()) != opt_.batch)
+    bad("set_lengths: " + std::to_string(lengths.size()) + " lengths for batch " + std::to_string(opt_.batch));
+  for (int b = 0; b < opt_.batch; ++b)
+    if (lengths[b] < 0 || lengths[b] >= opt_.max_seq_len)
+      bad("set_lengths: length " + std::to_string(lengths[b]) + " of sequence " + std::to_string(b) +
+          " is outside [0, max_seq_len - 1 = " + std::to_string(opt_.max_seq_len - 1) + "]");
+  lengths_ = lengths;
+  TW_CUDA_CHECK(cudaMemcpyAsync(buf_->seq_lens, lengths_.data(), lengths_.size() * 4, cudaMemcpyHostToDevice, stream));
+  TW_CUDA_CHECK(cudaStreamSynchronize(stream));  // lengths_ may change before the copy ran
+}
+
+void DecodeStep::set_page_table(const std::vector<int>& table, cudaStream_t stream) {
+  if (opt_.layout != KvLayout::Paged) bad("set_page_table: the cache is contiguous");
+  const int64_t n = int64_t(opt_.batch) * shape_.pages_per_seq(), pool = shape_.pool_pages();
+  if (int64_t(table.size()) != n)
+    bad("set_page_table: " + std::to_string(table.size()) + " entries, expected batch * pages_per_seq = " + std::to_string(n));
+  for (int64_t i = 0; i < n; ++i)
+    if (table[i] < 0 || table[i] >= pool)
+      bad("set_page_table: entry " + std::to_string(i) + " = " + std::to_string(table[i]) + " is outside [0, " +
+          std::to_string(pool) + ")");
+  TW_CUDA_CHECK(cudaMemcpyAsync(buf_->page_table, table.data(), n * 4, cudaMemcpyHostToDevice, stream));
+  TW_CUDA_CHECK(cudaStreamSynchronize(stream));
+  page_table_set_ = true;
+}
+
+void DecodeStep::set_tokens(const std::vector<int32_t>& tokens, cudaStream_t stream) {
+  if (int(tokens.size()) != opt_.batch)
+    bad("set_tokens: " + std::to_string(tokens.size()) + " tokens for batch " + std::to_string(opt_.batch));
+  for (int b = 0; b < opt_.batch; ++b)
+    if (tokens[b] < 0 || tokens[b] >= cfg_.vocab_size)
+      bad("set_tokens: token " + std::to_string(tokens[b]) + " of sequence " + std::to_string(b) + " is outside [0, " +
+          std::to_string(cfg_.vocab_size) + ")");
+  TW_CUDA_CHECK(cudaMemcpyAsync(buf_->tokens, tokens.data(), tokens.size() * 4, cudaMemcpyHostToDevice, stream));
+  TW_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+void DecodeStep::set_active(const std::vector<uint8_t>& active, cudaStream_t stream) {
+  if (!active.empty() && int(active.size()) != opt_.batch)
+    bad("set_active: " + std::to_string(active.size()) + " flags for batch " + std::to_string(opt_.batch));
+  active_ = active.empty() ? std::vector<uint8_t>(opt_.batch, 1) : active;
+  std::vector<int32_t> flags(active_.begin(), active_.end());
+  TW_CUDA_CHECK(cudaMemcpyAsync(buf_->active, flags.data(), flags.size() * 4, cudaMemcpyHostToDevice, stream));
+  TW_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+void DecodeStep::step(cudaStream_t stream) {
+  if (opt_.layout == KvLayout::Paged && !page_table_set_)
+    bad("step: the pool has fewer pages than batch * pages_per_seq, so there is no default page table: set one");
+  for (int b = 0; b < opt_.batch; ++b)
+    if (lengths_[b] >= opt_.max_seq_len)
+      bad("step: sequence " + std::to_string(b) + " holds " + std::to_string(lengths_[b]) +
+          " tokens: its cache (max_seq_len " + std::to_string(opt_.max_seq_len) + ") has no room for the new one");
+  if (cfg_.head_dim == 64) step::launch_d64(buf_->params, grid_, opt_.overlap_previous, stream);
+  else step::launch_d128(buf_->params, grid_, opt_.overlap_previous, stream);
+  for (int b = 0; b < opt_.batch; ++b) lengths_[b] += active_[b] ? 1 : 0;
+  ++launches_;
+}
+
+std::vector<int32_t> DecodeStep::tokens(cudaStream_t stream) const {
+  std::vector<int32_t> out(opt_.batch);
+  TW_CUDA_CHECK(cudaMemcpyAsync(out.data(), buf_->tokens, out.size() * 4, cudaMemcpyDeviceToHost, stream));
+  TW_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return out;
+}
+
+std::vector<float> DecodeStep::logits(cudaStream_t stream) const {
+  if (!buf_->logits) bad("logits: the step was built without keep_logits");
+  std::vector<float> out(size_t(opt_.batch) * cfg_.vocab_size);
+  TW_CUDA_CHECK(cudaMemcpyAsync(out.data(), buf_->logits, out.size() * 4, cudaMemcpyDeviceToHost, stream));
+  TW_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return out;
+}
+
+float* DecodeStep::logits_device() const { return buf_->logits; }
+int32_t* DecodeStep::tokens_device() const { return buf_->tokens; }
+
+std::vector<int32_t> DecodeStep::history(int64_t launch, cudaStream_t stream) const {
+  if (!buf_->history) bad("history: the step was built with history 0");
+  if (launch < 0 || launch >= launches_ || launches_ - launch > opt_.history)
+    bad("history: launch " + std::to_string(launch) + " is not among the last " + std::to_string(opt_.history) +
+        " of " + std::to_string(launches_));
+  std::vector<int32_t> out(opt_.batch);
+  TW_CUDA_CHECK(cudaMemcpyAsync(out.data(), buf_->history + (launch % opt_.history) * opt_.batch, out.size() * 4,
+                                cudaMemcpyDeviceToHost, stream));
+  TW_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return out;
+}
+
+void DecodeStep::reset() {
+  plan_->reset();
+  Buffers& b = *buf_;
+  for (size_t i = 0; i < b.ws.size(); ++i)
+    if (b.ws[i]) TW_CUDA_CHECK(cudaMemset(b.ws[i], 0, b.ws_elems[i] * sizeof(float)));
+  TW_CUDA_CHECK(cudaMemset(b.merge_count, 0, sizeof(int32_t) * opt_.batch * cfg_.num_kv_heads));
+  TW_CUDA_CHECK(cudaMemset(b.maxima, 0, sizeof(unsigned long long) * 2 * opt_.batch));
+  TW_CUDA_CHECK(cudaMemset(b.stats, 0, sizeof(float) * 2 * b.params.stats_count));
+  launches_ = 0;
+}
+
+}  // namespace tw

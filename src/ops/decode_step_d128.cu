@@ -1,0 +1,7 @@
+// The decode step's kernels for head dim 128 (one translation unit per head dim: they build in parallel).
+#include "decode_step_kernel.cuh"
+
+namespace tw::step {
+int prepare_kernel_d128(int act_rows) { return prepare_kernel_for<128>(act_rows); }
+void launch_d128(const StepParams& p, int grid, bool overlap, cudaStream_t stream) { launch_for<128>(p, grid, overlap, stream); }
+}  // namespace tw::step

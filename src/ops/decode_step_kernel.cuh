@@ -1,0 +1,1053 @@
+// The decode step's executor kernel: one persistent CTA per SM takes tickets in schedule order and
+// runs each ticket's tile by its op kind (decode_step_sm90.hpp: embedding, QKV, attention, o_proj /
+// down with the residual, gate/up, LM head, sampling). Private to src/ops; instantiated per head dim
+// in decode_step_d64.cu / decode_step_d128.cu.
+//
+// Roles, as in the fused FFN (ffn_sm90.cu): warp 0 is the executor and the only copy engine user. It
+// takes tickets, pushes each tile to an 8-deep queue for the two consumer warpgroups, and streams the
+// tile's operands through one shared-memory ring of stages: packed weights and act-layout activations
+// for weight tiles, K/V rows (and q) for attention tiles. What depends on nothing goes out before the
+// tile waits on its producers' counters: a weight tile's first stage, an attention tile's cached K/V
+// rows of earlier tokens. The ring runs on across tiles and across op kinds, so the next tile's
+// operands stream while the consumers finish this one.
+//
+// Dependencies. The producer warp polls the tile's counters (acquire), fences the async proxy and
+// only then issues the copies of produced data. Consumers that read produced data with ordinary
+// loads (residuals, sums of squares, tokens, the maxima) first wait on the queue entry's `ready`
+// barrier, which the producer arrives on after its acquire: other CTA's release -> producer's acquire
+// -> producer's arrive (release, CTA) -> consumer's wait (acquire, CTA), so they see those writes.
+// Such data is read with ld.global.cg (L1 is not coherent with other SMs).
+//
+// No deadlock: inside a CTA the producer issues every stage of a tile before it touches the next
+// tile, so a tile the consumers have popped never waits on the producer; the producer's own waits
+// (queue slot, ring slot, counters) are released by the consumers finishing earlier tiles or by other
+// CTAs. Across CTAs the executor's argument holds (runtime/executor.cuh): one CTA per SM, all
+// resident, tickets in topological order, the next ticket drawn only after the current tile is issued.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cuda/atomic>
+
+#include <string>
+
+#include "decode_step_sm90.hpp"
+#include "tileweave/util/cuda_check.hpp"
+#include "tileweave/kernels/attention/decode.cuh"
+#include "tileweave/kernels/sm90/mainloop.cuh"
+#include "tileweave/runtime/executor.cuh"
+
+namespace tw::step {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kQueue = 8;          // tiles the producer may run ahead of the consumers
+constexpr int kConsumers = 256;    // consumer threads
+constexpr int kScratchBytes = 12288;  // consumer scratch: attention combine and merge
+// Shared memory for the ring: the opt-in limit less the scratch and the static shared memory
+// (queue, descriptors, per-row tables; checked at run time by prepare_kernel).
+constexpr int kStaticReserve = 9216;
+constexpr int kMaxStages = 8;
+
+template <int R>
+struct StepConfig {
+  static constexpr int kKAtoms = sm90::stage_cols_for(R) / 64;
+  static constexpr int kStageBytes = kKAtoms * (sm90::kTileRows + R) * 128;
+  static constexpr int kFit = (sm90::kMaxDynSmem - 1024 - 512 - kScratchBytes - kStaticReserve) / kStageBytes;
+  using Cfg = sm90::MainloopConfig<R, kKAtoms, 1, (kFit < kMaxStages ? kFit : kMaxStages)>;
+  static_assert(Cfg::kStageBytes == kStageBytes, "stage layout");
+  static constexpr int kSmemBytes = Cfg::kSmemBytes + kScratchBytes + 128;
+};
+
+// Tokens of K and V per attention stage: the stage holds K[T][D], V[T][D] and the q of a pair's
+// group (at most 8 x 128 bf16 = 2 KiB), T a multiple of 16 up to 128.
+__host__ __device__ constexpr int attention_tokens(int stage_bytes, int d) {
+  const int t = (stage_bytes - 2048) / (4 * d) / 16 * 16;
+  return t < 128 ? t : 128;
+}
+
+// One attention stage, written by the producer before it arms the stage (the arrive releases it).
+struct AttnChunk {
+  int32_t pair, tok0, ntok, len;  // K/V rows [tok0, tok0 + ntok) of pair (b * Hkv + h), length len
+  int32_t flags;                  // kSegFirst | kSegLast | kWhole | kWhich
+  int32_t pu0, pu1;               // the pair's units
+  int32_t unit0;                  // units of this segment before this stage (round-robin over the warps)
+  // The tiles holding part of the pair (first, count), for its merge, and whether the first of them
+  // holds the pair's first part as its second partial (kShift). Worked out by the producer, so that
+  // the consumers divide by nothing: a 64-bit division or a float division's slow path is a call,
+  // and a call holds the consumers' registers to the kernel's entry budget (168).
+  int32_t first_tile, tiles;
+};
+constexpr int32_t kSegFirst = 1, kSegLast = 2, kWhole = 4, kWhich = 8, kShift = 16;
+
+struct StepShared {
+  runtime::BlockSlots slots;
+  DeviceTile tile[kQueue];
+  int32_t id[kQueue], count[kQueue];
+  uint64_t full[kQueue], empty[kQueue], ready[kQueue];
+  AttnChunk chunk[kMaxStages];
+  // The cache lengths of the launch (constant while it runs) and the units before each sequence,
+  // filled by the producer at its first attention tile.
+  int32_t seq_len[kMaxBatch];
+  int32_t seq_units[kMaxBatch + 1];
+  // Per activation row, for the consumers' epilogues: the norm's scale, the new token's position
+  // and its KV-cache row (KV head 0), a reduction slot (sums of squares, or maxima keys).
+  float rstd[kMaxBatch];
+  int32_t pos[kMaxBatch];
+  int64_t kv_base[kMaxBatch];
+  unsigned long long red[kMaxBatch];
+  uint32_t flag, last[2];
+  AttnChunk part[2];  // an attention tile's partial segments: its first and its last
+};
+
+#if TW_SM90_ENABLED
+using namespace sm90;
+
+__device__ __forceinline__ void red_add_v4(float4* p, float a, float b, float c, float d) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1,%2,%3,%4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
+__device__ __forceinline__ void consumer_sync() { named_bar_sync(1, kConsumers); }
+
+__device__ __forceinline__ int stages_of(const StepOpArgs& o, const DeviceTile& t) {
+  return o.slice_start[t.ks + 1] - o.slice_start[t.ks];
+}
+
+// Offset of KV head 0's row `tok` of sequence b in a layer's cache; heads are `kv_head_stride` apart.
+__device__ __forceinline__ int64_t kv_row(const StepParams& p, int b, int tok) {
+  if (p.page_table == nullptr) return (int64_t(b) * p.num_kv_heads * p.max_seq_len + tok);
+  const int page = __ldg(&p.page_table[int64_t(b) * p.pages_per_seq + tok / p.page_size]);
+  return int64_t(page) * p.num_kv_heads * p.page_size + tok % p.page_size;
+}
+__device__ __forceinline__ int64_t kv_head_stride(const StepParams& p) {
+  return p.page_table == nullptr ? p.max_seq_len : p.page_size;
+}
+
+
+// floor(x / d) for 0 <= x < 2^44 and 0 < d < 2^31 without a 64-bit division, which compiles to a call,
+// and any call in the kernel holds every role to the kernel's entry register budget (168; the
+// consumers need more). Two float estimates, each shrinking the error by ~2^-21 (so it is at most 2
+// after them), then exact fix-ups (written out: a loop would be turned back into a division).
+__device__ __forceinline__ int64_t div_floor(int64_t x, int64_t d) {
+  const float r = __fdividef(1.f, float(d));
+  int64_t q = int64_t(float(x) * r);
+  q += int64_t(float(x - q * d) * r);
+  int64_t rem = x - q * d;
+#pragma unroll
+  for (int i = 0; i < 3; ++i) {
+    const int64_t down = rem < 0 ? 1 : 0, up = rem >= d ? 1 : 0;
+    q += up - down;
+    rem += (down - up) * d;
+  }
+  return q;
+}
+// kernels/attention/decode_units.hpp's tile arithmetic, with div_floor.
+__device__ __forceinline__ int tile_start(int c, int tiles, int total) { return int(div_floor(int64_t(c) * total, tiles)); }
+__device__ __forceinline__ int tile_of(int u, int tiles, int total) {
+  return int(div_floor(int64_t(u + 1) * tiles - 1, total));
+}
+
+// ---- the attention plan of the launch ----
+// Pair i = b * Hkv + h holds units(len_b + 1) 16-token units; tile c of P takes units [c U / P,
+// (c + 1) U / P) of all pairs' units in a row (kernels/attention/decode_units.hpp), every tile the
+// same bytes whatever the lengths. The lengths are the launch's: read once per CTA (the sample tile
+// advances them after every reader).
+__device__ __forceinline__ void load_lengths(const StepParams& p, StepShared& sh) {
+  const int lane = threadIdx.x % 32;
+  int carry = 0;
+  for (int b0 = 0; b0 < p.batch; b0 += 32) {
+    const int b = b0 + lane;
+    const int len = b < p.batch ? __ldcg(&p.seq_lens[b]) : 0;
+    int units = b < p.batch ? kernels::decode_units(len + 1) * p.num_kv_heads : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o *= 2) {  // inclusive warp scan
+      const int v = __shfl_up_sync(0xffffffffu, units, o);
+      if (lane >= o) units += v;
+    }
+    if (b < p.batch) {
+      sh.seq_len[b] = len;
+      sh.seq_units[b + 1] = carry + units;
+    }
+    carry += __shfl_sync(0xffffffffu, units, 31);
+  }
+  if (lane == 0) sh.seq_units[0] = 0;
+  __syncwarp();
+}
+
+// The attention tiles that take units this launch, for `total` units: at most P (the plan's), and no
+// fewer than attn_min_units per tile. At short contexts the attention is latency-bound, and a pair cut
+// over many tiles pays for partials and a merge: one pair per tile was faster there (the K/V of the
+// tile's earlier tokens streams while the QKV tiles run). Tiles then hold units in a row with no empty
+// tile in between (a pair's merge counts the tiles holding its parts).
+__device__ __forceinline__ int attention_tiles_for(const StepParams& p, int total) {
+  return max(1, min(p.attn_tiles, (total + p.attn_min_units - 1) / p.attn_min_units));
+}
+
+// Walks one attention tile's stages (one thread): segment by segment (a segment is the tile's part
+// of one pair), each in stages of up to `stage_tokens` tokens.
+struct ChunkWalk {
+  int tile_u0, u_hi, total;  // the tile's units, all units
+  int tiles;                 // tiles that take units (attention_tiles_for); the rest stay empty
+  int b, h;                  // the current pair
+  int pu0, pu1;              // its units
+  int seg_u0, seg_u1;        // the segment's units
+  int tok, tok_end;          // next token of the segment, its end
+  int seg_units;             // units of the segment already walked
+};
+__device__ __forceinline__ void walk_segment(const StepShared& sh, ChunkWalk& w, int num_kv_heads) {
+  const int units = kernels::decode_units(sh.seq_len[w.b] + 1);
+  w.pu0 = sh.seq_units[w.b] + w.h * units;
+  w.pu1 = w.pu0 + units;
+  w.seg_u0 = max(w.tile_u0, w.pu0);
+  w.seg_u1 = min(w.u_hi, w.pu1);
+  w.tok = (w.seg_u0 - w.pu0) * kernels::kDecodeStageTokens;
+  w.tok_end = min((w.seg_u1 - w.pu0) * kernels::kDecodeStageTokens, sh.seq_len[w.b] + 1);
+  w.seg_units = 0;
+}
+__device__ __forceinline__ ChunkWalk walk_begin(const StepParams& p, const StepShared& sh, int tile) {
+  ChunkWalk w;
+  w.total = sh.seq_units[p.batch];
+  w.tiles = attention_tiles_for(p, w.total);
+  w.tok = w.tok_end = 0;
+  w.tile_u0 = w.u_hi = w.seg_u1 = 0;
+  if (tile >= w.tiles) return w;  // no units for this tile (fewer units than tiles)
+  w.tile_u0 = tile_start(tile, w.tiles, w.total);
+  w.u_hi = tile_start(tile + 1, w.tiles, w.total);
+  w.seg_u1 = w.u_hi;
+  int lo = 0, hi = p.batch - 1;       // the last sequence whose units start at or before the tile's
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (sh.seq_units[mid] <= w.tile_u0) lo = mid; else hi = mid - 1;
+  }
+  w.b = lo;
+  w.h = (w.tile_u0 - sh.seq_units[lo]) / kernels::decode_units(sh.seq_len[lo] + 1);
+  walk_segment(sh, w, p.num_kv_heads);
+  return w;
+}
+// The tile's next stage into c; false when the tile is done.
+__device__ __forceinline__ bool walk_next(const StepParams& p, const StepShared& sh, ChunkWalk& w, int stage_tokens, AttnChunk& c) {
+  if (w.tok >= w.tok_end) {
+    if (w.seg_u1 >= w.u_hi) return false;
+    if (++w.h == p.num_kv_heads) w.h = 0, ++w.b;
+    walk_segment(sh, w, p.num_kv_heads);
+  }
+  const int n = min(stage_tokens, w.tok_end - w.tok);
+  c.pair = w.b * p.num_kv_heads + w.h;
+  c.tok0 = w.tok;
+  c.ntok = n;
+  c.len = sh.seq_len[w.b] + 1;
+  c.pu0 = w.pu0;
+  c.pu1 = w.pu1;
+  c.unit0 = w.seg_units;
+  c.first_tile = tile_of(w.pu0, w.tiles, w.total);
+  c.tiles = tile_of(w.pu1 - 1, w.tiles, w.total) - c.first_tile + 1;
+  const bool shift = tile_start(c.first_tile, w.tiles, w.total) < w.pu0;
+  c.flags = (w.seg_units == 0 ? kSegFirst : 0) | (w.tok + n >= w.tok_end ? kSegLast : 0) |
+            (w.seg_u0 == w.pu0 && w.seg_u1 == w.pu1 ? kWhole : 0) | (w.seg_u0 > w.tile_u0 ? kWhich : 0) |
+            (shift ? kShift : 0);
+  w.tok += n;
+  w.seg_units += kernels::decode_units(n);
+  return true;
+}
+
+// ---- producer (warp 0) ----
+
+template <class Cfg>
+__device__ __forceinline__ int acquire_stage(const Ring<Cfg>& ring, PipeState<Cfg>& ps) {
+  const int s = ps.stage;
+  mbar_wait(&ring.empty[s], ps.phase ^ 1, "empty");  // a fresh barrier: the first pass is free
+  ps.advance();
+  return s;
+}
+template <class Cfg>
+__device__ __forceinline__ void arm_stage(const Ring<Cfg>& ring, int s, uint32_t bytes) {
+  ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &ring.full[s], bytes);
+}
+template <class Cfg>
+__device__ __forceinline__ void issue_weights(const Ring<Cfg>& ring, int s, const StepOpArgs& o, int tn, int kst,
+                                              uint64_t policy) {
+  const bf16* src = o.w + (int64_t(tn) * o.packed_atoms + kst * Cfg::kKAtoms) * (kTileRows * 64);
+  bulk_load(ring.w_atom(s, 0), src, Cfg::kKAtoms * Cfg::kWAtomBytes, &ring.full[s], policy);
+}
+template <class Cfg>
+__device__ __forceinline__ void issue_acts(const Ring<Cfg>& ring, int s, const StepOpArgs& o, int kst, uint64_t policy) {
+#pragma unroll
+  for (int a = 0; a < Cfg::kKAtoms; ++a)
+    bulk_load(ring.x_atom(s, a), o.act + int64_t(kst * Cfg::kKAtoms + a) * Cfg::kMPad * 64, Cfg::kXAtomBytes,
+              &ring.full[s], policy);
+}
+// An attention stage: K at the stage's start, V after `stage_tokens` rows of K, then q.
+template <int D>
+__device__ __forceinline__ uint32_t attention_stage_bytes(const StepParams& p, const AttnChunk& c) {
+  return uint32_t(4 * c.ntok * D) + ((c.flags & kSegFirst) ? uint32_t(p.group * D * 2) : 0u);
+}
+template <class Cfg, int D>
+__device__ __forceinline__ void issue_kv(const StepParams& p, const Ring<Cfg>& ring, int s, const StepOpArgs& o,
+                                         const AttnChunk& c, int stage_tokens) {
+  const int b = c.pair / p.num_kv_heads, h = c.pair - b * p.num_kv_heads;
+  uint8_t* k_dst = ring.w_atom(s, 0);
+  uint8_t* v_dst = k_dst + stage_tokens * D * 2;
+  const int64_t hs = int64_t(h) * kv_head_stride(p);
+  const uint64_t policy = l2_evict_first();
+  for (int tok = c.tok0; tok < c.tok0 + c.ntok;) {  // page by page (one piece when contiguous)
+    const int end = p.page_table ? min(c.tok0 + c.ntok, (tok / p.page_size + 1) * p.page_size) : c.tok0 + c.ntok;
+    const int64_t row = kv_row(p, b, tok) + hs;
+    const uint32_t bytes = uint32_t(end - tok) * D * 2, at = uint32_t(tok - c.tok0) * D * 2;
+    bulk_load(k_dst + at, o.k_cache + row * D, bytes, &ring.full[s], policy);
+    bulk_load(v_dst + at, o.v_cache + row * D, bytes, &ring.full[s], policy);
+    tok = end;
+  }
+}
+// q of the pair's group (the QKV epilogue stored it roped, [B, q_dim] row-major; the op's `act`).
+template <class Cfg, int D>
+__device__ __forceinline__ void issue_q(const StepParams& p, const Ring<Cfg>& ring, int s, const StepOpArgs& o,
+                                        const AttnChunk& c, int stage_tokens) {
+  const int b = c.pair / p.num_kv_heads, h = c.pair - b * p.num_kv_heads;
+  const bf16* q = o.act + int64_t(b) * p.q_dim + int64_t(h) * p.group * D;
+  bulk_load(ring.w_atom(s, 0) + 4 * stage_tokens * D, q, uint32_t(p.group * D * 2), &ring.full[s], l2_evict_last());
+}
+
+template <class Cfg, int D>
+__device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepParams& p) {
+  const runtime::ExecParams& ep = p.ep;
+  const int lane = threadIdx.x;
+  const uint64_t w_policy = l2_evict_first(), x_policy = l2_evict_last();
+  constexpr int kStageTokens = attention_tokens(Cfg::kStageBytes, D);
+  PipeState<Cfg> ps;
+  int qs = 0;
+  uint32_t qphase = 0;
+  bool lengths_loaded = false;
+  for (bool first = true;; first = false) {
+    __syncwarp();  // lane 0's prefetch (slots.next*) is visible to the warp
+    int32_t id = sh.slots.next_id;
+    if (id >= 0 && !first && ep.spin_limit && *reinterpret_cast<volatile uint32_t*>(&ep.state->error)) id = -1;
+    const DeviceTile t = sh.slots.next;
+    const StepOpArgs& o = p.ops[id >= 0 ? t.op : 0];
+    const int kind = id >= 0 ? o.kind : -1;
+    const bool weights = kind == kQkv || kind == kResidual || kind == kGateUp || kind == kLmHead;
+    const int kst0 = weights ? o.slice_start[t.ks] : 0, n = weights ? stages_of(o, t) : 0;
+    const int s0 = ps.stage;
+    // Weights depend on nothing: a weight tile's first stage goes out before the tile is queued or
+    // polls its producers (in an overlapped launch, before the wait for the previous kernel).
+    if (lane == 0 && n > 0) {
+      const int s = acquire_stage(ring, ps);
+      arm_stage(ring, s, Cfg::kStageBytes);
+      issue_weights(ring, s, o, t.tn, kst0, w_policy);
+    }
+    if (first) {
+      runtime::grid_dependency_wait();  // from here on the previous kernel has finished
+      if (lane == 0) runtime::enter_launch(ep, sh.slots);
+      __syncwarp();
+    }
+    int count = n;
+    ChunkWalk walk{};
+    if (kind == kAttention) {
+      if (!lengths_loaded) load_lengths(p, sh), lengths_loaded = true;
+      if (lane == 0) {
+        walk = walk_begin(p, sh, t.tn);
+        ChunkWalk probe = walk;
+        AttnChunk c;
+        for (count = 0; walk_next(p, sh, probe, kStageTokens, c);) ++count;
+      }
+    }
+    if (lane == 0) {
+      mbar_wait(&sh.empty[qs], qphase ^ 1, "queue empty");
+      sh.tile[qs] = id >= 0 ? t : DeviceTile{-1, 0, 0, 0, 0, 0, 0, -1};
+      sh.id[qs] = id;
+      sh.count[qs] = count;
+      mbar_arrive(&sh.full[qs]);  // the epoch (written above) reaches the consumers with the entry
+      if (id >= 0) runtime::trace_mark(ep, id, runtime::kTraceSm), runtime::trace_mark(ep, id, runtime::kTraceTaken);
+    }
+    const int entry = qs;
+    if (++qs == kQueue) qs = 0, qphase ^= 1;
+    if (id < 0) break;
+
+    // Usually a tile's producers finished long ago: one poll, made while the first stage is on its
+    // way, says so. (A wait that expires, in tests with bounded waits, has flagged the launch failed;
+    // the copies below still go out, since their stages are armed for them.)
+    const bool ready = runtime::counters_ready_warp(ep, sh.slots.epoch, t);
+    if (weights) {
+      // Producers done: every stage gets weights and activations together. Otherwise a ring's worth
+      // of weights goes out before the wait and their activations after it.
+      const int pre = ready ? 1 : min(n, ps.count);
+      if (lane == 0) {
+        for (int j = 1; j < pre; ++j) {
+          const int s = acquire_stage(ring, ps);
+          arm_stage(ring, s, Cfg::kStageBytes);
+          issue_weights(ring, s, o, t.tn, kst0 + j, w_policy);
+        }
+        // While the tile waits, its next stages are pulled into L2: the memory system keeps streaming
+        // through the step's dependency hops (each op waits for the whole previous one).
+        const int ahead = ready ? 0 : min(n - pre, p.l2_ahead);
+        if (ahead > 0)
+          bulk_prefetch_l2(o.w + (int64_t(t.tn) * o.packed_atoms + (kst0 + pre) * Cfg::kKAtoms) * (kTileRows * 64),
+                           uint32_t(ahead * Cfg::kKAtoms * Cfg::kWAtomBytes));
+      }
+      if (!ready) runtime::wait_counters_warp(ep, sh.slots.epoch, t);
+      if (lane == 0) {
+        runtime::trace_mark(ep, id, runtime::kTraceReady);
+        ptx::fence_proxy_async(ptx::space_global);  // produced activations, read by the async proxy
+        for (int j = 0, s = s0; j < pre; ++j, s = (s + 1 == ps.count ? 0 : s + 1)) issue_acts(ring, s, o, kst0 + j, x_policy);
+        for (int j = pre; j < n; ++j) {
+          const int s = acquire_stage(ring, ps);
+          arm_stage(ring, s, Cfg::kStageBytes);
+          issue_weights(ring, s, o, t.tn, kst0 + j, w_policy);
+          issue_acts(ring, s, o, kst0 + j, x_policy);
+        }
+      }
+    } else if (kind == kAttention) {
+      // Cached rows of earlier tokens depend on nothing: while the producers are not done, stages
+      // holding no new token's row (written by this launch's QKV tiles) go out before the wait, their
+      // q (if they start a segment) after it. The pre-issued stages are consecutive from s0.
+      AttnChunk c;
+      bool have = false;
+      int pre = 0;
+      if (lane == 0) {
+        have = walk_next(p, sh, walk, kStageTokens, c);
+        if (!ready)
+          for (; have && pre < ps.count && c.tok0 + c.ntok < c.len; ++pre) {
+            const int s = acquire_stage(ring, ps);
+            sh.chunk[s] = c;
+            arm_stage(ring, s, attention_stage_bytes<D>(p, c));
+            issue_kv<Cfg, D>(p, ring, s, o, c, kStageTokens);
+            have = walk_next(p, sh, walk, kStageTokens, c);
+          }
+      }
+      if (!ready) runtime::wait_counters_warp(ep, sh.slots.epoch, t);
+      if (lane == 0) {
+        runtime::trace_mark(ep, id, runtime::kTraceReady);
+        ptx::fence_proxy_async(ptx::space_global);
+        for (int j = 0, s = s0; j < pre; ++j, s = (s + 1 == ps.count ? 0 : s + 1))
+          if (sh.chunk[s].flags & kSegFirst) issue_q<Cfg, D>(p, ring, s, o, sh.chunk[s], kStageTokens);
+        for (; have; have = walk_next(p, sh, walk, kStageTokens, c)) {
+          const int s = acquire_stage(ring, ps);
+          sh.chunk[s] = c;
+          arm_stage(ring, s, attention_stage_bytes<D>(p, c));
+          issue_kv<Cfg, D>(p, ring, s, o, c, kStageTokens);
+          if (c.flags & kSegFirst) issue_q<Cfg, D>(p, ring, s, o, c, kStageTokens);
+        }
+      }
+    } else if (!ready) {
+      runtime::wait_counters_warp(ep, sh.slots.epoch, t);
+    }
+    if (lane == 0) {
+      mbar_arrive(&sh.ready[entry]);
+      // The next ticket only now: its round trips overlap the consumers working through this tile.
+      runtime::prefetch_next(ep, sh.slots);
+    }
+  }
+}
+
+// ---- the L2 streamer (warp 1) ----
+// Weights depend on nothing, but a tile streams them only once it holds a ticket, and the step's ops
+// wait for each other's whole output (every op reads whole rows): the dependency hops of a layer leave
+// the memory system idle unless something reads ahead of the tickets. Warp 1 of each CTA pulls into
+// L2 the weights of every grid-th ticket (blockIdx.x, + grid, ...), staying l2_stream_bytes of weights
+// ahead of the tickets drawn so far; the ring's copies then find them in L2. It waits only on the
+// ticket counter, which the other warps advance, so it never holds anything up; it ends once every
+// ticket is drawn.
+template <class Cfg>
+__device__ void run_l2_streamer(const StepParams& p) {
+  const runtime::ExecParams& ep = p.ep;
+  const int lane = threadIdx.x % 32;
+  const int grid = int(gridDim.x);
+  runtime::grid_dependency_wait();  // this launch's ticket counter (the previous launch resets it at its end)
+  for (int next = blockIdx.x; next < ep.num_tiles;) {
+    int go = 0;
+    if (lane == 0) {
+      const int drawn = min(int(*reinterpret_cast<volatile uint32_t*>(&ep.state->ticket)) + grid, ep.num_tiles);
+      go = __ldg(&p.ticket_bytes[next]) < __ldg(&p.ticket_bytes[drawn]) + p.l2_stream_bytes;
+      if (go) {
+        const DeviceTile t = ep.tiles[ep.order[next]];
+        const StepOpArgs& o = p.ops[t.op];
+        if (o.kind == kQkv || o.kind == kResidual || o.kind == kGateUp || o.kind == kLmHead) {
+          const int kst0 = o.slice_start[t.ks];
+          bulk_prefetch_l2(o.w + (int64_t(t.tn) * o.packed_atoms + kst0 * Cfg::kKAtoms) * (kTileRows * 64),
+                           uint32_t(stages_of(o, t) * Cfg::kKAtoms * Cfg::kWAtomBytes));
+        }
+      }
+    }
+    go = __shfl_sync(0xffffffffu, go, 0);
+    if (go) {
+      next += grid;
+    } else {
+      __nanosleep(500);
+      if (ep.spin_limit && *reinterpret_cast<volatile uint32_t*>(&ep.state->error)) break;
+    }
+  }
+}
+
+// ---- consumers (two warpgroups, 256 threads; ct = thread index among them) ----
+
+__device__ __forceinline__ float silu(float v) { return __fdividef(v, 1.f + __expf(-v)); }
+// A float's bits as an unsigned key ordered like the floats.
+__device__ __forceinline__ uint32_t ordered_bits(float v) {
+  const uint32_t b = __float_as_uint(v);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+__device__ __forceinline__ void store_bf16x4(bf16* dst, float a, float b, float c, float d) {
+  __nv_bfloat162 lo = __floats2bfloat162_rn(a, b), hi = __floats2bfloat162_rn(c, d);
+  uint2 u;
+  u.x = *reinterpret_cast<uint32_t*>(&lo);
+  u.y = *reinterpret_cast<uint32_t*>(&hi);
+  *reinterpret_cast<uint2*>(dst) = u;
+}
+
+// After the tile's global writes: make them visible to the async proxy where other CTAs read them with
+// bulk copies (`async_readers`: activations, q, the cache rows), then publish the tile on its counter.
+__device__ __forceinline__ void finish_tile(const StepParams& p, const DeviceTile& t, int32_t id, int ct,
+                                            bool async_readers = true) {
+  if (async_readers) ptx::fence_proxy_async(ptx::space_global);
+  consumer_sync();
+  if (ct == 0) {
+    runtime::release_signal(p.ep, t);
+    runtime::trace_mark(p.ep, id, runtime::kTraceDone);
+  }
+}
+
+// Per-row tables of a weight tile's epilogue (threads ct < R), then a consumer barrier.
+__device__ __forceinline__ void prepare_rows(const StepParams& p, StepShared& sh, const StepOpArgs& o, int stats_off,
+                                             int ct) {
+  if (ct < p.act_rows) {
+    const int m = ct;
+    if (o.row_stats && m < p.batch)
+      sh.rstd[m] = rsqrtf(__fdividef(__ldcg(o.row_stats + stats_off + m), float(o.k)) + p.eps);
+    if (o.kind == kQkv && m < p.batch) {
+      const int pos = __ldcg(&p.seq_lens[m]);
+      sh.pos[m] = pos;
+      sh.kv_base[m] = kv_row(p, m, pos);
+    }
+    sh.red[m] = 0;
+  }
+  consumer_sync();
+}
+
+// The epilogue of a weight tile on the (summed) accumulators. Register 4q+e of consumer thread ct
+// (sm90::acc_coord, one 64-row block per warpgroup) is weight row r + 8 (e >> 1) of the tile and
+// activation row 8q + 2 (ct % 4) + (e & 1). Paired tiles (gate/up, q|k|v) hold in rows r and r + 8
+// a column and its partner: registers e = 0, 1 and e + 2.
+template <class Cfg, int D>
+__device__ void weight_epilogue(const StepParams& p, StepShared& sh, const StepOpArgs& o, const DeviceTile& t,
+                                const float (&acc)[Cfg::kAcc], int ct, int stats_off, uint32_t epoch) {
+  const int lane = ct % 32, warp = ct / 32;
+  const ActLayout act{p.act_rows};
+  const int B = p.batch;
+  if (o.kind == kQkv || o.kind == kGateUp) {
+    const int pc = t.tn * (kTileRows / 2) + warp * 8 + lane / 4;  // pair index
+    if (pc >= o.n / (o.kind == kQkv ? 2 : 1)) return;
+    constexpr int kHalf = D / 2;
+    const int head = pc / kHalf, i = pc - head * kHalf, col = head * D + i;
+    // The thread's two bias values, loaded before any store (see add_residual).
+    const float bias_a = o.kind == kQkv && o.bias ? __bfloat162float(__ldg(o.bias + col)) : 0.f;
+    const float bias_b = o.kind == kQkv && o.bias ? __bfloat162float(__ldg(o.bias + col + kHalf)) : 0.f;
+#pragma unroll
+    for (int q = 0; q < Cfg::kAcc / 4; ++q)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int m = 8 * q + 2 * (lane % 4) + e;
+        if (m >= B) continue;
+        const float r = o.row_stats ? sh.rstd[m] : 1.f;
+        float a = acc[4 * q + e] * r, b = acc[4 * q + e + 2] * r;
+        if (o.kind == kGateUp) {
+          o.out[act.index(m, pc)] = __float2bfloat16(silu(a) * b);
+          continue;
+        }
+        a += bias_a, b += bias_b;
+        const int hq = p.q_dim / D, hkv = p.num_kv_heads;
+        if (head < hq + hkv) {  // RoPE (rotate-half) on q and k
+          // The angle in float as transformers computes it, reduced to [-pi, pi] in double, then the
+          // hardware sine and cosine (sincosf's large-argument path would put an array in local memory).
+          const double angle = double(float(sh.pos[m]) * p.inv_freq[i]);
+          float sn, cs;
+          __sincosf(float(angle - rint(angle * 0.15915494309189535) * 6.283185307179586), &sn, &cs);
+          const float a2 = a * cs - b * sn, b2 = b * cs + a * sn;
+          a = a2, b = b2;
+        }
+        bf16* dst;
+        if (head < hq) {
+          dst = o.out + int64_t(m) * p.q_dim + col;
+        } else {
+          const bool is_k = head < hq + hkv;
+          const int kh = head - hq - (is_k ? 0 : hkv);
+          dst = (is_k ? o.k_cache : o.v_cache) + (sh.kv_base[m] + int64_t(kh) * kv_head_stride(p)) * D + i;
+        }
+        dst[0] = __float2bfloat16(a);
+        dst[kHalf] = __float2bfloat16(b);
+      }
+    return;
+  }
+  // Plain tiles: o_proj / down (+ residual, sums of squares) and the LM head (maxima).
+  const int r0 = t.tn * kTileRows + warp * 16 + lane / 4;
+  float* red_f = reinterpret_cast<float*>(sh.red);
+#pragma unroll
+  for (int q = 0; q < Cfg::kAcc / 4; ++q) {
+    float part[2] = {0.f, 0.f};
+    unsigned long long best[2] = {0ull, 0ull};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int m = 8 * q + 2 * (lane % 4) + (e & 1), col = r0 + 8 * (e >> 1);
+      if (m >= B || col >= o.n) continue;
+      if (o.kind == kResidual) {  // the residual is in acc already (add_residual)
+        const int64_t at = act.index(m, col);
+        const bf16 y = __float2bfloat16(acc[4 * q + e]);
+        o.out[at] = y;
+        const float yf = __bfloat162float(y);
+        part[e & 1] += yf * yf;
+      } else {  // kLmHead
+        const float v = acc[4 * q + e] * sh.rstd[m];
+        if (p.logits) p.logits[int64_t(m) * p.vocab + col] = v;
+        const unsigned long long key = (uint64_t(ordered_bits(v)) << 32) | (0xFFFFFFFFu - uint32_t(col));
+        best[e & 1] = max(best[e & 1], key);
+      }
+    }
+    // The 8 lanes of a warp that share lane % 4 hold the same activation rows.
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+#pragma unroll
+      for (int x = 4; x < 32; x *= 2) {
+        if (o.kind == kResidual) part[e] += __shfl_xor_sync(0xffffffffu, part[e], x);
+        else best[e] = max(best[e], __shfl_xor_sync(0xffffffffu, best[e], x));
+      }
+      const int m = 8 * q + 2 * (lane % 4) + e;
+      if (lane < 4 && m < B) {
+        if (o.kind == kResidual) atomicAdd(&red_f[2 * m], part[e]);
+        else atomicMax(&sh.red[m], best[e]);
+      }
+    }
+  }
+  consumer_sync();
+  if (ct < B) {
+    if (o.kind == kResidual) atomicAdd(o.out_stats + stats_off + ct, red_f[2 * ct]);
+    else atomicMax(p.maxima + (epoch & 1) * B + ct, sh.red[ct]);
+  }
+}
+
+// acc += the residual (o_proj, down): added by K slice 0 before the split's reduction, so the last
+// slice to arrive has nothing left to load. Loads go out in batches, never between stores (a store
+// between two loads serialises them: measured as ~4 us of a split tile's tail in the step timelines).
+template <class Cfg>
+__device__ __forceinline__ void add_residual(const StepParams& p, const StepOpArgs& o, const DeviceTile& t,
+                                             float (&acc)[Cfg::kAcc], int ct) {
+  const int lane = ct % 32, warp = ct / 32, r0 = t.tn * kTileRows + warp * 16 + lane / 4;
+  const ActLayout act{p.act_rows};
+  constexpr int kBatch = Cfg::kAcc < 16 ? Cfg::kAcc : 16;
+#pragma unroll
+  for (int i0 = 0; i0 < Cfg::kAcc; i0 += kBatch) {
+    float r[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = i0 + j, m = 8 * (i / 4) + 2 * (lane % 4) + (i & 1), col = r0 + 8 * ((i & 3) >> 1);
+      r[j] = m < p.batch && col < o.n ? __bfloat162float(__ldcg(o.residual + act.index(m, col))) : 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) acc[i0 + j] += r[j];
+  }
+}
+
+// A weight tile after its mainloop: the per-row tables and the residual first (their loads overlap the
+// split's reduction), then the split's partial sums (fp32 blocks in fragment order, vector
+// reductions, the last slice to arrive sums them and re-zeroes the block), then the epilogue.
+template <class Cfg, int D>
+__device__ void finish_weight_tile(const StepParams& p, StepShared& sh, const StepOpArgs& o, const DeviceTile& t,
+                                   int32_t id, float (&acc)[Cfg::kAcc], int ct, uint32_t epoch) {
+  const int stats_off = (epoch & 1) * p.stats_count;
+  prepare_rows(p, sh, o, stats_off, ct);
+  if (o.kind == kResidual && t.ks == 0) add_residual<Cfg>(p, o, t, acc, ct);
+  if (o.split > 1) {
+    float4* block = reinterpret_cast<float4*>(o.ws) + int64_t(t.tn) * (kConsumers * Cfg::kAcc / 4);
+#pragma unroll
+    for (int q = 0; q < Cfg::kAcc / 4; ++q)
+      red_add_v4(block + q * kConsumers + ct, acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]);
+    consumer_sync();
+    if (ct == 0) sh.flag = runtime::arrive_last(p.ep, epoch, t, o.split);
+    consumer_sync();
+    if (!sh.flag) return finish_tile(p, t, id, ct, false);  // only partial sums, read by ordinary loads
+    asm volatile("fence.acq_rel.gpu;\n" ::: "memory");  // the other slices' sums, seen via ct 0's acquire
+    // All loads before any store (a store between loads would serialise them; see the FFN).
+#pragma unroll
+    for (int q = 0; q < Cfg::kAcc / 4; ++q) {
+      const float4 v = __ldcg(block + q * kConsumers + ct);
+      acc[4 * q] = v.x, acc[4 * q + 1] = v.y, acc[4 * q + 2] = v.z, acc[4 * q + 3] = v.w;
+    }
+#pragma unroll
+    for (int q = 0; q < Cfg::kAcc / 4; ++q) __stcg(block + q * kConsumers + ct, make_float4(0.f, 0.f, 0.f, 0.f));
+  }
+  weight_epilogue<Cfg, D>(p, sh, o, t, acc, ct, stats_off, epoch);
+  finish_tile(p, t, id, ct, o.kind != kLmHead);  // the LM head's maxima are read by ordinary loads
+}
+
+// Attention tile: count stages of K/V through the ring. Warp w of 8 takes the 16-token units u of a
+// segment with u % 8 == w, keeping its own online softmax; at a segment's end the warps combine in
+// shared memory and the result is the output (a whole pair) or a partial (normalised output + LSE,
+// slot 2 tile + which). The last tile to finish a pair merges its partials (no tile waits for another).
+template <int D>
+__device__ void combine_segment(const StepParams& p, float* scratch, const AttnChunk& c, int tile, float (&o)[D / 8][4],
+                                float m, float l, int ct, const StepOpArgs& op) {
+  const int lane = ct % 32, warp = ct / 32, g = lane / 4, tq = lane % 4, G = p.group;
+  constexpr int kSlot = kernels::kDecodeMaxGroup * D;
+  float* slot = scratch + (warp / 4) * kSlot;                        // [2][G][D]: warpgroup 0's and 1's sums
+  float2* ml = reinterpret_cast<float2*>(scratch + 2 * kSlot);       // [8 warps][8 rows]
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  if (tq == 0 && g < G) ml[warp * 8 + g] = make_float2(m, l);
+  consumer_sync();
+  auto row_max_sum = [&](int row, float& mx, float& sum) {
+    mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) mx = fmaxf(mx, ml[w * 8 + row].x);
+    sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) sum += ml[w * 8 + row].y * exp2f(ml[w * 8 + row].x - mx);
+  };
+  float f = 0.f;
+  if (g < G) {
+    float mx, sum;
+    row_max_sum(g, mx, sum);
+    f = __fdividef(exp2f(m - mx), sum);  // 0 for a warp with no unit in the segment
+  }
+  // Four rounds, one warp of each warpgroup adding its scaled output into its warpgroup's sum (plain
+  // stores: no two warps touch a slot in a round; shared-memory float atomics held o's 64 registers
+  // through compare-and-swap loops and spilled).
+#pragma unroll 1
+  for (int r = 0; r < 4; ++r) {
+    if (warp % 4 == r && g < G)
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        const int d = 8 * (2 * tq + 8 * (j / 8)) + j % 8;
+        float* at = slot + g * D + d;
+        at[0] = (r ? at[0] : 0.f) + f * o[j][0];
+        at[8] = (r ? at[8] : 0.f) + f * o[j][1];
+      }
+    consumer_sync();
+  }
+  const int b = c.pair / p.num_kv_heads, h = c.pair - b * p.num_kv_heads;
+  const int64_t part = 2 * int64_t(tile) + ((c.flags & kWhich) ? 1 : 0);
+  const ActLayout act{p.act_rows};
+  for (int i = ct; i < G * D / 4; i += kConsumers) {
+    const int gg = i / (D / 4), d = 4 * (i % (D / 4));
+    const float4 x = *reinterpret_cast<const float4*>(&scratch[gg * D + d]);
+    const float4 y = *reinterpret_cast<const float4*>(&scratch[kSlot + gg * D + d]);
+    const float4 v = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+    if (c.flags & kWhole) {
+      store_bf16x4(op.out + act.index(b, (h * G + gg) * D + d), v.x, v.y, v.z, v.w);
+    } else {
+      *reinterpret_cast<float4*>(&p.o_part[(part * G + gg) * D + d]) = v;
+      if (d == 0) {
+        float mx, sum;
+        row_max_sum(gg, mx, sum);
+        p.lse_part[part * G + gg] = mx + log2f(sum);
+      }
+    }
+  }
+  consumer_sync();  // the scratch is free again
+}
+
+// Merges the partials of the pair of c, one per tile holding part of it, as the last of those tiles.
+// Threads are grouped: group j merges partials j, j + groups, ... of the G D / 4 float4s (all their
+// loads in flight together), then the groups combine in shared memory.
+template <int D>
+__device__ void merge_pair(const StepParams& p, float* scratch, const AttnChunk& c, int ct, const StepOpArgs& op) {
+  const int G = p.group, nv = G * D / 4, groups = max(1, kConsumers / nv);
+  const int c0 = c.first_tile, n = c.tiles, shift = (c.flags & kShift) ? 1 : 0;
+  float4* out = reinterpret_cast<float4*>(scratch);                   // [nv]
+  float2* ms = reinterpret_cast<float2*>(scratch + 4 * nv);           // [groups][nv]
+  for (int i = ct; i < nv; i += kConsumers) out[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  const int grp = ct / nv, e = ct % nv;
+  float mw = -INFINITY, sw = 0.f;
+  float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (grp < groups) {
+    // Batches of 4 partials: all their loads in flight before the first is used (one L2 round trip a
+    // batch; in a loop that merged as it loaded, the merge tail was one round trip per partial).
+    constexpr int kBatch = 4;
+    for (int s0 = grp; s0 < n; s0 += kBatch * groups) {
+      float lse[kBatch];
+      float4 v[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int s = s0 + j * groups;
+        const int64_t slot = 2 * int64_t(c0 + min(s, n - 1)) + (s == 0 ? shift : 0);
+        lse[j] = s < n ? __ldcg(p.lse_part + slot * G + e / (D / 4)) : -INFINITY;
+        v[j] = __ldcg(reinterpret_cast<const float4*>(p.o_part + slot * G * D) + e);
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        if (lse[j] == -INFINITY) continue;
+        const float mn = fmaxf(mw, lse[j]), x = exp2f(mw - mn), y = exp2f(lse[j] - mn);
+        a = make_float4(a.x * x + v[j].x * y, a.y * x + v[j].y * y, a.z * x + v[j].z * y, a.w * x + v[j].w * y);
+        sw = sw * x + y;
+        mw = mn;
+      }
+    }
+    ms[grp * nv + e] = make_float2(mw, sw);
+  }
+  consumer_sync();
+  if (grp < groups && sw > 0.f) {
+    float mx = -INFINITY, sum = 0.f;
+    for (int j = 0; j < groups; ++j) mx = fmaxf(mx, ms[j * nv + e].x);
+    for (int j = 0; j < groups; ++j) sum += ms[j * nv + e].y * exp2f(ms[j * nv + e].x - mx);
+    const float f = __fdividef(exp2f(mw - mx), sum);
+    atomicAdd(&out[e].x, f * a.x);
+    atomicAdd(&out[e].y, f * a.y);
+    atomicAdd(&out[e].z, f * a.z);
+    atomicAdd(&out[e].w, f * a.w);
+  }
+  consumer_sync();
+  const int b = c.pair / p.num_kv_heads, h = c.pair - b * p.num_kv_heads;
+  const ActLayout act{p.act_rows};
+  for (int i = ct; i < nv; i += kConsumers) {
+    const int gg = i / (D / 4), d = 4 * (i % (D / 4));
+    store_bf16x4(op.out + act.index(b, (h * G + gg) * D + d), out[i].x, out[i].y, out[i].z, out[i].w);
+  }
+  consumer_sync();
+}
+
+template <class Cfg, int D>
+__device__ void attention_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, StepShared& sh, float* scratch,
+                               const StepParams& p, const StepOpArgs& op, const DeviceTile& t, int count, int ct) {
+  constexpr int kStageTokens = attention_tokens(Cfg::kStageBytes, D);
+  const int lane = ct % 32, warp = ct / 32, g = lane / 4, tq = lane % 4;
+  uint32_t qa[D / 16][2];
+  float o[D / 8][4];
+  float m = -INFINITY, l = 0.f;
+  if (ct == 0) sh.part[0].pair = sh.part[1].pair = -1;  // the tile's partial segments (first, last)
+  for (int j = 0; j < count; ++j) {
+    const int s = ps.stage;
+    mbar_wait(&ring.full[s], ps.phase, "full");
+    const AttnChunk c = sh.chunk[s];
+    const bf16* ks = reinterpret_cast<const bf16*>(ring.w_atom(s, 0));
+    const bf16* vs = ks + kStageTokens * D;
+    if (c.flags & kSegFirst) {
+      // q as A fragments (rows: the group's heads; rows >= G zero). k-step s = 2j + h pairs with
+      // chunk t + 4j of a K row, half h (the permuted head dimension of attend_unit).
+      const bf16* qs = vs + kStageTokens * D;
+#pragma unroll
+      for (int k = 0; k < D / 16; ++k) {
+        const int d = 8 * (tq + 4 * (k / 2)) + 4 * (k % 2);
+        qa[k][0] = g < p.group ? *reinterpret_cast<const uint32_t*>(qs + g * D + d) : 0u;
+        qa[k][1] = g < p.group ? *reinterpret_cast<const uint32_t*>(qs + g * D + d + 2) : 0u;
+      }
+#pragma unroll
+      for (int k = 0; k < D / 8; ++k) o[k][0] = o[k][1] = o[k][2] = o[k][3] = 0.f;
+      m = -INFINITY, l = 0.f;
+    }
+    const int units = kernels::decode_units(c.ntok);
+    for (int u = (warp - c.unit0 % 8 + 8) % 8; u < units; u += 8) {
+      const int valid = min(kernels::kDecodeStageTokens, c.ntok - u * kernels::kDecodeStageTokens);
+      kernels::decode_detail::attend_unit<D, true>(qa, ks + u * kernels::kDecodeStageTokens * D,
+                                                   vs + u * kernels::kDecodeStageTokens * D, valid, p.scale_log2, o, m, l);
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&ring.empty[s]);
+    ps.advance();
+    if (c.flags & kSegLast) {
+      combine_segment<D>(p, scratch, c, t.tn, o, m, l, ct, op);
+      if (!(c.flags & kWhole) && ct == 0) sh.part[(c.flags & kWhich) ? 1 : 0] = c;
+    }
+  }
+  // The last tile to finish a pair merges it (fence, count, fence). Release: the barrier orders every
+  // thread's partial writes before the counting threads' fences; acquire: their fence after the
+  // count, then the barrier, before anyone reads partials.
+  consumer_sync();
+  if (sh.part[0].pair >= 0 || sh.part[1].pair >= 0) {
+    if (lane == 0 && warp < 2) {
+      const AttnChunk pt = sh.part[warp];
+      uint32_t last = 0;
+      if (pt.pair >= 0) {
+        int* cnt = p.merge_count + pt.pair;
+        __threadfence();
+        last = atomicAdd(cnt, 1) == pt.tiles - 1;
+        if (last) {
+          *cnt = 0;  // ready for the next layer and launch
+          __threadfence();
+        }
+      }
+      sh.last[warp] = last;
+    }
+    consumer_sync();
+    if (sh.last[0]) merge_pair<D>(p, scratch, sh.part[0], ct, op);
+    if (sh.last[1]) merge_pair<D>(p, scratch, sh.part[1], ct, op);
+  }
+}
+
+// Embedding rows of the input tokens, columns [tn cols, (tn + 1) cols), into x0; their sums of squares.
+__device__ void embed_tile(const StepParams& p, StepShared& sh, const StepOpArgs& o, const DeviceTile& t, int ct,
+                           uint32_t epoch) {
+  float* red_f = reinterpret_cast<float*>(sh.red);
+  if (ct < p.batch) red_f[2 * ct] = 0.f;
+  consumer_sync();
+  const int c0 = t.tn * o.cols, cols = min(o.cols, o.n - c0), vecs = cols / 8;
+  const ActLayout act{p.act_rows};
+  for (int i = ct; i < p.batch * vecs; i += kConsumers) {
+    const int m = i / vecs, col = c0 + 8 * (i % vecs);
+    const int tok = min(max(__ldcg(&p.tokens[m]), 0), p.vocab - 1);  // the host checks; never read out of bounds
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p.embed + int64_t(tok) * p.hidden + col));
+    *reinterpret_cast<uint4*>(o.out + act.index(m, col)) = v;
+    const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&v);
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 f = __bfloat1622float2(h2[k]);
+      s += f.x * f.x + f.y * f.y;
+    }
+    atomicAdd(&red_f[2 * m], s);
+  }
+  consumer_sync();
+  if (ct < p.batch) atomicAdd(o.out_stats + (epoch & 1) * p.stats_count + ct, red_f[2 * ct]);
+}
+
+// The greedy tokens; the lengths advance; the other parity's sums and maxima are zeroed for the next
+// launch (this launch's readers of them are done: the sample tile runs after every other tile).
+__device__ void sample_tile(const StepParams& p, int ct, uint32_t epoch) {
+  const int par = epoch & 1;
+  if (ct < p.batch) {
+    const unsigned long long key = __ldcg(p.maxima + par * p.batch + ct);
+    const int32_t tok = int32_t(0xFFFFFFFFu - uint32_t(key));
+    p.tokens[ct] = tok;
+    if (p.history) p.history[int64_t(epoch % uint32_t(p.history_len)) * p.batch + ct] = tok;
+    if (!p.active || p.active[ct]) p.seq_lens[ct] += 1;
+    p.maxima[(1 - par) * p.batch + ct] = 0ull;
+  }
+  for (int i = ct; i < p.stats_count; i += kConsumers) p.stats[(1 - par) * p.stats_count + i] = 0.f;
+}
+
+template <class Cfg, int D>
+__device__ void run_consumer(const Ring<Cfg>& ring, StepShared& sh, float* scratch, const StepParams& p) {
+  const int ct = threadIdx.x - 128, wg = ct / 128;
+  PipeState<Cfg> ps;
+  int qs = 0;
+  uint32_t qphase = 0;
+  for (;;) {
+    mbar_wait(&sh.full[qs], qphase, "queue full");
+    const DeviceTile t = sh.tile[qs];
+    const int32_t id = sh.id[qs], count = sh.count[qs];
+    if (t.op < 0) break;
+    const uint32_t epoch = sh.slots.epoch;  // written before the producer's first queue entry
+    const StepOpArgs& o = p.ops[t.op];
+    if (ct == 0) runtime::trace_mark(p.ep, id, runtime::kTraceStarted);
+    switch (o.kind) {
+      case kQkv:
+      case kResidual:
+      case kGateUp:
+      case kLmHead: {
+        float acc[Cfg::kAcc];  // scoped here: not live in the other kinds' code
+        consume_tile(ring, ps, wg, stages_of(o, t), acc);
+        if (ct == 0) runtime::trace_mark(p.ep, id, runtime::kTraceComputed);
+        mbar_wait(&sh.ready[qs], qphase, "ready");
+        finish_weight_tile<Cfg, D>(p, sh, o, t, id, acc, ct, epoch);
+        break;
+      }
+      case kAttention:
+        attention_tile<Cfg, D>(ring, ps, sh, scratch, p, o, t, count, ct);
+        mbar_wait(&sh.ready[qs], qphase, "ready");
+        finish_tile(p, t, id, ct);
+        break;
+      case kEmbed:
+        mbar_wait(&sh.ready[qs], qphase, "ready");
+        embed_tile(p, sh, o, t, ct, epoch);
+        finish_tile(p, t, id, ct);
+        break;
+      default:  // kSample
+        mbar_wait(&sh.ready[qs], qphase, "ready");
+        sample_tile(p, ct, epoch);
+        finish_tile(p, t, id, ct);
+        break;
+    }
+    // The queue slot is free once every consumer warp is past its `ready` wait.
+    __syncwarp();
+    if (ct % 32 == 0) mbar_arrive(&sh.empty[qs]);
+    if (++qs == kQueue) qs = 0, qphase ^= 1;
+  }
+}
+#endif  // TW_SM90_ENABLED
+
+template <class Cfg, int D>
+__global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_constant__ StepParams p) {
+#if TW_SM90_ENABLED
+  extern __shared__ __align__(1024) uint8_t smem[];
+  __shared__ StepShared sh;
+  const Ring<Cfg> ring = Ring<Cfg>::carve(smem);
+  float* scratch = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(ring.flag + 4) + 127) & ~uintptr_t(127));
+  if (threadIdx.x == 0) {
+    ring.init();
+    for (int i = 0; i < kQueue; ++i) {
+      mbar_init(&sh.full[i], 1);
+      mbar_init(&sh.empty[i], Cfg::kConsumerWarps);
+      mbar_init(&sh.ready[i], 1);
+    }
+    ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
+    runtime::first_ticket(p.ep, sh.slots);  // the epoch is read by the producer, after the grid wait
+    // The next kernel in the stream (the next step) may start as soon as SMs free up: its blocks only
+    // take SMs this launch's blocks have left.
+    runtime::allow_next_launch();
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32;
+  if (warp < 4) {
+    setmaxnreg_dec<80>();
+    if (warp == 0) run_producer<Cfg, D>(ring, sh, p);
+    if (warp == 1 && p.l2_stream_bytes > 0) run_l2_streamer<Cfg>(p);
+  } else {
+    setmaxnreg_inc<208>();
+    runtime::grid_dependency_wait();  // the consumers' reads and writes come after the previous kernel
+    run_consumer<Cfg, D>(ring, sh, scratch, p);
+  }
+  runtime::end_launch(p.ep, sh.slots);
+#elif defined(__CUDA_ARCH__)
+  __trap();  // built for a target without wgmma: the host never dispatches here
+#endif
+}
+
+// ---- host ----
+
+// The kernel for R activation rows, dispatched at run time.
+template <int D, class F>
+void with_kernel(int act_rows, F&& f) {
+#ifdef TW_STEP_ONLY_ROWS  // development builds: one configuration (the others throw)
+  if (act_rows != TW_STEP_ONLY_ROWS) throw InvalidArgument("decode step: this build has only " + std::to_string(TW_STEP_ONLY_ROWS) + " activation rows");
+  f(StepConfig<TW_STEP_ONLY_ROWS>{}, decode_step_kernel<typename StepConfig<TW_STEP_ONLY_ROWS>::Cfg, D>);
+#else
+  switch (act_rows) {
+    case 8: f(StepConfig<8>{}, decode_step_kernel<typename StepConfig<8>::Cfg, D>); break;
+    case 16: f(StepConfig<16>{}, decode_step_kernel<typename StepConfig<16>::Cfg, D>); break;
+    case 32: f(StepConfig<32>{}, decode_step_kernel<typename StepConfig<32>::Cfg, D>); break;
+    case 64: f(StepConfig<64>{}, decode_step_kernel<typename StepConfig<64>::Cfg, D>); break;
+    case 128: f(StepConfig<128>{}, decode_step_kernel<typename StepConfig<128>::Cfg, D>); break;
+    case 256: f(StepConfig<256>{}, decode_step_kernel<typename StepConfig<256>::Cfg, D>); break;
+    default: throw InvalidArgument("decode step: no kernel for " + std::to_string(act_rows) + " activation rows");
+  }
+#endif
+}
+
+// Dynamic shared memory of the kernel for R rows; sets its attribute once and checks that the static
+// and dynamic shared memory together fit one SM.
+template <int D>
+int prepare_kernel_for(int act_rows) {
+  int bytes = 0;
+  with_kernel<D>(act_rows, [&](auto cfg, auto kernel) {
+    using Config = decltype(cfg);
+    static const bool once = [&] {
+      TW_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSmemBytes));
+      cudaFuncAttributes attr{};
+      TW_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+      int dev = 0, optin = 0;
+      TW_CUDA_CHECK(cudaGetDevice(&dev));
+      TW_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+      if (int(attr.sharedSizeBytes) + Config::kSmemBytes > optin)
+        throw InvalidArgument("decode step: " + std::to_string(attr.sharedSizeBytes) + " B static + " +
+                              std::to_string(Config::kSmemBytes) + " B dynamic shared memory exceed the SM's " +
+                              std::to_string(optin));
+      return true;
+    }();
+    (void)once;
+    bytes = Config::kSmemBytes;
+  });
+  return bytes;
+}
+
+template <int D>
+void launch_for(const StepParams& p, int grid, bool overlap, cudaStream_t stream) {
+  with_kernel<D>(p.act_rows, [&](auto cfg, auto kernel) {
+    runtime::launch_kernel(kernel, dim3(grid), dim3(kThreads), decltype(cfg)::kSmemBytes, stream, overlap, p);
+  });
+}
+
+}  // namespace tw::step

@@ -1,0 +1,111 @@
+// The decode step's executor kernel as DecodeStep (decode_step.cu) drives it: one persistent launch
+// whose tiles dispatch by op kind (decode_step_kernel.cuh). Internal to src/ops.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "tileweave/kernels/sm90/tile_shape.hpp"
+#include "tileweave/runtime/exec_params.hpp"
+
+namespace tw::step {
+
+// What a tile of an op does (the graph's op kinds, with the GEMM epilogues told apart).
+enum StepKind : int32_t {
+  kEmbed = 0,   // embedding rows into x0 (act layout), their sums of squares
+  kQkv,         // q|k|v = rmsnorm(x) Wqkv^T (+ b): RoPE on q and k, q stored, k and v appended to the caches
+  kAttention,   // split-KV attention of the new tokens over the caches: O (act layout)
+  kResidual,    // y = x W^T + r (o_proj, down): act layout, and the rows' sums of squares
+  kGateUp,      // h = silu(rmsnorm(x) Wg^T) * (rmsnorm(x) Wu^T): act layout
+  kLmHead,      // logits = rmsnorm(x) Wlm^T: running maxima per row (and the logits, if kept)
+  kSample,      // greedy tokens from the maxima; lengths advance; the other parity's sums are zeroed
+};
+
+constexpr int kMaxSlices = 64;  // split-K slices per op (the slice table travels with the op)
+constexpr int kThreads = 384;   // one producer warpgroup + two consumer warpgroups
+constexpr int kMaxBatch = sm90::kMaxActRows;
+
+// Activations that a weight tile reads are kept in its operand layout (the "act layout"): per 64-column
+// atom, R rows of 128 bytes with the 128-byte swizzle (16-byte chunk j of row m at j ^ (m % 8)), R =
+// the tile's activation rows. A stage's activations are then one contiguous bulk copy per atom, like
+// the packed weights; rows >= batch stay zero (written by nobody).
+struct ActLayout {
+  int32_t rows;  // R
+  __host__ __device__ int64_t index(int m, int col) const {
+    const int atom = col >> 6, c = col & 63;
+    return (int64_t(atom) * rows + m) * 64 + (((c >> 3) ^ (m & 7)) << 3) + (c & 7);
+  }
+};
+
+// One op of the step, in device memory (read per tile).
+struct StepOpArgs {
+  int32_t kind;
+  int32_t layer;
+  int32_t n;            // output columns (gate/up: h columns; qkv: q|k|v columns)
+  int32_t k;            // input columns (the norm's mean divides by it)
+  int32_t grid_n;       // output tiles
+  int32_t split;        // K slices
+  int32_t packed_atoms; // 64-column atoms per packed weight tile (= atoms of the act-layout input)
+  int32_t cols;         // embed: columns per tile
+  const __nv_bfloat16* w;    // packed weights
+  const __nv_bfloat16* act;  // input (act layout)
+  float* ws;                 // split-K partials (one block per output tile, fragment order)
+  const float* row_stats;    // the input rows' sums of squares (parity 0), or null: no norm
+  float* out_stats;          // sums of squares of the output rows (parity 0), or null
+  const __nv_bfloat16* bias;      // [n] or null
+  const __nv_bfloat16* residual;  // act layout, or null
+  __nv_bfloat16* out;             // act layout; qkv: q [batch, q_dim] row-major
+  __nv_bfloat16* k_cache;         // qkv: append; attention: read
+  __nv_bfloat16* v_cache;
+  int16_t slice_start[kMaxSlices + 1];  // first K stage of each slice
+};
+
+struct StepParams {
+  runtime::ExecParams ep;
+  const StepOpArgs* ops;
+  int32_t batch, act_rows;  // B, R
+  int32_t hidden, vocab;
+  int32_t q_dim, kv_dim, num_kv_heads, group;  // group = query heads per KV head
+  float eps, scale_log2;                       // RMSNorm epsilon, softmax scale * log2(e)
+  // KV cache of one layer: contiguous [B, Hkv, max_seq_len, D], or paged [pages, Hkv, page_size, D]
+  // with page_table [B, pages_per_seq] (null: contiguous).
+  int64_t max_seq_len;
+  int32_t page_size, pages_per_seq;
+  const int32_t* page_table;
+  // Attention: work tiles per layer, each tile's partial results (2 slots) and the merge counts.
+  int32_t attn_tiles;
+  int32_t attn_min_units;  // 16-token units a tile takes at least (fewer tiles at short contexts)
+  float* o_part;      // [attn_tiles][2][group][D]
+  float* lse_part;    // [attn_tiles][2][group]
+  int32_t* merge_count;  // [B * Hkv], zero between launches
+  // Step state: input tokens (overwritten with the sampled ones), cache lengths before the step
+  // (advanced by the sample tile), which sequences advance (null: all), sampled-token history.
+  int32_t* tokens;
+  int32_t* seq_lens;
+  const int32_t* active;
+  int32_t* history;  // [history_len][B] by launch epoch, or null
+  int32_t history_len;
+  const __nv_bfloat16* embed;     // [vocab, hidden]
+  unsigned long long* maxima;     // [2][B] (value, index) keys by launch parity
+  float* logits;                  // [B, vocab] or null
+  float* stats;                   // [2][stats_count] sums of squares by launch parity
+  int32_t stats_count;
+  int32_t overlap;                // launched to overlap the previous kernel
+  int32_t l2_ahead;               // stages of a waiting weight tile pulled into L2 beyond the ring
+  // Weights pulled into L2 ahead of the tickets being taken: ticket_bytes[i] = weight bytes of the
+  // tiles at tickets before i (num_tiles + 1 entries); 0 bytes: off.
+  const int64_t* ticket_bytes;
+  int64_t l2_stream_bytes;
+  float inv_freq[64];             // RoPE: angle_i = pos * inv_freq[i], i < D/2
+};
+
+// The kernels, one translation unit per head dim (decode_step_d64.cu, decode_step_d128.cu): the
+// dynamic shared memory for R activation rows (sets the function attribute once), and the launch.
+int prepare_kernel_d64(int act_rows);
+int prepare_kernel_d128(int act_rows);
+void launch_d64(const StepParams& p, int grid, bool overlap, cudaStream_t stream);
+void launch_d128(const StepParams& p, int grid, bool overlap, cudaStream_t stream);
+
+}  // namespace tw::step

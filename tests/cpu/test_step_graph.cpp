@@ -1,0 +1,135 @@
+// The decode step's tile graph (graph/step_graph.hpp): ops and tiles, the dependencies that carry the
+// residual stream, the norm statistics and the KV-cache appends, the executor plan under the step's
+// sync policy, the planner's splits, and the traffic model against the step's byte floor.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+#include <string>
+
+#include "tileweave/graph/step_graph.hpp"
+#include "tileweave/model/cache_model.hpp"
+#include "tileweave/order/orders.hpp"
+
+namespace tw {
+namespace {
+
+std::set<int> ops_of(const TileGraph& g, const std::vector<int>& tiles) {
+  std::set<int> s;
+  for (int t : tiles) s.insert(g.tile(t).op);
+  return s;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(StepGraph, OpsDependenciesAndPlan) {
+  const ModelConfig c = named_config("tiny-llama");
+  DecodeStepShape s;
+  s.batch = 3;
+  s.max_seq_len = 64;
+  const std::vector<int> lens{5, 17, 40};
+  const StepTiling t = plan_step_tiling(c, s.batch, 132);
+  const StepGraph g = build_step_graph(c, s, lens, {}, t);
+  const TileGraph& G = g.graph;
+  ASSERT_EQ(G.ops().size(), size_t(1 + 5 * c.num_layers + 2));
+  for (int l = 0; l < c.num_layers; ++l) {
+    const auto& L = g.layers[l];
+    const int feeder = l == 0 ? g.op_embed : g.layers[l - 1].op_down;
+    for (int i = 0; i < G.op(L.op_qkv).num_tiles; ++i) {
+      const Tile& tile = G.tile(G.op(L.op_qkv).first_tile + i);
+      EXPECT_EQ(ops_of(G, tile.deps), std::set<int>{feeder}) << "qkv tile " << i << " of layer " << l;
+    }
+    // Attention reads q and the appended rows: only this layer's QKV tiles; every KV head's appended
+    // rows are read by some attention tile.
+    std::set<int> qkv_producers;
+    for (int i = 0; i < G.op(L.op_attention).num_tiles; ++i) {
+      const Tile& tile = G.tile(G.op(L.op_attention).first_tile + i);
+      EXPECT_EQ(ops_of(G, tile.deps), std::set<int>{L.op_qkv});
+      qkv_producers.insert(tile.deps.begin(), tile.deps.end());
+    }
+    for (int i = 0; i < G.op(L.op_qkv).num_tiles; ++i)  // every qkv tile feeds the attention
+      EXPECT_TRUE(qkv_producers.count(G.op(L.op_qkv).first_tile + i)) << "qkv tile " << i << " is read by no attention tile";
+    const Tile& o = G.tile(G.op(L.op_o_proj).first_tile);
+    EXPECT_EQ(ops_of(G, o.deps), (std::set<int>{feeder, L.op_attention}));  // residual + attention output
+    const Tile& gu = G.tile(G.op(L.op_gate_up).first_tile);
+    EXPECT_EQ(ops_of(G, gu.deps), std::set<int>{L.op_o_proj});  // x_mid and its sums of squares
+    EXPECT_EQ(int(gu.deps.size()), G.op(L.op_o_proj).num_tiles);  // every o_proj tile adds to the sums
+  }
+  const Tile& sample = G.tile(G.op(g.op_sample).first_tile);
+  EXPECT_EQ(int(sample.deps.size()), G.op(g.op_lm_head).num_tiles);
+  // The executor's plan under the step's policies, in the default order.
+  const Schedule order = make_order(G, "kslices/col_major");
+  const ExecPlan plan = make_exec_plan(G, order, step_sync_policy(g));
+  EXPECT_EQ(plan.tiles.size(), size_t(G.num_tiles()));
+  // One counter per op except gate/up (per tile): an o_proj tile waits on two counters.
+  const DeviceTile& od = plan.tiles[G.op(g.layers[1].op_o_proj).first_tile];
+  EXPECT_EQ(od.wait_end - od.wait_begin, 2);
+}
+
+TEST(StepGraph, PlannerFillsTheGpu) {
+  const ModelConfig c = named_config("llama-3.2-1b");
+  const StepTiling t = plan_step_tiling(c, 1, 132);
+  auto tiles = [](const Tiling& x, int64_t n) { return (n + x.bn - 1) / x.bn * x.split_k; };
+  EXPECT_GE(tiles(t.qkv, c.q_dim() + 2 * c.kv_dim()), 120);
+  EXPECT_GE(tiles(t.o_proj, c.hidden_size), 120);
+  EXPECT_GE(tiles(t.down, c.hidden_size), 120);
+  EXPECT_EQ(t.lm_head.split_k, 1);  // 1002 tiles already
+  EXPECT_EQ(t.attention_tiles, 132);
+  for (const Tiling* x : {&t.qkv, &t.o_proj, &t.gate_up, &t.down}) EXPECT_EQ(x->bm, 8);
+  // A batch of 100 takes 128-row tiles and fewer, longer slices.
+  const StepTiling big = plan_step_tiling(c, 100, 132);
+  EXPECT_EQ(big.qkv.bm, 128);
+  EXPECT_LE(big.qkv.split_k, t.qkv.split_k);
+}
+
+TEST(StepGraph, TrafficModelNearTheFloor) {
+  for (const char* name : {"tiny-llama", "tiny-qwen2"}) {
+    const ModelConfig c = named_config(name);
+    DecodeStepShape s;
+    s.batch = 2;
+    s.max_seq_len = 256;
+    s.layout = KvLayout::Paged;
+    s.page_size = 32;
+    std::vector<int> table(size_t(s.batch) * s.pages_per_seq());
+    for (size_t i = 0; i < table.size(); ++i) table[i] = int(table.size() - 1 - i);
+    const std::vector<int> lens{100, 200};
+    const StepGraph g = build_step_graph(c, s, lens, table, plan_step_tiling(c, s.batch, 132));
+    CacheConfig cc;
+    cc.capacity_bytes = 1 << 20;  // smaller than the weights: nothing is read twice for free
+    cc.in_flight = 132;
+    const TrafficReport r = simulate(g.graph, make_order(g.graph, "kslices/col_major"), cc);
+    const int64_t floor = step_floor_bytes(c, lens);
+    // Every weight and K/V byte at least once, less the norms (folded away) and the 16-token unit of
+    // K/V holding each appended row (written by the QKV tiles, so the model finds it in the cache),
+    // and little more: activations, partial sums and whole 16-token units of K/V.
+    const int64_t folded = (2 * c.num_layers + 1) * c.hidden_size * 2;
+    const int64_t appended = int64_t(c.num_layers) * s.batch * c.kv_dim() * 16 * 2 * 2;
+    EXPECT_GE(r.dram_read, floor - folded - appended) << name;
+    EXPECT_LE(r.dram_read, floor * 1.25) << name;
+  }
+}
+
+TEST(StepGraph, BadInputNamesTheValue) {
+  const ModelConfig c = named_config("tiny-llama");
+  const StepTiling t = plan_step_tiling(c, 2, 132);
+  DecodeStepShape s;
+  s.batch = 2;
+  s.max_seq_len = 32;
+  EXPECT_NE(error_of([&] { build_step_graph(c, s, {1}, {}, t); }).find("seq_lens has 1 entries"), std::string::npos);
+  EXPECT_NE(error_of([&] { build_step_graph(c, s, {1, 32}, {}, t); }).find("max_seq_len 32"), std::string::npos);
+  EXPECT_NE(error_of([&] { plan_step_tiling(c, 0, 132); }).find("batch 0"), std::string::npos);
+  EXPECT_NE(error_of([&] { plan_step_tiling(c, 300, 132); }).find("batch 300"), std::string::npos);
+  ModelConfig odd = c;
+  odd.head_dim = 96;
+  EXPECT_NE(error_of([&] { build_step_graph(odd, s, {1, 2}, {}, t); }).find("head_dim 96"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tw
