@@ -5,7 +5,7 @@
 // Weights are GBs: L2 holds nothing of one launch for the next, no rotation needed.
 // bench/decode_step_torch.py times torch.compile + CUDA graph on the same cases and merges its
 // numbers into the JSON; scripts/hf_check.py the error against transformers.
-//   bench_decode_step [--cases llama-3.2-1b:1:1024,...] [--layout paged] [--no-model] [--trace] [--l2 0,8] [--stream 0,16] [--max-split 0,2] [--attn-kib 0,64]
+//   bench_decode_step [--cases llama-3.2-1b:1:1024,...] [--layout paged] [--no-model] [--trace] [--max-split 0,2] [--attn-kib 0,64]
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -74,29 +74,21 @@ int main(int argc, char** argv) {
                           "llama-3-8b:16:4096,qwen2-0.5b:1:1024,qwen2-7b:1:1024";
   tw::KvLayout layout = tw::KvLayout::Contiguous;
   bool model = true, trace = false;
-  std::vector<int> l2_variants{0};
-  std::vector<int64_t> stream_variants{0};  // MiB
   std::vector<int> split_variants{0}, attn_kib_variants{0};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--cases") && i + 1 < argc) cases_arg = argv[++i];
     else if (!std::strcmp(argv[i], "--layout") && i + 1 < argc) layout = std::string(argv[++i]) == "paged" ? tw::KvLayout::Paged : tw::KvLayout::Contiguous;
     else if (!std::strcmp(argv[i], "--no-model")) model = false;
     else if (!std::strcmp(argv[i], "--trace")) trace = true;
-    else if (!std::strcmp(argv[i], "--stream") && i + 1 < argc) {
-      stream_variants.clear();
-      for (const auto& v : tw::bench::split_list(argv[++i])) stream_variants.push_back(std::stoll(v));
-    } else if (!std::strcmp(argv[i], "--max-split") && i + 1 < argc) {
+    else if (!std::strcmp(argv[i], "--max-split") && i + 1 < argc) {
       split_variants.clear();
       for (const auto& v : tw::bench::split_list(argv[++i])) split_variants.push_back(std::stoi(v));
     } else if (!std::strcmp(argv[i], "--attn-kib") && i + 1 < argc) {
       attn_kib_variants.clear();
       for (const auto& v : tw::bench::split_list(argv[++i])) attn_kib_variants.push_back(std::stoi(v));
-    } else if (!std::strcmp(argv[i], "--l2") && i + 1 < argc) {
-      l2_variants.clear();
-      for (const auto& v : tw::bench::split_list(argv[++i])) l2_variants.push_back(std::stoi(v));
     }
     else {
-      std::fprintf(stderr, "usage: bench_decode_step [--cases model:batch:kv,...] [--layout contiguous|paged] [--no-model] [--trace]\n");
+      std::fprintf(stderr, "usage: bench_decode_step [--cases model:batch:kv,...] [--layout contiguous|paged] [--no-model] [--trace] [--max-split N,...] [--attn-kib N,...]\n");
       return 2;
     }
   }
@@ -108,18 +100,14 @@ int main(int argc, char** argv) {
   res.doc["layout"] = layout == tw::KvLayout::Paged ? "paged16" : "contiguous";
   std::vector<std::string> rows;
   for (const Case& c : cases)
-  for (int64_t stream_mib : stream_variants)
   for (int max_split : split_variants)
-  for (int attn_kib : attn_kib_variants)
-  for (int l2 : l2_variants) {
+  for (int attn_kib : attn_kib_variants) {
     const tw::ModelConfig cfg = tw::named_config(c.model);
     tw::DecodeStepOptions opt;
     opt.batch = c.batch;
     opt.max_seq_len = c.kv_len;
     opt.layout = layout;
     opt.trace = trace;
-    opt.l2_prefetch_stages = l2;
-    opt.l2_stream_bytes = stream_mib << 20;
     opt.max_split = max_split;
     opt.attention_min_tile_bytes = int64_t(attn_kib) << 10;
     tw::DecodeStep st(cfg, opt);
@@ -140,7 +128,7 @@ int main(int argc, char** argv) {
                      {"step_replay_us", replay}, {"floor_us", floor_us}, {"pct_floor", 100.0 * floor_us / b2b},
                      {"weight_bytes", wbytes}, {"kv_bytes", kvbytes}, {"tiles", st.graph().graph.num_tiles()},
                      {"attention_tiles", st.tiling().attention_tiles}, {"act_rows", st.act_rows()},
-                     {"l2_prefetch_stages", l2}, {"l2_stream_mib", stream_mib}, {"max_split", max_split},
+                     {"max_split", max_split},
                      {"attention_min_tile_kib", attn_kib},
                      {"splits", {{"qkv", st.tiling().qkv.split_k}, {"o_proj", st.tiling().o_proj.split_k},
                                  {"gate_up", st.tiling().gate_up.split_k}, {"down", st.tiling().down.split_k}}}};
@@ -161,9 +149,8 @@ int main(int argc, char** argv) {
     if (trace) j["timeline"] = op_timeline(st);
     res.add(j);
     char row[256];
-    std::snprintf(row, sizeof row, "%-13s B=%-3d KV=%-6d l2=%-2d str=%-2lld split<=%-2d attn=%-3dK %8.1f us b2b %8.1f replay floor %7.1f %5.1f%%",
-                  c.model.c_str(), c.batch, c.kv_len, l2, (long long)stream_mib, max_split, attn_kib, b2b, replay, floor_us,
-                  100.0 * floor_us / b2b);
+    std::snprintf(row, sizeof row, "%-13s B=%-3d KV=%-6d split<=%-2d attn=%-3dK %8.1f us b2b %8.1f replay floor %7.1f %5.1f%%",
+                  c.model.c_str(), c.batch, c.kv_len, max_split, attn_kib, b2b, replay, floor_us, 100.0 * floor_us / b2b);
     rows.push_back(row);
     std::printf("%s\n", row);
     std::fflush(stdout);

@@ -548,6 +548,7 @@ def main():
     ap.add_argument("--device", default="cuda", help="where transformers runs (cpu for testing)")
     ap.add_argument("--workdir", default=None, help="default build-gpu/hf_check/<name>")
     ap.add_argument("--out", default=None, help="results JSON (default WORKDIR/results.json)")
+    ap.add_argument("--merge", default=None, help="bench_decode_step's JSON: its cases of this model get the errors")
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per binary run")
     ap.add_argument("--rebuild", action="store_true", help="rebuild the model folder even if its marker matches")
     mode = ap.add_mutually_exclusive_group()
@@ -713,6 +714,8 @@ def main():
     with open(out_path, "w") as f:
         json.dump(doc, f, indent=1)
     log(f"wrote {out_path}")
+    if args.merge and not (args.hf_only or args.dry_run):
+        merge_errors(args.merge, tag, doc)
     if args.hf_only or args.dry_run:
         return 0
     if failures:
@@ -720,6 +723,32 @@ def main():
         return 2
     log(f"hf_check: {'PASS' if doc['pass'] else 'FAIL'}")
     return 0 if doc["pass"] else 1
+
+
+def merge_errors(path, model, doc):
+    """Adds to every case of `path` (bench_decode_step's JSON) whose model is `model`: max_rel_err_vs_hf (ours
+    teacher-forced against transformers' bf16 logits, the worst layout), max_rel_err_vs_fp32 (against the float32
+    model), hf_bf16_vs_fp32 (transformers' own bf16 error) and hf_check_pass; measured on this run's batch and
+    prompts, which need not be the case's."""
+    with open(path) as f:
+        bench = json.load(f)
+    lays = [r for r in doc["layouts"].values() if "max_rel_err" in r]
+    if not lays:
+        log(f"merge: no layout result to merge into {path}")
+        return
+    entry = {"max_rel_err_vs_hf": max(r["max_rel_err"] for r in lays),
+             "max_rel_err_vs_fp32": max((r.get("teacher_vs_fp32_max_rel_err") or 0) for r in lays),
+             "hf_bf16_vs_fp32": (doc.get("hf_bf16_vs_fp32") or {}).get("max"),
+             "hf_check_pass": doc["pass"],
+             "hf_check": {"batch": doc["batch"], "prompt_lens": doc["prompt_lens"], "steps": doc["steps"]}}
+    hits = 0
+    for c in bench.get("cases", []):
+        if c.get("model") == model:
+            c.update(entry)
+            hits += 1
+    with open(path, "w") as f:
+        json.dump(bench, f, indent=2)
+    log(f"merge: {hits} case(s) of {model} in {path} updated")
 
 
 if __name__ == "__main__":

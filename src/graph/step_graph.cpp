@@ -18,8 +18,14 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // a sequence's last token) would cut the caches into one block per row.
 constexpr int64_t kUnit = kernels::kDecodeStageTokens;
 
+// K slices per op at most. Every op of a step waits for the whole op before it, so the last slice's
+// reduction (partials in, arrival, sums out, epilogue, release) is on the step's critical path once per
+// op; beyond 4 slices that chain cost more than spreading the op over more SMs gained (H200, Llama-3.2-1B
+// shape, B = 1, KV 1024: 1149.7 us with up to 8 slices, 1108.9 with 4, 1205.6 with 2, 1419.3 unsplit).
+constexpr int64_t kMaxStepSlices = 4;
+
 // One GEMM op of the step on the sm90 tile: out_cols output columns per tile (128, or 64 for paired
-// gate/up rows), K in the fewest slices of whole stages that give every SM a tile.
+// gate/up rows), K in the fewest slices of whole stages that give every SM a tile, at most kMaxStepSlices.
 Tiling plan_gemm(int64_t n, int64_t k, int64_t out_cols, int act_rows, int sms, int max_split) {
   const int64_t step = sm90::stage_cols_for(act_rows), stages = ceil_div(k, step);
   const int64_t tiles_n = ceil_div(n, out_cols);
@@ -31,7 +37,7 @@ Tiling plan_gemm(int64_t n, int64_t k, int64_t out_cols, int act_rows, int sms, 
     split = std::min(split, std::max<int64_t>(1, stages / 2));
     split = std::min(split, std::max<int64_t>(1, k / (4 * act_rows)));
   }
-  if (max_split > 0) split = std::min<int64_t>(split, max_split);
+  split = std::min<int64_t>(split, max_split > 0 ? max_split : kMaxStepSlices);
   // Slices of whole stages, none empty (as TileGraph cuts them).
   const int64_t slice = ceil_div(ceil_div(k, split), step) * step;
   return {act_rows, out_cols, step, ceil_div(k, slice), {}};

@@ -106,9 +106,6 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : cfg
     bad("batch " + std::to_string(opt.batch) + " is outside [1, " + std::to_string(step::kMaxBatch) + "]");
   if (opt.max_seq_len < 1) bad("max_seq_len " + std::to_string(opt.max_seq_len) + " must be >= 1");
   if (opt.history < 0) bad("history " + std::to_string(opt.history) + " must be >= 0");
-  if (opt.l2_stream_bytes < 0) bad("l2_stream_bytes " + std::to_string(opt.l2_stream_bytes) + " must be >= 0");
-  if (opt.l2_prefetch_stages < 0 || opt.l2_prefetch_stages > 64)
-    bad("l2_prefetch_stages " + std::to_string(opt.l2_prefetch_stages) + " is outside [0, 64]");
   shape_.batch = opt.batch;
   shape_.layout = opt.layout;
   shape_.max_seq_len = opt.max_seq_len;
@@ -279,7 +276,7 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : cfg
   p.attn_tiles = P;
   {  // 16-token units of K and V per tile, at least
     const int64_t unit_bytes = int64_t(kernels::kDecodeStageTokens) * D * 2 * 2;
-    const int64_t want = opt.attention_min_tile_bytes > 0 ? opt.attention_min_tile_bytes : int64_t(256) << 10;
+    const int64_t want = opt.attention_min_tile_bytes > 0 ? opt.attention_min_tile_bytes : int64_t(32) << 10;
     p.attn_min_units = int32_t(std::max<int64_t>(1, want / unit_bytes));
   }
   p.o_part = b.o_part;
@@ -296,21 +293,6 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : cfg
   p.stats = b.stats;
   p.stats_count = stats_count;
   p.overlap = opt.overlap_previous ? 1 : 0;
-  p.l2_ahead = opt.l2_prefetch_stages;
-  p.l2_stream_bytes = opt.l2_stream_bytes;
-  {  // weight bytes before each ticket (the L2 streamer's position)
-    std::vector<int64_t> before(sched_.order.size() + 1, 0);
-    const int64_t stage_bytes = int64_t(sm90::stage_cols_for(R)) * ffn_sm90::kTileRows * 2;
-    for (size_t i = 0; i < sched_.order.size(); ++i) {
-      const Tile& t = G_.tile(sched_.order[i]);
-      const StepOpArgs& a = ops[t.op];
-      const bool weights = a.kind == step::kQkv || a.kind == step::kResidual || a.kind == step::kGateUp || a.kind == step::kLmHead;
-      before[i + 1] = before[i] + (weights ? (a.slice_start[t.ks + 1] - a.slice_start[t.ks]) * stage_bytes : 0);
-    }
-    int64_t* dev = b.alloc<int64_t>(int64_t(before.size()));
-    TW_CUDA_CHECK(cudaMemcpy(dev, before.data(), before.size() * sizeof(int64_t), cudaMemcpyHostToDevice));
-    p.ticket_bytes = dev;
-  }
   const std::vector<float> inv = cfg_.rope_inv_freq();
   std::copy(inv.begin(), inv.end(), p.inv_freq);
   TW_CUDA_CHECK(cudaDeviceSynchronize());

@@ -103,9 +103,6 @@ struct StepShared {
 #if TW_SM90_ENABLED
 using namespace sm90;
 
-__device__ __forceinline__ void red_add_v4(float4* p, float a, float b, float c, float d) {
-  asm volatile("red.global.add.v4.f32 [%0], {%1,%2,%3,%4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
-}
 __device__ __forceinline__ void consumer_sync() { named_bar_sync(1, kConsumers); }
 
 __device__ __forceinline__ int stages_of(const StepOpArgs& o, const DeviceTile& t) {
@@ -174,10 +171,11 @@ __device__ __forceinline__ void load_lengths(const StepParams& p, StepShared& sh
 }
 
 // The attention tiles that take units this launch, for `total` units: at most P (the plan's), and no
-// fewer than attn_min_units per tile. At short contexts the attention is latency-bound, and a pair cut
-// over many tiles pays for partials and a merge: one pair per tile was faster there (the K/V of the
-// tile's earlier tokens streams while the QKV tiles run). Tiles then hold units in a row with no empty
-// tile in between (a pair's merge counts the tiles holding its parts).
+// fewer than attn_min_units per tile. At short contexts the attention is latency-bound: a pair cut over
+// many tiles pays for many partials and a long merge, a pair on one tile for its units one after
+// another (H200, Llama-3.2-1B shape, B = 1, KV 1024: 8 units per tile best, 1 or 64 per tile 4-8%
+// slower end to end). Tiles then hold units in a row with no empty tile in between (a pair's merge
+// counts the tiles holding its parts).
 __device__ __forceinline__ int attention_tiles_for(const StepParams& p, int total) {
   return max(1, min(p.attn_tiles, (total + p.attn_min_units - 1) / p.attn_min_units));
 }
@@ -369,19 +367,12 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
       // Producers done: every stage gets weights and activations together. Otherwise a ring's worth
       // of weights goes out before the wait and their activations after it.
       const int pre = ready ? 1 : min(n, ps.count);
-      if (lane == 0) {
+      if (lane == 0)
         for (int j = 1; j < pre; ++j) {
           const int s = acquire_stage(ring, ps);
           arm_stage(ring, s, Cfg::kStageBytes);
           issue_weights(ring, s, o, t.tn, kst0 + j, w_policy);
         }
-        // While the tile waits, its next stages are pulled into L2: the memory system keeps streaming
-        // through the step's dependency hops (each op waits for the whole previous one).
-        const int ahead = ready ? 0 : min(n - pre, p.l2_ahead);
-        if (ahead > 0)
-          bulk_prefetch_l2(o.w + (int64_t(t.tn) * o.packed_atoms + (kst0 + pre) * Cfg::kKAtoms) * (kTileRows * 64),
-                           uint32_t(ahead * Cfg::kKAtoms * Cfg::kWAtomBytes));
-      }
       if (!ready) runtime::wait_counters_warp(ep, sh.slots.epoch, t);
       if (lane == 0) {
         runtime::trace_mark(ep, id, runtime::kTraceReady);
@@ -433,45 +424,6 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
       mbar_arrive(&sh.ready[entry]);
       // The next ticket only now: its round trips overlap the consumers working through this tile.
       runtime::prefetch_next(ep, sh.slots);
-    }
-  }
-}
-
-// ---- the L2 streamer (warp 1) ----
-// Weights depend on nothing, but a tile streams them only once it holds a ticket, and the step's ops
-// wait for each other's whole output (every op reads whole rows): the dependency hops of a layer leave
-// the memory system idle unless something reads ahead of the tickets. Warp 1 of each CTA pulls into
-// L2 the weights of every grid-th ticket (blockIdx.x, + grid, ...), staying l2_stream_bytes of weights
-// ahead of the tickets drawn so far; the ring's copies then find them in L2. It waits only on the
-// ticket counter, which the other warps advance, so it never holds anything up; it ends once every
-// ticket is drawn.
-template <class Cfg>
-__device__ void run_l2_streamer(const StepParams& p) {
-  const runtime::ExecParams& ep = p.ep;
-  const int lane = threadIdx.x % 32;
-  const int grid = int(gridDim.x);
-  runtime::grid_dependency_wait();  // this launch's ticket counter (the previous launch resets it at its end)
-  for (int next = blockIdx.x; next < ep.num_tiles;) {
-    int go = 0;
-    if (lane == 0) {
-      const int drawn = min(int(*reinterpret_cast<volatile uint32_t*>(&ep.state->ticket)) + grid, ep.num_tiles);
-      go = __ldg(&p.ticket_bytes[next]) < __ldg(&p.ticket_bytes[drawn]) + p.l2_stream_bytes;
-      if (go) {
-        const DeviceTile t = ep.tiles[ep.order[next]];
-        const StepOpArgs& o = p.ops[t.op];
-        if (o.kind == kQkv || o.kind == kResidual || o.kind == kGateUp || o.kind == kLmHead) {
-          const int kst0 = o.slice_start[t.ks];
-          bulk_prefetch_l2(o.w + (int64_t(t.tn) * o.packed_atoms + kst0 * Cfg::kKAtoms) * (kTileRows * 64),
-                           uint32_t(stages_of(o, t) * Cfg::kKAtoms * Cfg::kWAtomBytes));
-        }
-      }
-    }
-    go = __shfl_sync(0xffffffffu, go, 0);
-    if (go) {
-      next += grid;
-    } else {
-      __nanosleep(500);
-      if (ep.spin_limit && *reinterpret_cast<volatile uint32_t*>(&ep.state->error)) break;
     }
   }
 }
@@ -654,22 +606,12 @@ __device__ void finish_weight_tile(const StepParams& p, StepShared& sh, const St
   if (o.kind == kResidual && t.ks == 0) add_residual<Cfg>(p, o, t, acc, ct);
   if (o.split > 1) {
     float4* block = reinterpret_cast<float4*>(o.ws) + int64_t(t.tn) * (kConsumers * Cfg::kAcc / 4);
-#pragma unroll
-    for (int q = 0; q < Cfg::kAcc / 4; ++q)
-      red_add_v4(block + q * kConsumers + ct, acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]);
+    add_split_partials<Cfg>(block, acc, ct);
     consumer_sync();
     if (ct == 0) sh.flag = runtime::arrive_last(p.ep, epoch, t, o.split);
     consumer_sync();
     if (!sh.flag) return finish_tile(p, t, id, ct, false);  // only partial sums, read by ordinary loads
-    asm volatile("fence.acq_rel.gpu;\n" ::: "memory");  // the other slices' sums, seen via ct 0's acquire
-    // All loads before any store (a store between loads would serialise them; see the FFN).
-#pragma unroll
-    for (int q = 0; q < Cfg::kAcc / 4; ++q) {
-      const float4 v = __ldcg(block + q * kConsumers + ct);
-      acc[4 * q] = v.x, acc[4 * q + 1] = v.y, acc[4 * q + 2] = v.z, acc[4 * q + 3] = v.w;
-    }
-#pragma unroll
-    for (int q = 0; q < Cfg::kAcc / 4; ++q) __stcg(block + q * kConsumers + ct, make_float4(0.f, 0.f, 0.f, 0.f));
+    take_split_sums<Cfg>(block, acc, ct);
   }
   weight_epilogue<Cfg, D>(p, sh, o, t, acc, ct, stats_off, epoch);
   finish_tile(p, t, id, ct, o.kind != kLmHead);  // the LM head's maxima are read by ordinary loads
@@ -984,7 +926,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
   if (warp < 4) {
     setmaxnreg_dec<80>();
     if (warp == 0) run_producer<Cfg, D>(ring, sh, p);
-    if (warp == 1 && p.l2_stream_bytes > 0) run_l2_streamer<Cfg>(p);
   } else {
     setmaxnreg_inc<208>();
     runtime::grid_dependency_wait();  // the consumers' reads and writes come after the previous kernel

@@ -93,11 +93,6 @@ struct StepParams {
   float* stats;                   // [2][stats_count] sums of squares by launch parity
   int32_t stats_count;
   int32_t overlap;                // launched to overlap the previous kernel
-  int32_t l2_ahead;               // stages of a waiting weight tile pulled into L2 beyond the ring
-  // Weights pulled into L2 ahead of the tickets being taken: ticket_bytes[i] = weight bytes of the
-  // tiles at tickets before i (num_tiles + 1 entries); 0 bytes: off.
-  const int64_t* ticket_bytes;
-  int64_t l2_stream_bytes;
   float inv_freq[64];             // RoPE: angle_i = pos * inv_freq[i], i < D/2
 };
 

@@ -56,10 +56,6 @@ struct TileQueue {
   uint64_t full[kQueue], empty[kQueue];
 };
 
-__device__ __forceinline__ void red_add_v4(float4* p, float a, float b, float c, float d) {
-  asm volatile("red.global.add.v4.f32 [%0], {%1,%2,%3,%4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
-}
-
 // Weight boxes of stage s for K stage kst. A gated tile's 16-row groups are 8 gate rows then the
 // same columns' 8 up rows (one 4-D box, tma.cuh), so each consumer thread holds a gate value and
 // its up partner in one fragment (registers 4q+e and 4q+2+e) and the epilogue needs no exchange.
@@ -217,27 +213,14 @@ __device__ __forceinline__ void finish_tile(const runtime::ExecParams& ep, uint3
     // and stores the tile. The schedule should keep a tile's slices apart in time (kslices/
     // orders): slices running together would serialise on the same addresses in L2.
     float4* block = reinterpret_cast<float4*>(o.ws) + (int64_t(t.tm) * o.grid_n + t.tn) * (kConsumers * Cfg::kAcc / 4);
-#pragma unroll
-    for (int q = 0; q < Cfg::kAcc / 4; ++q)
-      red_add_v4(block + q * kConsumers + ct, acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]);
+    add_split_partials<Cfg>(block, acc, ct);
     named_bar_sync(1, kConsumers);
     if (ct == 0) *flag = runtime::arrive_last(ep, epoch, t, o.split);
     named_bar_sync(1, kConsumers);
     if (*flag) {
-      asm volatile("fence.acq_rel.gpu;\n" ::: "memory");  // the other slices' sums, seen via ct 0's acquire
-      // All loads (into the accumulators, free again) before any store: a store to the output
-      // between two loads would serialise one L2 round trip per load (the compiler cannot move
-      // loads past stores it cannot disambiguate; measured 15% at M = 64).
+      take_split_sums<Cfg>(block, acc, ct);
 #pragma unroll
-      for (int q = 0; q < Cfg::kAcc / 4; ++q) {
-        const float4 v = __ldcg(block + q * kConsumers + ct);
-        acc[4 * q] = v.x, acc[4 * q + 1] = v.y, acc[4 * q + 2] = v.z, acc[4 * q + 3] = v.w;
-      }
-#pragma unroll
-      for (int q = 0; q < Cfg::kAcc / 4; ++q) {
-        __stcg(block + q * kConsumers + ct, make_float4(0.f, 0.f, 0.f, 0.f));
-        store(q, {acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]});
-      }
+      for (int q = 0; q < Cfg::kAcc / 4; ++q) store(q, {acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]});
     }
   } else {
 #pragma unroll

@@ -37,6 +37,10 @@ grep -q "hilbert" "$tmp/out" || fail "main job lacks the hilbert order"
 grep -q "bound compulsory" "$tmp/out" || fail "main job lacks the bounds"
 
 # Subcommands.
+expect_ok "model:  DRAM read" step --model tiny-qwen2 --batch 3 --kv 40 --layout paged --page-size 32
+expect_json step --model tiny-llama --json
+expect_error "unknown model config 'nope'" step --model nope
+expect_error "batch 0" step --model tiny-llama --batch 0
 expect_ok "grouped:8" orders
 expect_ok "ticket of each output tile" orders --gemm 64x64x64 --tile 16x16x16 --show hilbert
 expect_ok "x bound" sim --model llama3-70b --m 1
