@@ -757,12 +757,23 @@ def main():
     ap.add_argument("--compile-tol", type=float, default=0.25,
                     help="compiled-vs-eager logits rel err bound (bf16 rounding alone gives ~4%% at 1B on random "
                          "weights; a broken compile gives ~1)")
-    ap.add_argument("--floor-tbps", type=float, default=4.68, help="read floor for floor_us (DESIGN.md §3)")
+    ap.add_argument("--floor-tbps", type=float, default=None,
+                    help="read floor for floor_us (default: the floor bench_decode_step measured in the --merge file, "
+                         "else DESIGN.md §3's 4.68)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--self-test", action="store_true")
     ap.add_argument("--self-test-compile", action="store_true", help="also compile in the self-test (default on CUDA)")
     ap.add_argument("--device", default=None, help="self-test device (default cuda if available)")
     args = ap.parse_args()
+    # The floor the ratios use: bench_decode_step's, measured on this GPU in its run, when merging into it.
+    floor_source = "given"
+    if args.floor_tbps is None:
+        measured = None
+        if args.merge and os.path.exists(args.merge):
+            with open(args.merge) as f:
+                measured = json.load(f).get("floor_read_tbps")
+        args.floor_tbps = float(measured) if measured else 4.68
+        floor_source = f"measured by bench_decode_step ({args.merge})" if measured else "DESIGN.md §3 (not measured)"
 
     if args.self_test:
         args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -817,6 +828,7 @@ def main():
                               "dynamic=False) in one CUDA graph; each the faster of two GQA forms; median of per-replay "
                               f"event pairs over {args.reps} replays; weights >> L2, not rotated; floor_us at "
                               f"{args.floor_tbps} TB/s",
+                    "floor_read_tbps": args.floor_tbps, "floor_source": floor_source,
                     "cases": kept + rows})
         with open(path, "w") as f:
             json.dump(doc, f, indent=2)

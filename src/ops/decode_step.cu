@@ -132,7 +132,9 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : cfg
   sched_ = make_order(g_.graph, opt.order);
   const ExecPlan plan = make_exec_plan(g_.graph, sched_, step_sync_policy(g_));
   act_rows_ = sm90::act_rows_for(opt.batch);
-  smem_ = cfg_.head_dim == 64 ? step::prepare_kernel_d64(act_rows_) : step::prepare_kernel_d128(act_rows_);
+  // Sets the kernel's shared-memory attribute and checks that one CTA fits an SM.
+  if (cfg_.head_dim == 64) step::prepare_kernel_d64(act_rows_);
+  else step::prepare_kernel_d128(act_rows_);
   grid_ = sms;
   plan_ = std::make_unique<runtime::DevicePlan>(plan);
   if (opt.trace) plan_->enable_trace();
@@ -191,11 +193,10 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : cfg
   b.ws.assign(ops.size(), nullptr);
   b.ws_elems.assign(ops.size(), 0);
   auto stats_at = [&](int index) { return b.stats + int64_t(index) * B; };  // x0: 0; layer l: 2l + 1 (mid), 2l + 2
-  auto gemm = [&](int op, int kind, int layer, const bf16* w, const bf16* act) {
+  auto gemm = [&](int op, int kind, const bf16* w, const bf16* act) {
     const Op& o = G_.op(op);
     StepOpArgs a{};
     a.kind = kind;
-    a.layer = layer;
     a.n = int32_t(o.n);
     a.k = int32_t(o.k);
     a.grid_n = int32_t(o.grid_n);
@@ -225,7 +226,7 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : cfg
   for (int l = 0; l < L; ++l) {
     const auto& gl = g_.layers[l];
     const Buffers::Layer& y = b.layers[l];
-    StepOpArgs& q = ops[gl.op_qkv] = gemm(gl.op_qkv, step::kQkv, l, y.w_qkv, b.x[l]);
+    StepOpArgs& q = ops[gl.op_qkv] = gemm(gl.op_qkv, step::kQkv, y.w_qkv, b.x[l]);
     q.row_stats = stats_at(2 * l);
     q.bias = y.bias;
     q.out = y.q;
@@ -233,24 +234,23 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : cfg
     q.v_cache = y.v_cache;
     StepOpArgs& at = ops[gl.op_attention];
     at.kind = step::kAttention;
-    at.layer = l;
     at.act = y.q;
     at.out = y.attn;
     at.k_cache = y.k_cache;
     at.v_cache = y.v_cache;
-    StepOpArgs& o = ops[gl.op_o_proj] = gemm(gl.op_o_proj, step::kResidual, l, y.w_o, y.attn);
+    StepOpArgs& o = ops[gl.op_o_proj] = gemm(gl.op_o_proj, step::kResidual, y.w_o, y.attn);
     o.residual = b.x[l];
     o.out = y.x_mid;
     o.out_stats = stats_at(2 * l + 1);
-    StepOpArgs& gu = ops[gl.op_gate_up] = gemm(gl.op_gate_up, step::kGateUp, l, y.w_gate_up, y.x_mid);
+    StepOpArgs& gu = ops[gl.op_gate_up] = gemm(gl.op_gate_up, step::kGateUp, y.w_gate_up, y.x_mid);
     gu.row_stats = stats_at(2 * l + 1);
     gu.out = y.h;
-    StepOpArgs& dn = ops[gl.op_down] = gemm(gl.op_down, step::kResidual, l, y.w_down, y.h);
+    StepOpArgs& dn = ops[gl.op_down] = gemm(gl.op_down, step::kResidual, y.w_down, y.h);
     dn.residual = y.x_mid;
     dn.out = b.x[l + 1];
     dn.out_stats = stats_at(2 * l + 2);
   }
-  StepOpArgs& lm = ops[g_.op_lm_head] = gemm(g_.op_lm_head, step::kLmHead, L, b.w_lm, b.x[L]);
+  StepOpArgs& lm = ops[g_.op_lm_head] = gemm(g_.op_lm_head, step::kLmHead, b.w_lm, b.x[L]);
   lm.row_stats = stats_at(2 * L);
   ops[g_.op_sample].kind = step::kSample;
   b.ops = b.alloc<StepOpArgs>(int64_t(ops.size()));
@@ -264,7 +264,6 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : cfg
   p.hidden = int32_t(d);
   p.vocab = int32_t(V);
   p.q_dim = int32_t(qd);
-  p.kv_dim = int32_t(kvd);
   p.num_kv_heads = int32_t(Hkv);
   p.group = G;
   p.eps = float(cfg_.rms_norm_eps);
@@ -292,7 +291,6 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : cfg
   p.logits = b.logits;
   p.stats = b.stats;
   p.stats_count = stats_count;
-  p.overlap = opt.overlap_previous ? 1 : 0;
   const std::vector<float> inv = cfg_.rope_inv_freq();
   std::copy(inv.begin(), inv.end(), p.inv_freq);
   TW_CUDA_CHECK(cudaDeviceSynchronize());
@@ -307,7 +305,8 @@ void DecodeStep::load_weights(const HostWeights& w) {
   const int64_t d = cfg_.hidden_size, f = cfg_.intermediate_size, V = cfg_.vocab_size;
   const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), qkv = qd + 2 * kvd;
   std::vector<uint16_t> host;
-  bf16* staging = b.alloc<bf16>(std::max({qkv * d, 2 * f * d, V * d}));
+  bf16* staging = nullptr;  // one matrix at a time, before packing
+  TW_CUDA_CHECK(cudaMalloc(&staging, sizeof(bf16) * std::max({qkv * d, 2 * f * d, V * d})));
   // Upload host [rows_total, cols] and pack it (pairs: rows pairs of [first; second] halves).
   auto pack = [&](int64_t rows, int64_t cols, bool pairs, bf16* dst) {
     TW_CUDA_CHECK(cudaMemcpy(staging, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
@@ -365,8 +364,7 @@ void DecodeStep::load_weights(const HostWeights& w) {
   for (int64_t r = 0; r < V; ++r) fold_row(lm.data() + r * d, g_final, d, host.data() + r * d);
   pack(V, d, false, b.w_lm);
   TW_CUDA_CHECK(cudaDeviceSynchronize());
-  cudaFree(staging);
-  b.allocs.erase(std::find(b.allocs.begin(), b.allocs.end(), static_cast<void*>(staging)));
+  TW_CUDA_CHECK(cudaFree(staging));
 }
 
 void DecodeStep::random_weights(uint64_t seed, float std) {

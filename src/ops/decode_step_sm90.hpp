@@ -42,7 +42,6 @@ struct ActLayout {
 // One op of the step, in device memory (read per tile).
 struct StepOpArgs {
   int32_t kind;
-  int32_t layer;
   int32_t n;            // output columns (gate/up: h columns; qkv: q|k|v columns)
   int32_t k;            // input columns (the norm's mean divides by it)
   int32_t grid_n;       // output tiles
@@ -67,7 +66,7 @@ struct StepParams {
   const StepOpArgs* ops;
   int32_t batch, act_rows;  // B, R
   int32_t hidden, vocab;
-  int32_t q_dim, kv_dim, num_kv_heads, group;  // group = query heads per KV head
+  int32_t q_dim, num_kv_heads, group;  // group = query heads per KV head
   float eps, scale_log2;                       // RMSNorm epsilon, softmax scale * log2(e)
   // KV cache of one layer: contiguous [B, Hkv, max_seq_len, D], or paged [pages, Hkv, page_size, D]
   // with page_table [B, pages_per_seq] (null: contiguous).
@@ -92,7 +91,6 @@ struct StepParams {
   float* logits;                  // [B, vocab] or null
   float* stats;                   // [2][stats_count] sums of squares by launch parity
   int32_t stats_count;
-  int32_t overlap;                // launched to overlap the previous kernel
   float inv_freq[64];             // RoPE: angle_i = pos * inv_freq[i], i < D/2
 };
 

@@ -94,7 +94,6 @@ class DecodeStep {
 
  private:
   struct Buffers;
-  void upload_params();
   ModelConfig cfg_;
   DecodeStepOptions opt_;
   DecodeStepShape shape_;
@@ -105,7 +104,7 @@ class DecodeStep {
   std::unique_ptr<Buffers> buf_;
   std::vector<int> lengths_;
   std::vector<uint8_t> active_;
-  int grid_ = 0, act_rows_ = 0, smem_ = 0;
+  int grid_ = 0, act_rows_ = 0;
   int64_t launches_ = 0;
   bool page_table_set_ = false;
 };
