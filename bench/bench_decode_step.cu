@@ -55,7 +55,7 @@ nlohmann::json op_timeline(const tw::DecodeStep& st) {
     if (o.name.rfind("layers.0.", 0) == 0 || o.name.rfind("layers.1.", 0) == 0 || o.name == "embed")
       for (int t = o.first_tile; t < o.first_tile + o.num_tiles; ++t) {
         const auto& x = times[t];
-        tiles.push_back({t, op, x.sm, x.taken, x.ready, x.started, x.computed, x.done});
+        tiles.push_back({t, op, x.sm, x.taken, x.ready, x.started, x.computed, x.done, x.mark1, x.mark2});
       }
     ops.push_back({{"op", o.name}, {"tiles", o.num_tiles}, {"first_us", first}, {"last_us", last},
                    {"tile_us", n ? busy / n : 0.0}, {"wait_us", nw ? wait / nw : 0.0}});
@@ -64,7 +64,7 @@ nlohmann::json op_timeline(const tw::DecodeStep& st) {
       std::printf("  %-24s %6d %9.1f %9.1f %9.2f %9.2f\n", o.name.c_str(), o.num_tiles, first, last, n ? busy / n : 0.0,
                   nw ? wait / nw : 0.0);
   }
-  return {{"ops", ops}, {"tiles_layers_0_1", {{"columns", {"tile", "op", "sm", "taken", "ready", "started", "computed", "done"}}, {"rows", tiles}}}};
+  return {{"ops", ops}, {"tiles_layers_0_1", {{"columns", {"tile", "op", "sm", "taken", "ready", "started", "computed", "done", "mark1", "mark2"}}, {"rows", tiles}}}};
 }
 
 }  // namespace

@@ -2,8 +2,27 @@
 
 #include <algorithm>
 #include <numeric>
+#include <sstream>
+
+#include "tileweave/model/l2_model.hpp"
 
 namespace tw {
+
+const char* to_string(L2Kind k) { return k == L2Kind::Simple ? "simple" : "partitioned"; }
+
+L2Kind parse_l2_kind(const std::string& name) {
+  if (name == "simple") return L2Kind::Simple;
+  if (name == "partitioned") return L2Kind::Partitioned;
+  throw InvalidArgument("unknown L2 model '" + name + "' (known: simple, partitioned)");
+}
+
+namespace {
+std::string num(double x) {
+  std::ostringstream o;
+  o << x;
+  return o.str();
+}
+}  // namespace
 
 void CacheConfig::validate() const {
   if (line_bytes <= 0) throw InvalidArgument("line size must be positive, got " + std::to_string(line_bytes));
@@ -15,6 +34,22 @@ void CacheConfig::validate() const {
   if (sets < 1) throw InvalidArgument("number of cache sets must be at least 1, got " + std::to_string(sets));
   if (capacity_bytes / sets < line_bytes)
     throw InvalidArgument("cache sets " + std::to_string(sets) + " leave less than one line per set");
+  if (l2 != L2Kind::Partitioned) return;
+  if (part.partitions != 1 && part.partitions != 2)
+    throw InvalidArgument("L2 partitions must be 1 or 2, got " + std::to_string(part.partitions));
+  if (part.line_bytes <= 0 || part.line_bytes > (1 << 20))
+    throw InvalidArgument("L2 line size " + std::to_string(part.line_bytes) + " must be in [1, 1048576]");
+  if (part.ways < 0 || part.ways > 1024)
+    throw InvalidArgument("L2 ways " + std::to_string(part.ways) + " must be in [0, 1024] (0: fully associative)");
+  const int64_t per_part = capacity_bytes / part.partitions;
+  if (per_part < part.line_bytes * std::max(part.ways, 1))
+    throw InvalidArgument("cache capacity " + std::to_string(capacity_bytes) + " B holds less than one set of " +
+                          std::to_string(std::max(part.ways, 1)) + " lines of " + std::to_string(part.line_bytes) +
+                          " B per partition");
+  if (!(part.step_jitter >= 0 && part.step_jitter < 1))
+    throw InvalidArgument("step jitter " + num(part.step_jitter) + " must be in [0, 1)");
+  if (!(part.sm_skew >= 0 && part.sm_skew < 1))
+    throw InvalidArgument("SM speed skew " + num(part.sm_skew) + " must be in [0, 1)");
 }
 
 namespace {
@@ -293,6 +328,14 @@ TileResult CacheModel::finish(int tile) {
   return res;
 }
 
+void CacheModel::step_accesses(int tile, int s, std::vector<Access>& out) const {
+  visit_step(tile, s, [&](int64_t id, bool w) { out.push_back({id, w}); });
+}
+
+void CacheModel::finish_accesses(int tile, bool reduces, std::vector<Access>& out) const {
+  visit_finish(tile, reduces, [&](int64_t id, bool w) { out.push_back({id, w}); });
+}
+
 std::vector<CacheModel::Access> CacheModel::tile_accesses(int tile, bool reduces) const {
   std::vector<Access> out;
   const int steps = num_steps(tile);
@@ -382,9 +425,39 @@ TrafficReport CacheModel::report() const {
   return r;
 }
 
+std::vector<int> writer_ops(const TileGraph& g) {
+  std::vector<int> w(g.tensors().size(), static_cast<int>(g.ops().size()) - 1);
+  for (int op = 0; op < static_cast<int>(g.ops().size()); ++op) {
+    const Op& o = g.op(op);
+    for (int t : {o.c, o.workspace})
+      if (t >= 0) w[t] = op;
+    for (int t : o.side_outputs) w[t] = op;
+  }
+  return w;
+}
+
+std::vector<OpTraffic> empty_op_traffic(const TileGraph& g) {
+  std::vector<OpTraffic> v(g.ops().size());
+  for (int op = 0; op < static_cast<int>(v.size()); ++op) {
+    v[op].name = g.op(op).name;
+    v[op].tiles = g.op(op).num_tiles;
+    for (int t = g.op(op).first_tile; t < g.op(op).first_tile + g.op(op).num_tiles; ++t) v[op].flops += g.tile(t).flops;
+  }
+  return v;
+}
+
 TrafficReport simulate(const TileGraph& g, const Schedule& s, const CacheConfig& c) {
+  if (c.l2 == L2Kind::Partitioned) return simulate_partitioned(g, s, c);
   validate(g, s);
   CacheModel model(g, c);
+  std::vector<OpTraffic> per_op = empty_op_traffic(g);
+  auto charge = [&](int tile, const TileResult& r) {
+    OpTraffic& o = per_op[g.tile(tile).op];
+    o.dram_read += r.dram_read;
+    o.dram_write += r.dram_write;
+    o.hit_bytes += r.hit_bytes;
+    o.requested_bytes += r.requested_bytes;
+  };
   const int n = g.num_tiles();
   const int slots = std::min(c.in_flight, std::max(n, 1));
   std::vector<uint8_t> done(n, 0);
@@ -416,9 +489,9 @@ TrafficReport simulate(const TileGraph& g, const Schedule& s, const CacheConfig&
           }
         if (!sl.ready) continue;
       }
-      model.step(sl.tile, sl.step);
+      charge(sl.tile, model.step(sl.tile, sl.step));
       if (++sl.step < sl.steps) continue;
-      model.finish(sl.tile);
+      charge(sl.tile, model.finish(sl.tile));
       done[sl.tile] = 1;
       if (c.trace) {
         const TrafficReport now = model.report();
@@ -430,10 +503,15 @@ TrafficReport simulate(const TileGraph& g, const Schedule& s, const CacheConfig&
       refill(sl);
     }
   }
+  // The final flush is charged to the op that wrote each dirty block.
+  const std::vector<int> writer = writer_ops(g);
+  for (const ResidentBlock& b : model.resident())
+    if (b.dirty) per_op[writer[b.block.tensor]].dram_write += b.bytes;
   model.flush();
   TrafficReport r = model.report();
   r.order = s.name;
   r.trace = std::move(trace);
+  r.per_op = std::move(per_op);
   return r;
 }
 

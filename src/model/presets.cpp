@@ -1,5 +1,9 @@
 #include "tileweave/model/presets.hpp"
 
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
 namespace tw {
 
 namespace {
@@ -8,16 +12,99 @@ std::string join(const std::vector<std::string>& v) {
   for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
   return s;
 }
+
+// The partitioned L2's parameters until bench/l2_probe measures them on the part (its JSON, given
+// as --gpu FILE.json, overrides these): two halves with far copies (the A100/H100 whitepapers:
+// "each L2 partition localizes and caches data for memory accesses from SMs in the GPCs directly
+// connected to the partition"), 128-byte lines of four sectors, 16 ways, and tiles drifting by 10%
+// per K-step on SMs 5% apart in speed.
+L2Params hopper_l2() {
+  L2Params p;
+  p.partitions = 2;
+  p.far_copies = true;
+  p.line_bytes = 128;
+  p.ways = 16;
+  p.step_jitter = 0.10;
+  p.sm_skew = 0.05;
+  return p;
+}
 }  // namespace
 
 // L2 sizes as the drivers report them (H200: 60 MiB measured on the lent machine, DESIGN.md §3).
+// Read floors measured (H200 4.68 TB/s, H100 3.13); GEMM peak measured on the H200 (716 TFLOP/s,
+// torch 8192^3) and assumed the same on the H100 (same SMs and clocks); one SM streams ~74 GB/s when
+// a third of the SMs or fewer read (bench/results/h200/stream_patterns.json, fewer_sms); the launch
+// cost is an assumption until the validation grid fits it.
 GpuPreset gpu_preset(const std::string& name) {
-  if (name == "h200") return {name, int64_t{60} << 20, 132, 4.68};
-  if (name == "h100") return {name, int64_t{50} << 20, 132, 3.13};
-  if (name == "a100") return {name, int64_t{40} << 20, 108, 1.90};
-  throw InvalidArgument("unknown GPU preset '" + name + "' (known: " + join(gpu_preset_names()) + ")");
+  GpuPreset p;
+  p.name = name;
+  p.l2 = hopper_l2();
+  if (name == "h200") {
+    p.l2_bytes = int64_t{60} << 20, p.sms = 132, p.read_tbps = 4.68, p.gemm_tflops = 716;
+    p.sm_stream_gbps = 74, p.launch_us = 3;
+  } else if (name == "h100") {
+    p.l2_bytes = int64_t{50} << 20, p.sms = 132, p.read_tbps = 3.13, p.gemm_tflops = 716;
+    p.sm_stream_gbps = 74, p.launch_us = 3;
+  } else if (name == "a100") {
+    p.l2_bytes = int64_t{40} << 20, p.sms = 108, p.read_tbps = 1.90, p.gemm_tflops = 280;
+    p.sm_stream_gbps = 40, p.launch_us = 4;
+  } else {
+    throw InvalidArgument("unknown GPU preset '" + name + "' (known: " + join(gpu_preset_names()) + ")");
+  }
+  return p;
 }
 std::vector<std::string> gpu_preset_names() { return {"h100", "h200", "a100"}; }
+
+GpuPreset gpu_preset_from_json(const std::string& text, const std::string& what) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const std::exception& e) {
+    throw InvalidArgument(what + ": malformed JSON (" + e.what() + ")");
+  }
+  if (!j.is_object()) throw InvalidArgument(what + ": a GPU preset must be a JSON object");
+  GpuPreset p = gpu_preset(j.value("base", std::string("h200")));
+  // Every value read is range-checked here; the L2 ones again by CacheConfig::validate.
+  auto num = [&](const nlohmann::json& o, const char* key, double lo, double hi, double cur) {
+    if (!o.contains(key)) return cur;
+    if (!o[key].is_number()) throw InvalidArgument(what + ": '" + key + "' must be a number");
+    const double v = o[key].get<double>();
+    if (!(v >= lo && v <= hi))
+      throw InvalidArgument(what + ": '" + key + "' = " + o[key].dump() + " is out of range [" + std::to_string(lo) + ", " +
+                            std::to_string(hi) + "]");
+    return v;
+  };
+  p.name = j.value("name", p.name);
+  p.l2_bytes = static_cast<int64_t>(num(j, "l2_bytes", 1024, double(int64_t{1} << 40), double(p.l2_bytes)));
+  p.sms = static_cast<int>(num(j, "sms", 1, 100000, p.sms));
+  p.read_tbps = num(j, "read_tbps", 1e-3, 1e3, p.read_tbps);
+  p.gemm_tflops = num(j, "gemm_tflops", 1e-3, 1e6, p.gemm_tflops);
+  p.sm_stream_gbps = num(j, "sm_stream_gbps", 1e-3, 1e6, p.sm_stream_gbps);
+  p.launch_us = num(j, "launch_us", 0, 1e6, p.launch_us);
+  if (j.contains("l2")) {
+    const nlohmann::json& l = j["l2"];
+    if (!l.is_object()) throw InvalidArgument(what + ": 'l2' must be an object");
+    p.l2.partitions = static_cast<int>(num(l, "partitions", 1, 2, p.l2.partitions));
+    p.l2.line_bytes = static_cast<int64_t>(num(l, "line_bytes", 1, 1 << 20, double(p.l2.line_bytes)));
+    p.l2.ways = static_cast<int>(num(l, "ways", 0, 1024, p.l2.ways));
+    p.l2.step_jitter = num(l, "step_jitter", 0, 0.99, p.l2.step_jitter);
+    p.l2.sm_skew = num(l, "sm_skew", 0, 0.99, p.l2.sm_skew);
+    if (l.contains("far_copies")) {
+      if (!l["far_copies"].is_boolean()) throw InvalidArgument(what + ": 'far_copies' must be true or false");
+      p.l2.far_copies = l["far_copies"].get<bool>();
+    }
+  }
+  return p;
+}
+
+GpuPreset find_gpu_preset(const std::string& name) {
+  if (name.size() < 5 || name.substr(name.size() - 5) != ".json") return gpu_preset(name);
+  std::ifstream in(name);
+  if (!in) throw InvalidArgument("cannot read GPU preset file '" + name + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return gpu_preset_from_json(ss.str(), "GPU preset file '" + name + "'");
+}
 
 FfnShape model_preset(const std::string& name, int64_t m) {
   if (m <= 0) throw InvalidArgument("M (tokens) must be positive, got " + std::to_string(m));

@@ -18,6 +18,10 @@
 // -> producer's arrive (release, CTA) -> consumer's wait (acquire, CTA), so they see those writes.
 // Such data is read with ld.global.cg (L1 is not coherent with other SMs).
 //
+// Timelines (opt.trace): besides the executor's words, a weight tile stamps kTraceMark1 when its
+// split arrives and kTraceMark2 once it has the split's sums; an attention tile's kTraceComputed is
+// the end of its stages (before the pair counts and merges).
+//
 // No deadlock: inside a CTA the producer issues every stage of a tile before it touches the next
 // tile, so a tile the consumers have popped never waits on the producer; the producer's own waits
 // (queue slot, ring slot, counters) are released by the consumers finishing earlier tiles or by other
@@ -43,10 +47,12 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kQueue = 8;          // tiles the producer may run ahead of the consumers
 constexpr int kConsumers = 256;    // consumer threads
-constexpr int kScratchBytes = 12288;  // consumer scratch: attention combine and merge
+// Consumer scratch: the attention combine's (max, sum) per warp and row, the merge's per-group sums
+// ([groups][G D / 4] float4 and float2, groups x G D / 4 <= kConsumers).
+constexpr int kScratchBytes = kConsumers * (16 + 8);
 // Shared memory for the ring: the opt-in limit less the scratch and the static shared memory
 // (queue, descriptors, per-row tables; checked at run time by prepare_kernel).
-constexpr int kStaticReserve = 9216;
+constexpr int kStaticReserve = 10240;
 constexpr int kMaxStages = 8;
 
 template <int R>
@@ -446,12 +452,16 @@ __device__ __forceinline__ void store_bf16x4(bf16* dst, float a, float b, float 
 
 // After the tile's global writes: make them visible to the async proxy where other CTAs read them with
 // bulk copies (`async_readers`: activations, q, the cache rows), then publish the tile on its counter.
+// A tile whose writes no reader of the counter needs (split-K partial sums, attention partials: their
+// readers acquire them through the split's or the pair's count) counts relaxed: the readers' acquire
+// of the counter still synchronises with every release before it (RMWs continue release sequences).
 __device__ __forceinline__ void finish_tile(const StepParams& p, const DeviceTile& t, int32_t id, int ct,
-                                            bool async_readers = true) {
+                                            bool async_readers = true,
+                                            cuda::memory_order order = cuda::memory_order_release) {
   if (async_readers) ptx::fence_proxy_async(ptx::space_global);
   consumer_sync();
   if (ct == 0) {
-    runtime::release_signal(p.ep, t);
+    runtime::release_signal(p.ep, t, order);
     runtime::trace_mark(p.ep, id, runtime::kTraceDone);
   }
 }
@@ -609,9 +619,11 @@ __device__ void finish_weight_tile(const StepParams& p, StepShared& sh, const St
     add_split_partials<Cfg>(block, acc, ct);
     consumer_sync();
     if (ct == 0) sh.flag = runtime::arrive_last(p.ep, epoch, t, o.split);
+    if (ct == 0) runtime::trace_mark(p.ep, id, runtime::kTraceMark1);
     consumer_sync();
-    if (!sh.flag) return finish_tile(p, t, id, ct, false);  // only partial sums, read by ordinary loads
+    if (!sh.flag) return finish_tile(p, t, id, ct, false, cuda::memory_order_relaxed);  // only partial sums
     take_split_sums<Cfg>(block, acc, ct);
+    if (ct == 0) runtime::trace_mark(p.ep, id, runtime::kTraceMark2);
   }
   weight_epilogue<Cfg, D>(p, sh, o, t, acc, ct, stats_off, epoch);
   finish_tile(p, t, id, ct, o.kind != kLmHead);  // the LM head's maxima are read by ordinary loads
@@ -622,16 +634,14 @@ __device__ void finish_weight_tile(const StepParams& p, StepShared& sh, const St
 // shared memory and the result is the output (a whole pair) or a partial (normalised output + LSE,
 // slot 2 tile + which). The last tile to finish a pair merges its partials (no tile waits for another).
 template <int D>
-__device__ void combine_segment(const StepParams& p, float* scratch, const AttnChunk& c, int tile, float (&o)[D / 8][4],
-                                float m, float l, int ct, const StepOpArgs& op) {
+__device__ void combine_segment(const StepParams& p, float* scratch, float* stage, const AttnChunk& c, int tile,
+                                float (&o)[D / 8][4], float m, float l, int ct, const StepOpArgs& op) {
   const int lane = ct % 32, warp = ct / 32, g = lane / 4, tq = lane % 4, G = p.group;
-  constexpr int kSlot = kernels::kDecodeMaxGroup * D;
-  float* slot = scratch + (warp / 4) * kSlot;                        // [2][G][D]: warpgroup 0's and 1's sums
-  float2* ml = reinterpret_cast<float2*>(scratch + 2 * kSlot);       // [8 warps][8 rows]
+  float2* ml = reinterpret_cast<float2*>(scratch);  // [8 warps][8 rows]
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
   if (tq == 0 && g < G) ml[warp * 8 + g] = make_float2(m, l);
-  consumer_sync();
+  consumer_sync();  // every warp is done with the stage's K/V: its bytes are free for the sums
   auto row_max_sum = [&](int row, float& mx, float& sum) {
     mx = -INFINITY;
 #pragma unroll
@@ -640,35 +650,34 @@ __device__ void combine_segment(const StepParams& p, float* scratch, const AttnC
 #pragma unroll
     for (int w = 0; w < 8; ++w) sum += ml[w * 8 + row].y * exp2f(ml[w * 8 + row].x - mx);
   };
-  float f = 0.f;
+  // Each warp stores its scaled output, [warp][G][D] fp32, in the stage it has just read; then each
+  // thread sums 8 warps' values of its float4s. (The sums had gone through a [2][G][D] scratch in
+  // four rounds of read-modify-write, one warp per warpgroup a round: each element a load, a branch
+  // and a store in a chain, ~2 us at D = 64 and ~3.3 us at D = 128 per segment on the H200.)
   if (g < G) {
     float mx, sum;
     row_max_sum(g, mx, sum);
-    f = __fdividef(exp2f(m - mx), sum);  // 0 for a warp with no unit in the segment
-  }
-  // Four rounds, one warp of each warpgroup adding its scaled output into its warpgroup's sum (plain
-  // stores: no two warps touch a slot in a round; shared-memory float atomics held o's 64 registers
-  // through compare-and-swap loops and spilled).
-#pragma unroll 1
-  for (int r = 0; r < 4; ++r) {
-    if (warp % 4 == r && g < G)
+    const float f = __fdividef(exp2f(m - mx), sum);  // 0 for a warp with no unit in the segment
+    float* row = stage + (warp * G + g) * D;
 #pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        const int d = 8 * (2 * tq + 8 * (j / 8)) + j % 8;
-        float* at = slot + g * D + d;
-        at[0] = (r ? at[0] : 0.f) + f * o[j][0];
-        at[8] = (r ? at[8] : 0.f) + f * o[j][1];
-      }
-    consumer_sync();
+    for (int j = 0; j < D / 8; ++j) {
+      const int d = 8 * (2 * tq + 8 * (j / 8)) + j % 8;
+      row[d] = f * o[j][0];
+      row[d + 8] = f * o[j][1];
+    }
   }
+  consumer_sync();
   const int b = c.pair / p.num_kv_heads, h = c.pair - b * p.num_kv_heads;
   const int64_t part = 2 * int64_t(tile) + ((c.flags & kWhich) ? 1 : 0);
   const ActLayout act{p.act_rows};
   for (int i = ct; i < G * D / 4; i += kConsumers) {
     const int gg = i / (D / 4), d = 4 * (i % (D / 4));
-    const float4 x = *reinterpret_cast<const float4*>(&scratch[gg * D + d]);
-    const float4 y = *reinterpret_cast<const float4*>(&scratch[kSlot + gg * D + d]);
-    const float4 v = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+    float4 x[8];
+#pragma unroll
+    for (int w = 0; w < 8; ++w) x[w] = *reinterpret_cast<const float4*>(stage + (w * G + gg) * D + d);
+    float4 v = x[0];
+#pragma unroll
+    for (int w = 1; w < 8; ++w) v = make_float4(v.x + x[w].x, v.y + x[w].y, v.z + x[w].z, v.w + x[w].w);
     if (c.flags & kWhole) {
       store_bf16x4(op.out + act.index(b, (h * G + gg) * D + d), v.x, v.y, v.z, v.w);
     } else {
@@ -680,19 +689,19 @@ __device__ void combine_segment(const StepParams& p, float* scratch, const AttnC
       }
     }
   }
-  consumer_sync();  // the scratch is free again
+  consumer_sync();  // the stage and the scratch are free again
 }
 
 // Merges the partials of the pair of c, one per tile holding part of it, as the last of those tiles.
 // Threads are grouped: group j merges partials j, j + groups, ... of the G D / 4 float4s (all their
-// loads in flight together), then the groups combine in shared memory.
+// loads in flight together), then the groups' scaled sums meet in shared memory (plain stores, then
+// each float4 summed by one thread: no shared-memory float atomics, which are compare-and-swap loops).
 template <int D>
 __device__ void merge_pair(const StepParams& p, float* scratch, const AttnChunk& c, int ct, const StepOpArgs& op) {
-  const int G = p.group, nv = G * D / 4, groups = max(1, kConsumers / nv);
+  const int G = p.group, nv = G * D / 4, groups = max(1, kConsumers / nv);  // groups * nv <= kConsumers
   const int c0 = c.first_tile, n = c.tiles, shift = (c.flags & kShift) ? 1 : 0;
-  float4* out = reinterpret_cast<float4*>(scratch);                   // [nv]
-  float2* ms = reinterpret_cast<float2*>(scratch + 4 * nv);           // [groups][nv]
-  for (int i = ct; i < nv; i += kConsumers) out[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  float4* sums = reinterpret_cast<float4*>(scratch);                        // [groups][nv]
+  float2* ms = reinterpret_cast<float2*>(scratch + 4 * kConsumers);         // [groups][nv]
   const int grp = ct / nv, e = ct % nv;
   float mw = -INFINITY, sw = 0.f;
   float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -722,34 +731,41 @@ __device__ void merge_pair(const StepParams& p, float* scratch, const AttnChunk&
     ms[grp * nv + e] = make_float2(mw, sw);
   }
   consumer_sync();
-  if (grp < groups && sw > 0.f) {
+  if (grp < groups) {
     float mx = -INFINITY, sum = 0.f;
     for (int j = 0; j < groups; ++j) mx = fmaxf(mx, ms[j * nv + e].x);
     for (int j = 0; j < groups; ++j) sum += ms[j * nv + e].y * exp2f(ms[j * nv + e].x - mx);
-    const float f = __fdividef(exp2f(mw - mx), sum);
-    atomicAdd(&out[e].x, f * a.x);
-    atomicAdd(&out[e].y, f * a.y);
-    atomicAdd(&out[e].z, f * a.z);
-    atomicAdd(&out[e].w, f * a.w);
+    const float f = sw > 0.f ? __fdividef(exp2f(mw - mx), sum) : 0.f;  // a group with no partial adds 0
+    sums[grp * nv + e] = make_float4(f * a.x, f * a.y, f * a.z, f * a.w);
   }
   consumer_sync();
   const int b = c.pair / p.num_kv_heads, h = c.pair - b * p.num_kv_heads;
   const ActLayout act{p.act_rows};
   for (int i = ct; i < nv; i += kConsumers) {
+    float4 v = sums[i];
+    for (int j = 1; j < groups; ++j) {
+      const float4 x = sums[j * nv + i];
+      v = make_float4(v.x + x.x, v.y + x.y, v.z + x.z, v.w + x.w);
+    }
     const int gg = i / (D / 4), d = 4 * (i % (D / 4));
-    store_bf16x4(op.out + act.index(b, (h * G + gg) * D + d), out[i].x, out[i].y, out[i].z, out[i].w);
+    store_bf16x4(op.out + act.index(b, (h * G + gg) * D + d), v.x, v.y, v.z, v.w);
   }
   consumer_sync();
 }
 
+// Returns whether the tile wrote attention outputs (a whole pair's, or a merge's): only then do the
+// o_proj tiles read what it wrote.
 template <class Cfg, int D>
-__device__ void attention_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, StepShared& sh, float* scratch,
-                               const StepParams& p, const StepOpArgs& op, const DeviceTile& t, int count, int ct) {
+__device__ bool attention_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, StepShared& sh, float* scratch,
+                               const StepParams& p, const StepOpArgs& op, const DeviceTile& t, int32_t id, int count,
+                               int ct) {
   constexpr int kStageTokens = attention_tokens(Cfg::kStageBytes, D);
   const int lane = ct % 32, warp = ct / 32, g = lane / 4, tq = lane % 4;
   uint32_t qa[D / 16][2];
   float o[D / 8][4];
   float m = -INFINITY, l = 0.f;
+  static_assert(Cfg::kStageBytes >= 8 * kernels::kDecodeMaxGroup * D * 4, "combine_segment's sums fit a stage");
+  bool wrote = false;
   if (ct == 0) sh.part[0].pair = sh.part[1].pair = -1;  // the tile's partial segments (first, last)
   for (int j = 0; j < count; ++j) {
     const int s = ps.stage;
@@ -777,37 +793,38 @@ __device__ void attention_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, StepSh
       kernels::decode_detail::attend_unit<D, true>(qa, ks + u * kernels::kDecodeStageTokens * D,
                                                    vs + u * kernels::kDecodeStageTokens * D, valid, p.scale_log2, o, m, l);
     }
+    ps.advance();
+    if (c.flags & kSegLast) {  // the stage holds the warps' sums before it is released
+      combine_segment<D>(p, scratch, reinterpret_cast<float*>(ring.w_atom(s, 0)), c, t.tn, o, m, l, ct, op);
+      if (!(c.flags & kWhole) && ct == 0) sh.part[(c.flags & kWhich) ? 1 : 0] = c;
+      wrote |= (c.flags & kWhole) != 0;
+    }
     __syncwarp();
     if (lane == 0) mbar_arrive(&ring.empty[s]);
-    ps.advance();
-    if (c.flags & kSegLast) {
-      combine_segment<D>(p, scratch, c, t.tn, o, m, l, ct, op);
-      if (!(c.flags & kWhole) && ct == 0) sh.part[(c.flags & kWhich) ? 1 : 0] = c;
-    }
   }
-  // The last tile to finish a pair merges it (fence, count, fence). Release: the barrier orders every
-  // thread's partial writes before the counting threads' fences; acquire: their fence after the
-  // count, then the barrier, before anyone reads partials.
+  if (ct == 0) runtime::trace_mark(p.ep, id, runtime::kTraceComputed);
+  // The last tile to finish a pair merges it. The count is acq_rel: release, since the barrier
+  // orders every thread's partial writes before the counting thread's RMW; acquire, then the barrier,
+  // before anyone reads the other tiles' partials.
   consumer_sync();
   if (sh.part[0].pair >= 0 || sh.part[1].pair >= 0) {
     if (lane == 0 && warp < 2) {
       const AttnChunk pt = sh.part[warp];
       uint32_t last = 0;
       if (pt.pair >= 0) {
-        int* cnt = p.merge_count + pt.pair;
-        __threadfence();
-        last = atomicAdd(cnt, 1) == pt.tiles - 1;
-        if (last) {
-          *cnt = 0;  // ready for the next layer and launch
-          __threadfence();
-        }
+        cuda::atomic_ref<int, cuda::thread_scope_device> cnt(p.merge_count[pt.pair]);
+        last = cnt.fetch_add(1, cuda::memory_order_acq_rel) == pt.tiles - 1;
+        // Ready for the next layer and launch: the merge's release of the tile orders it.
+        if (last) cnt.store(0, cuda::memory_order_relaxed);
       }
       sh.last[warp] = last;
     }
     consumer_sync();
     if (sh.last[0]) merge_pair<D>(p, scratch, sh.part[0], ct, op);
     if (sh.last[1]) merge_pair<D>(p, scratch, sh.part[1], ct, op);
+    wrote |= sh.last[0] || sh.last[1];
   }
+  return wrote;
 }
 
 // Embedding rows of the input tokens, columns [tn cols, (tn + 1) cols), into x0; their sums of squares.
@@ -878,10 +895,13 @@ __device__ void run_consumer(const Ring<Cfg>& ring, StepShared& sh, float* scrat
         break;
       }
       case kAttention:
-        attention_tile<Cfg, D>(ring, ps, sh, scratch, p, o, t, count, ct);
+      {
+        const bool wrote = attention_tile<Cfg, D>(ring, ps, sh, scratch, p, o, t, id, count, ct);
         mbar_wait(&sh.ready[qs], qphase, "ready");
-        finish_tile(p, t, id, ct);
+        // Partials only, or nothing: a relaxed count (finish_tile).
+        finish_tile(p, t, id, ct, wrote, wrote ? cuda::memory_order_release : cuda::memory_order_relaxed);
         break;
+      }
       case kEmbed:
         mbar_wait(&sh.ready[qs], qphase, "ready");
         embed_tile(p, sh, o, t, ct, epoch);

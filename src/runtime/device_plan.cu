@@ -75,7 +75,7 @@ std::vector<DevicePlan::TileTimes> DevicePlan::read_trace() const {
     const unsigned long long* r = &w[i * kTraceWords];
     auto us = [&](int k) { return r[k] ? (double(r[k]) - double(t0)) * 1e-3 : -1.0; };
     out.push_back({int(i), int(r[kTraceSm]), us(kTraceTaken), us(kTraceReady), us(kTraceStarted), us(kTraceComputed),
-                   us(kTraceDone)});
+                   us(kTraceDone), us(kTraceMark1), us(kTraceMark2)});
   }
   return out;
 }

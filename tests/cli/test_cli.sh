@@ -59,6 +59,21 @@ expect_ok "decode attention" sim --attention 16x4096
 expect_ok "too large to draw" orders --attention 1x4096 --show kslices/col_major
 expect_ok "heuristic search" search --attention 2x300 --time-limit 1 --quiet
 expect_json bounds --attention 1x4096 --split-k 8 --json
+# The partitioned L2 model, predicted time, the fusion report (issue 17).
+expect_ok "pred. us" sim --m 256 --l2-model partitioned
+expect_ok "partitioned L2 (2 x 128 B lines, 16 ways" sim --m 256 --l2-model partitioned --order col_major
+expect_ok "chain:" sim --gemm 512x512x512 --order row_major
+grep -q "compute" "$tmp/out" || fail "sim of one order lacks the per-op bound"
+expect_ok "fully associative" sim --m 64 --l2-model partitioned --l2-ways 0 --l2-jitter 0 --l2-skew 0 --l2-far-copies 0 \
+  --l2-partitions 1 --order col_major
+expect_json sim --m 64 --l2-model partitioned --json
+grep -q '"fused_us"' "$tmp/out" || fail "sim --json lacks the predicted time"
+echo '{"base": "h100", "name": "h100-probed", "l2": {"ways": 8, "far_copies": false}}' >"$tmp/preset.json"
+expect_ok "h100-probed" sim --gpu "$tmp/preset.json" --m 16 --order col_major --l2-model partitioned
+expect_ok "many-to-many" graph --m 256 --d 512 --ffn 1024
+expect_ok "reorganize" graph --decode-step tiny-llama --batch 2 --kv 40
+expect_json graph --attention 2x300 --json
+grep -q '"class"' "$tmp/out" || fail "graph --json lacks the edge classes"
 
 # Bad input.
 expect_error "got 0" sim --m 0
@@ -96,6 +111,16 @@ expect_error "missing.json" sim --order-file "$tmp/missing.json"
 expect_error "foo" search --method foo
 expect_error "-1" search --time-limit=-1
 expect_error "P = 8" search --gemm 32x32x16 --tile 16x16x16 --method exact --p 8
+expect_error "unknown L2 model 'lru'" sim --l2-model lru
+expect_error "need --l2-model partitioned" sim --l2-ways 4
+expect_error "partitions must be 1 or 2, got 3" sim --l2-model partitioned --l2-partitions 3
+expect_error "--l2-far-copies 2" sim --l2-model partitioned --l2-far-copies 2
+expect_error "jitter 1.5" sim --l2-model partitioned --l2-jitter 1.5
+expect_error "cannot read GPU preset file" sim --gpu "$tmp/none.json"
+echo '{"l2": {"ways": -3}}' >"$tmp/badpreset.json"
+expect_error "'ways' = -3" sim --gpu "$tmp/badpreset.json"
+expect_error "exact search replays the simple" search --gemm 48x48x16 --tile 16x16x16 --p 1 --method exact --l2-model partitioned
+expect_error "unknown model config 'nope'" graph --decode-step nope
 expect_error "nosuch" nosuch
 expect_error "--bogus" sim --bogus
 

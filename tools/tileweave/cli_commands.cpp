@@ -12,6 +12,7 @@
 #include "tileweave/order/bounds.hpp"
 #include "tileweave/order/orders.hpp"
 #include "tileweave/order/search.hpp"
+#include "tileweave/model/time_model.hpp"
 
 namespace tw::cli {
 
@@ -48,6 +49,16 @@ json report_json(const TrafficReport& r, int64_t bound, bool per_tensor) {
   return j;
 }
 
+json time_json(const TimePrediction& t) {
+  json ops = json::array();
+  for (const OpTime& o : t.ops)
+    ops.push_back({{"op", o.name}, {"tiles", o.tiles}, {"dram_bytes", o.bytes}, {"flops", o.flops},
+                   {"flop_per_byte", o.intensity}, {"bound", o.compute_bound ? "compute" : "memory"},
+                   {"waves", o.waves}, {"tail_efficiency", o.tail_efficiency}, {"memory_us", o.memory_us},
+                   {"compute_us", o.compute_us}, {"us", o.us}});
+  return {{"ridge_flop_per_byte", t.ridge}, {"fused_us", t.fused_us}, {"separate_us", t.separate_us}, {"ops", ops}};
+}
+
 json bounds_json(const TrafficBounds& b) {
   json list = json::array();
   for (const Bound& x : b.bounds) list.push_back({{"name", x.name}, {"bytes", x.bytes}, {"note", x.note}});
@@ -58,15 +69,34 @@ void print_bounds(const TrafficBounds& b) {
   for (const Bound& x : b.bounds) fmt::print("  bound {:<18} {:>12}   {}\n", x.name, human_bytes(x.bytes), x.note);
 }
 
-void print_table(const std::vector<TrafficReport>& rs, int64_t bound) {
-  fmt::print("  {:<20} {:>12} {:>12} {:>12} {:>8} {:>8}\n", "order", "DRAM read", "DRAM write", "total", "x bound", "L2 hit");
+// times: the predicted one-launch time of each report (empty: no time column).
+void print_table(const std::vector<TrafficReport>& rs, int64_t bound, const std::vector<double>& times = {}) {
+  fmt::print("  {:<20} {:>12} {:>12} {:>12} {:>8} {:>8}{}\n", "order", "DRAM read", "DRAM write", "total", "x bound", "L2 hit",
+             times.empty() ? "" : fmt::format(" {:>10}", "pred. us"));
   int64_t best = -1;
   for (const auto& r : rs)
     if (best < 0 || r.dram_total() < best) best = r.dram_total();
-  for (const auto& r : rs)
-    fmt::print("  {:<20} {:>12} {:>12} {:>12} {:>8.3f} {:>7.1f}%{}\n", r.order, human_bytes(r.dram_read),
+  for (size_t i = 0; i < rs.size(); ++i) {
+    const TrafficReport& r = rs[i];
+    fmt::print("  {:<20} {:>12} {:>12} {:>12} {:>8.3f} {:>7.1f}%{}{}\n", r.order, human_bytes(r.dram_read),
                human_bytes(r.dram_write), human_bytes(r.dram_total()), double(r.dram_total()) / double(bound),
-               100.0 * r.hit_rate(), r.dram_total() == best ? "  <- best" : "");
+               100.0 * r.hit_rate(), times.empty() ? "" : fmt::format(" {:>10.1f}", times[i]),
+               r.dram_total() == best ? "  <- best" : "");
+  }
+}
+
+void print_time(const TrafficReport& r, const TimePrediction& t, const TimeParams& p) {
+  fmt::print("  predicted time ({}): {:.2f} TB/s floor, {:.0f} TFLOP/s peak, ridge {:.0f} FLOP/B, P = {}, "
+             "{:.0f} GB/s per SM in a tail, {:.1f} us per launch\n",
+             r.order, p.read_tbps, p.gemm_tflops, t.ridge, p.slots, p.sm_stream_gbps, p.launch_us);
+  fmt::print("  {:<14} {:>7} {:>7} {:>6} {:>12} {:>10} {:>8} {:<8} {:>9} {:>9} {:>9}\n", "op", "tiles", "waves", "tail",
+             "DRAM bytes", "GFLOP", "FLOP/B", "bound", "mem us", "comp us", "time us");
+  for (const OpTime& o : t.ops)
+    fmt::print("  {:<14} {:>7} {:>7.2f} {:>5.0f}% {:>12} {:>10.2f} {:>8.1f} {:<8} {:>9.1f} {:>9.1f} {:>9.1f}\n", o.name,
+               o.tiles, o.waves, 100 * o.tail_efficiency, human_bytes(static_cast<int64_t>(o.bytes)), o.flops / 1e9,
+               o.intensity, o.compute_bound ? "compute" : "memory", o.memory_us, o.compute_us, o.us);
+  fmt::print("  chain: {:.1f} us in one launch (ops overlap; the last op's tail exposed), {:.1f} us op by op\n",
+             t.fused_us, t.separate_us);
 }
 
 void print_per_tensor(const TrafficReport& r) {
@@ -104,7 +134,7 @@ struct SimOptions {
   ProblemOptions problem;
   std::vector<std::string> orders;
   std::string order_file;
-  bool json = false, trace = false, per_tensor = false, timing = false;
+  bool json = false, trace = false, per_tensor = false, timing = false, per_op = false;
 };
 
 void run_sim(const SimOptions& o) {
@@ -124,20 +154,30 @@ void run_sim(const SimOptions& o) {
     reports.push_back(simulate(p.graph, s, cfg));
     seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
+  std::vector<TimePrediction> times;
+  std::vector<double> fused;
+  for (const auto& r : reports) {
+    times.push_back(predict_time(r, p.time));
+    fused.push_back(times.back().fused_us);
+  }
   if (o.json) {
     json list = json::array();
     for (size_t i = 0; i < reports.size(); ++i) {
       list.push_back(report_json(reports[i], b.best(), o.per_tensor || reports.size() == 1));
+      list.back()["time"] = time_json(times[i]);
       if (o.timing) list.back()["seconds"] = seconds[i];
     }
-    print_json({{"problem", p.description}, {"tiles", p.graph.num_tiles()}, {"bounds", bounds_json(b)}, {"orders", list}});
+    print_json({{"problem", p.description}, {"tiles", p.graph.num_tiles()}, {"l2_model", to_string(p.cache.l2)},
+                {"bounds", bounds_json(b)}, {"orders", list}});
     return;
   }
   fmt::print("{}\n  {} tiles\n", p.description, p.graph.num_tiles());
   print_bounds(b);
-  print_table(reports, b.best());
+  print_table(reports, b.best(), fused);
   if (o.per_tensor || reports.size() == 1)
     for (const auto& r : reports) print_per_tensor(r);
+  if (o.per_op || reports.size() == 1)
+    for (size_t i = 0; i < reports.size(); ++i) print_time(reports[i], times[i], p.time);
   if (o.timing)
     for (size_t i = 0; i < reports.size(); ++i) fmt::print("  simulated {} in {:.3f} s\n", reports[i].order, seconds[i]);
 }
@@ -160,6 +200,8 @@ void run_search(const SearchOptions& o) {
     throw InvalidArgument("time limit " + fmt::format("{}", o.time_limit) + " s must be in [0, 86400]");
   if (o.max_states < 1) throw InvalidArgument("max states " + std::to_string(o.max_states) + " must be positive");
   const bool exact = o.method == "exact" || (o.method == "auto" && p.graph.num_tiles() <= 20 && p.cache.in_flight == 1);
+  if (exact && p.cache.l2 == L2Kind::Partitioned)
+    throw InvalidArgument("the exact search replays the simple L2 model only: use --method heuristic with --l2-model partitioned");
   std::ostream* progress = o.quiet ? nullptr : &std::cerr;
   const TrafficBounds b = traffic_bounds(p.graph, p.cache);
   // The best named order, for comparison.
@@ -288,6 +330,7 @@ void register_model_commands(CLI::App& app) {
   c->add_flag("--trace", sim->trace, "with --json: cumulative traffic after every tile");
   c->add_flag("--per-tensor", sim->per_tensor, "per-tensor breakdown for every order");
   c->add_flag("--time", sim->timing, "print the simulation time of every order");
+  c->add_flag("--per-op", sim->per_op, "predicted time per op for every order (shown anyway for one order)");
   c->callback([sim] { run_sim(*sim); });
 
   auto search = std::make_shared<SearchOptions>();

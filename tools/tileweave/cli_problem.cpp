@@ -21,11 +21,19 @@ void add_problem_options(CLI::App& cmd, ProblemOptions& o) {
                  "tokens) instead of a model FFN, tiled as the GPU executor runs it");
   cmd.add_option("--tile", o.tile, "tile BMxBNxBK (default 128x128x64, clipped to the problem)");
   cmd.add_option("--split-k", o.split_k, "K slices of the last GEMM")->capture_default_str();
-  cmd.add_option("--gpu", o.gpu, "GPU preset for L2 size and SM count: h100 | h200 | a100")->capture_default_str();
+  cmd.add_option("--gpu", o.gpu, "GPU preset: h100 | h200 | a100, or a preset JSON file (bench/l2_probe writes one)")
+      ->capture_default_str();
   cmd.add_option("--cache", o.cache, "cache capacity S, overriding the GPU's L2 (e.g. 60MiB, 512KiB, 4096)");
   cmd.add_option("--line", o.line, "line (sector) bytes")->capture_default_str();
   cmd.add_option("--p", o.in_flight, "tiles in flight P (default: the GPU's SM count)");
-  cmd.add_option("--sets", o.sets, "cache sets (1 = fully associative LRU)")->capture_default_str();
+  cmd.add_option("--sets", o.sets, "cache sets (1 = fully associative LRU; simple L2 model)")->capture_default_str();
+  cmd.add_option("--l2-model", o.l2_model, "simple (one LRU cache, lockstep tiles) | partitioned (Hopper's two halves, "
+                 "128 B lines, hashed sets, drifting tiles)")->capture_default_str();
+  cmd.add_option("--l2-partitions", o.l2_partitions, "partitioned model: 1 or 2 (default: the GPU preset's)");
+  cmd.add_option("--l2-far-copies", o.l2_far_copies, "partitioned model: 1 = far reads keep a copy near, 0 = not");
+  cmd.add_option("--l2-ways", o.l2_ways, "partitioned model: ways per set, 0 = fully associative");
+  cmd.add_option("--l2-jitter", o.l2_jitter, "partitioned model: a K-step lasts 1 +- this of its nominal time");
+  cmd.add_option("--l2-skew", o.l2_skew, "partitioned model: SM speeds spread 1 +- this");
 }
 
 int64_t parse_bytes(const std::string& text, const std::string& what) {
@@ -102,8 +110,9 @@ void check_work(int64_t m, int64_t n, int64_t k, const Tiling& t, int64_t split_
 }  // namespace
 
 Problem make_problem(const ProblemOptions& o) {
-  const GpuPreset gpu = gpu_preset(o.gpu);
+  const GpuPreset gpu = find_gpu_preset(o.gpu);
   Problem p;
+  p.gpu = gpu;
   p.cache.capacity_bytes = o.cache.empty() ? gpu.l2_bytes : parse_bytes(o.cache, "cache size");
   if (o.line <= 0 || o.line > (1 << 20)) throw InvalidArgument("line size " + std::to_string(o.line) + " must be in [1, 1048576]");
   p.cache.line_bytes = o.line;
@@ -112,16 +121,38 @@ Problem make_problem(const ProblemOptions& o) {
   p.cache.in_flight = o.in_flight ? static_cast<int>(o.in_flight) : gpu.sms;
   if (o.sets < 1 || o.sets > (1 << 24)) throw InvalidArgument("cache sets " + std::to_string(o.sets) + " must be in [1, 16777216]");
   p.cache.sets = static_cast<int>(o.sets);
+  p.cache.l2 = parse_l2_kind(o.l2_model);
+  p.cache.part = gpu.l2;
+  if (p.cache.l2 == L2Kind::Simple &&
+      (o.l2_partitions >= 0 || o.l2_ways >= 0 || o.l2_far_copies >= 0 || o.l2_jitter >= 0 || o.l2_skew >= 0))
+    throw InvalidArgument("--l2-partitions/-far-copies/-ways/-jitter/-skew need --l2-model partitioned");
+  if (p.cache.l2 == L2Kind::Partitioned && o.sets != 1)
+    throw InvalidArgument("--sets " + std::to_string(o.sets) + " is the simple model's; the partitioned one takes --l2-ways");
+  if (o.l2_far_copies > 1) throw InvalidArgument("--l2-far-copies " + std::to_string(o.l2_far_copies) + " must be 0 or 1");
+  if (o.l2_partitions >= 0) p.cache.part.partitions = static_cast<int>(std::min<int64_t>(o.l2_partitions, 1 << 20));
+  if (o.l2_ways >= 0) p.cache.part.ways = static_cast<int>(std::min<int64_t>(o.l2_ways, 1 << 20));
+  if (o.l2_far_copies >= 0) p.cache.part.far_copies = o.l2_far_copies == 1;
+  if (o.l2_jitter >= 0) p.cache.part.step_jitter = o.l2_jitter;
+  if (o.l2_skew >= 0) p.cache.part.sm_skew = o.l2_skew;
   p.cache.validate();
+  p.time = time_params(gpu, p.cache.in_flight);
+  p.time.validate();
   if (o.split_k < 1 || o.split_k > 4096) throw InvalidArgument("split-k " + std::to_string(o.split_k) + " must be in [1, 4096]");
 
   const int64_t cap = p.cache.capacity_bytes;
   const std::string cap_text = cap % (1 << 20) == 0 ? fmt::format("{} MiB", cap >> 20)
                                : cap % 1024 == 0    ? fmt::format("{} KiB", cap >> 10)
                                                     : fmt::format("{} B", cap);
-  const std::string cache_text = fmt::format("cache {}, {} B lines{}, P = {}", cap_text,
+  const L2Params& l2 = p.cache.part;
+  const std::string l2_text =
+      p.cache.l2 == L2Kind::Simple
+          ? ""
+          : fmt::format(", partitioned L2 ({} x {} B lines, {}, {}, jitter {}, skew {})", l2.partitions, l2.line_bytes,
+                        l2.ways ? fmt::format("{} ways", l2.ways) : "fully associative",
+                        l2.far_copies ? "far copies" : "no far copies", l2.step_jitter, l2.sm_skew);
+  const std::string cache_text = fmt::format("cache {}, {} B lines{}, P = {}{}", cap_text,
                                              p.cache.line_bytes, p.cache.sets > 1 ? fmt::format(", {} sets", p.cache.sets) : "",
-                                             p.cache.in_flight);
+                                             p.cache.in_flight, l2_text);
   if (!o.attention.empty()) {
     if (!o.gemm.empty()) throw InvalidArgument("--attention and --gemm name two problems: give one");
     if (!o.tile.empty()) throw InvalidArgument("--tile does not apply to --attention (its tiles are the executor's)");
@@ -145,7 +176,7 @@ Problem make_problem(const ProblemOptions& o) {
     p.description = fmt::format("Llama-3-8B decode attention (32/8 heads, d 128) B = {}, L = {}: {} attention tiles; "
                                 "o_proj {}x{}x{}, tiles {}x{}x{}, split-K {}; {} ({})",
                                 v[0], v[1], plan.num_tiles, v[0], hidden, 32 * 128, t.bm, t.bn, t.bk, t.split_k,
-                                cache_text, o.gpu);
+                                cache_text, gpu.name);
     return p;
   }
   if (!o.gemm.empty()) {
@@ -157,7 +188,7 @@ Problem make_problem(const ProblemOptions& o) {
     check_work(v[0], v[1], v[2], t, t.split_k);
     p.graph = build_gemm_graph(v[0], v[1], v[2], t).graph;
     p.description = fmt::format("GEMM {}x{}x{}, tiles {}x{}x{}{}; {} ({})", v[0], v[1], v[2], t.bm, t.bn, t.bk,
-                                t.split_k > 1 ? fmt::format(", split-K {}", t.split_k) : "", cache_text, o.gpu);
+                                t.split_k > 1 ? fmt::format(", split-K {}", t.split_k) : "", cache_text, gpu.name);
     return p;
   }
   FfnShape s = model_preset(o.model, o.m);
@@ -170,7 +201,7 @@ Problem make_problem(const ProblemOptions& o) {
   p.graph = build_ffn_graph(s, {t0, t1}).graph;
   p.description = fmt::format("{} FFN (d {}, ffn {}{}), M = {}, tiles {}x{}x{}{}; {} ({})", o.model, s.d, s.f,
                               s.gated ? ", gated" : ", plain chain", s.m, t0.bm, t0.bn, t0.bk,
-                              t1.split_k > 1 ? fmt::format(", down split-K {}", t1.split_k) : "", cache_text, o.gpu);
+                              t1.split_k > 1 ? fmt::format(", down split-K {}", t1.split_k) : "", cache_text, gpu.name);
   return p;
 }
 

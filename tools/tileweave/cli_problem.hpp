@@ -7,6 +7,8 @@
 
 #include "tileweave/graph/tile_graph.hpp"
 #include "tileweave/model/cache_model.hpp"
+#include "tileweave/model/presets.hpp"
+#include "tileweave/model/time_model.hpp"
 
 namespace CLI {
 class App;
@@ -27,6 +29,10 @@ struct ProblemOptions {
   int64_t line = 32;                // --line
   int64_t in_flight = 0;            // --p: 0 = the GPU's SM count
   int64_t sets = 1;                 // --sets
+  std::string l2_model = "simple";  // --l2-model simple | partitioned
+  // Partitioned model's parameters; unset (negative) = the GPU preset's.
+  int64_t l2_partitions = -1, l2_ways = -1, l2_far_copies = -1;
+  double l2_jitter = -1, l2_skew = -1;
 };
 void add_problem_options(CLI::App& cmd, ProblemOptions& o);
 
@@ -34,6 +40,8 @@ struct Problem {
   std::string description;  // one line: shapes, tiling, cache
   TileGraph graph;
   CacheConfig cache;
+  GpuPreset gpu;
+  TimeParams time;  // for predicted times (P = the cache's tiles in flight)
 };
 // Validates every value (InvalidArgument naming it) and builds the graph.
 Problem make_problem(const ProblemOptions& o);

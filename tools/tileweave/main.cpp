@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);
   tw::cli::register_model_commands(app);
   tw::cli::register_step_command(app);
+  tw::cli::register_graph_command(app);
   register_gui_command(app);
   try {
     app.parse(argc, argv);

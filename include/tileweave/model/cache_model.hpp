@@ -18,13 +18,33 @@
 
 namespace tw {
 
+// Which L2 the replay assumes. Simple: one LRU cache of whole blocks, tiles in lockstep (the
+// model every earlier result used). Partitioned: Hopper's L2 as it is built (model/l2_model.hpp).
+enum class L2Kind { Simple, Partitioned };
+const char* to_string(L2Kind k);
+L2Kind parse_l2_kind(const std::string& name);  // "simple" | "partitioned"; else InvalidArgument
+
+// Parameters of the partitioned model (the GPU presets carry them; docs/model.md explains each).
+struct L2Params {
+  int partitions = 2;         // 1 or 2 halves of the L2, each capacity / partitions
+  bool far_copies = true;     // a line read by an SM whose near half is not the line's home is also held
+                              // in the near half (so data read from both sides takes twice the space)
+  int64_t line_bytes = 128;   // allocation unit (a tag); CacheConfig::line_bytes stays the sector DRAM moves
+  int ways = 16;              // associativity of a hashed set; 0 = fully associative
+  double step_jitter = 0.0;   // a K-step lasts its nominal time x (1 +- jitter), uniform
+  double sm_skew = 0.0;       // each SM runs at 1 +- skew of the nominal speed, uniform, for the whole replay
+  uint64_t seed = 1;          // of the jitter and skew draws (deterministic)
+};
+
 struct CacheConfig {
   int64_t capacity_bytes = int64_t{60} << 20;  // S
   int64_t line_bytes = 32;                     // sector: the unit DRAM moves
   int in_flight = 1;                           // P: tiles running at once
-  int sets = 1;                                // 1: fully associative LRU
+  int sets = 1;                                // 1: fully associative LRU (simple model only)
   bool trace = false;                          // record cumulative counters after every tile
-  bool trace_resident = false;                 // ... and the resident blocks (small graphs only)
+  bool trace_resident = false;                 // ... and the resident blocks (small graphs only; simple model)
+  L2Kind l2 = L2Kind::Simple;
+  L2Params part;                               // used when l2 == Partitioned
   void validate() const;                       // InvalidArgument naming the bad value
 };
 
@@ -64,8 +84,19 @@ struct TraceStep {
   std::vector<ResidentBlock> resident;  // only with CacheConfig::trace_resident
 };
 
+// DRAM bytes caused by one op's tiles (write-backs count for the tile whose access evicted them;
+// the final flush for the op that wrote the block) and the FLOPs its tiles do.
+struct OpTraffic {
+  std::string name;
+  int64_t dram_read = 0, dram_write = 0;
+  int64_t hit_bytes = 0, requested_bytes = 0;
+  double flops = 0;
+  int tiles = 0;
+};
+
 struct TrafficReport {
   std::string order;
+  std::vector<OpTraffic> per_op;          // by op id (simulate() fills it)
   int64_t dram_read = 0, dram_write = 0;
   int64_t hit_bytes = 0, requested_bytes = 0;
   std::vector<TensorTraffic> per_tensor;  // by tensor id
@@ -115,7 +146,12 @@ class CacheModel {
   std::vector<Access> tile_accesses(int tile, bool reduces) const;
   int64_t num_blocks() const { return static_cast<int64_t>(blocks_.size()); }
   int64_t block_bytes(int64_t id) const { return blocks_.at(id).bytes; }
+  int block_tensor(int64_t id) const { return blocks_[id].tensor; }
   BlockRef block_ref(int64_t id) const;
+  // The block accesses of one K-step / of a tile's finish, appended to `out` (the partitioned
+  // replay drives its own cache with these).
+  void step_accesses(int tile, int s, std::vector<Access>& out) const;
+  void finish_accesses(int tile, bool reduces, std::vector<Access>& out) const;
 
  private:
   struct Block {
@@ -163,6 +199,7 @@ class CacheModel {
 // Replays `s` with CacheConfig::in_flight tiles in flight: tickets are taken in schedule order by
 // free slots; every round each running tile whose dependencies are complete does one K-step; a
 // tile that completes frees its slot. Ends with a flush. Validates the schedule first.
+// With c.l2 == Partitioned it runs simulate_partitioned (model/l2_model.hpp) instead.
 TrafficReport simulate(const TileGraph& g, const Schedule& s, const CacheConfig& c);
 
 }  // namespace tw

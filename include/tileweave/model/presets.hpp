@@ -1,4 +1,5 @@
-// Presets the CLI and the explorer share: GPUs (L2 size, SM count) and model FFN shapes.
+// Presets the CLI and the explorer share: GPUs (L2, SM count, bandwidth, GEMM peak and the partitioned
+// L2 model's parameters) and model FFN shapes.
 #pragma once
 
 #include <cstdint>
@@ -6,6 +7,7 @@
 #include <vector>
 
 #include "tileweave/graph/tile_graph.hpp"
+#include "tileweave/model/cache_model.hpp"
 
 namespace tw {
 
@@ -13,11 +15,20 @@ struct GpuPreset {
   std::string name;
   int64_t l2_bytes = 0;
   int sms = 0;
-  double read_tbps = 0;  // the streaming-read floor (measured on the lent H200/H100; A100: datasheet x 0.93)
+  double read_tbps = 0;       // the streaming-read floor (measured on the lent H200/H100; A100: datasheet x 0.93)
+  double gemm_tflops = 0;     // bf16 dense GEMM peak, as measured (not the datasheet's)
+  double sm_stream_gbps = 0;  // what one SM streams when few do (a wave's tail cannot use the whole floor)
+  double launch_us = 0;       // fixed cost of one launch (start, first loads, drain)
+  L2Params l2;                // the partitioned L2 model's parameters (--l2-model partitioned)
 };
 // "h100" | "h200" | "a100"; unknown -> InvalidArgument naming it.
 GpuPreset gpu_preset(const std::string& name);
 std::vector<std::string> gpu_preset_names();
+// A preset as JSON (what bench/l2_probe writes): {"base": "h200", "l2_bytes": ..., "l2": {"ways": ...}, ...};
+// keys left out keep the base preset's values. Unreadable file, bad JSON or bad value -> InvalidArgument.
+GpuPreset gpu_preset_from_json(const std::string& json_text, const std::string& what);
+// A name, or a path ending in .json (gpu_preset_from_json of the file).
+GpuPreset find_gpu_preset(const std::string& name_or_file);
 
 // "llama3-8b" (d 4096, ffn 14336, gated) | "llama3-70b" (8192, 28672, gated) |
 // "chain" (the plain two-GEMM chain with the 8B sizes); m rows (tokens).

@@ -36,6 +36,7 @@ class DevicePlan {
   struct TileTimes {
     int tile, sm;
     double taken, ready, started, computed, done;  // us; negative: not recorded
+    double mark1, mark2;                           // a tile body's own phases (kTraceMark1/2)
   };
   std::vector<TileTimes> read_trace() const;
 

@@ -33,6 +33,7 @@ struct ExecParams {
 // Per tile, in %globaltimer nanoseconds except the SM: where the tile ran and when it was taken
 // (its ticket came up), had its dependencies met, was picked up by the block's compute threads,
 // finished its math (the epilogue follows), and published its output.
-enum TraceWord { kTraceSm, kTraceTaken, kTraceReady, kTraceStarted, kTraceComputed, kTraceDone, kTraceWords };
+// kTraceMark1/2: phases inside a tile body, its own to define (the decode step's: see decode_step_kernel.cuh).
+enum TraceWord { kTraceSm, kTraceTaken, kTraceReady, kTraceStarted, kTraceComputed, kTraceDone, kTraceMark1, kTraceMark2, kTraceWords };
 
 }  // namespace tw::runtime

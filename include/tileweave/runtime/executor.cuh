@@ -197,10 +197,12 @@ __device__ __forceinline__ void stress_delay(const ExecParams& p, const DeviceTi
 
 // One thread, once the tile's writes (by any of the block's threads) are ordered before it by a
 // barrier: publishes them on the tile's counter. The release is cumulative, so the writes the
-// barrier made visible to this thread become visible at GPU scope before the increment.
-__device__ __forceinline__ void release_signal(const ExecParams& p, const DeviceTile& t) {
+// barrier made visible to this thread become visible at GPU scope before the increment. A tile whose
+// writes no reader of the counter needs may count with memory_order_relaxed (no fence).
+__device__ __forceinline__ void release_signal(const ExecParams& p, const DeviceTile& t,
+                                               cuda::memory_order order = cuda::memory_order_release) {
   stress_delay(p, t);
-  cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(p.signals[t.signal]).fetch_add(1u, cuda::memory_order_release);
+  cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(p.signals[t.signal]).fetch_add(1u, order);
 }
 
 // All threads, after the tile's global writes: publish them on the tile's counter.

@@ -1,0 +1,393 @@
+"""tileweave's GPU ops on torch tensors (this module imports torch; ``import tileweave`` does not).
+
+Each op runs on the caller's current CUDA stream, reads and writes the tensors in place (no
+copies), and is a ``torch.library`` custom op (``torch.ops.tileweave.*``) with a fake
+implementation, so it works inside ``torch.compile`` graphs and under CUDA-graph capture.
+
+- ``ffn(x, w_gate_up, w_down)``: the fused FFN, y = (silu(x Wg^T) * (x Wu^T)) Wd^T, one launch;
+  ``pack_ffn_weights`` once at load time, then ``ffn_packed(x, packed)`` (about 3% faster).
+- ``decode_gemm(x, w)``: y = x W^T on the tile executor (``pack_gemm_weight`` + ``packed=``).
+- ``decode_attention(q, k_new, v_new, k_cache, v_cache, lengths, page_table=None)``: one query
+  token per sequence, RoPE on q and k_new, k_new/v_new appended to the cache, split-KV attention.
+- ``DecodeStep``: a whole Llama/Qwen2 decode step in one launch, state on the device.
+
+Every op keeps a plan per shape (and, for attention, per lengths and page table): its first call
+for a shape allocates and uploads, so run it once before capturing a CUDA graph. A plan's
+workspace is its own: run one shape on one stream at a time. bf16 tensors, row-major,
+contiguous, 16-byte aligned, all on one GPU; errors name the argument.
+"""
+
+# No `from __future__ import annotations`: torch.library reads the custom ops' schemas from real annotations.
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from . import _tileweave as _tw
+from .model import InvalidArgument
+
+__all__ = [
+    "DecodeStep", "PackedFfnWeights", "PackedGemmWeight", "clear_plans", "decode_attention", "decode_gemm", "ffn",
+    "ffn_packed", "pack_ffn_weights", "pack_gemm_weight", "random_state_dict",
+]
+
+
+# A plain constant, so torch.compile traces the checks below without a graph break.
+_HAS_CUDA = bool(_tw.has_cuda)
+
+
+def _require_cuda() -> None:
+    if not _HAS_CUDA:
+        raise RuntimeError("tileweave was built without CUDA, so its GPU ops are missing: reinstall on a machine "
+                           "with nvcc as `TILEWEAVE_CUDA=1 pip install .` (docs/python.md)")
+
+
+def _check(t, name: str, shape: Sequence[Optional[int]], dtype=torch.bfloat16, device=None) -> None:
+    """dtype, device, rank/shape (None: any size) and layout of one argument, naming it."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise InvalidArgument(f"{name} must be {dtype}, got {t.dtype}")
+    if t.device.type != "cuda":
+        raise InvalidArgument(f"{name} must be on a CUDA device, got {t.device}")
+    if device is not None and t.device != device:
+        raise InvalidArgument(f"{name} is on {t.device}, the other tensors on {device}")
+    if t.dim() != len(shape):
+        raise InvalidArgument(f"{name} must have {len(shape)} dimensions, got shape {tuple(t.shape)}")
+    for i, want in enumerate(shape):
+        if want is not None and t.shape[i] != want:
+            expect = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+            raise InvalidArgument(f"{name} must have shape {expect}, got {tuple(t.shape)} (dimension {i})")
+    if not t.is_contiguous():
+        raise InvalidArgument(f"{name} must be contiguous (row-major): call .contiguous() first")
+
+
+def _check_aligned(**tensors: torch.Tensor) -> None:
+    # Only on real tensors (fake ones under torch.compile have no address): the kernels copy 16 bytes at a time.
+    for name, t in tensors.items():
+        if t.data_ptr() % 16:
+            raise InvalidArgument(f"{name} must be 16-byte aligned (a view at an odd offset?): call .clone() first")
+
+
+def _stream(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+_plans: Dict[tuple, object] = {}
+
+
+def _plan(kind: str, device: torch.device, *args):
+    """The plan object for (kind, device, args), made on first use on that device."""
+    key = (kind, device.index, *args)
+    plan = _plans.get(key)
+    if plan is None:
+        with torch.cuda.device(device):
+            plan = getattr(_tw, kind)(*args)
+        _plans[key] = plan
+    return plan
+
+
+def clear_plans() -> None:
+    """Frees every op's plans (device workspaces). Each distinct shape -- and for decode_attention
+    each distinct lengths/page table -- keeps one until then: a decode loop whose lengths change every
+    step should call this now and then. Graphs that captured a freed plan must not be replayed."""
+    torch.cuda.synchronize()
+    _plans.clear()
+
+
+def _activation(activation: str) -> bool:
+    if activation not in ("silu", "identity"):
+        raise InvalidArgument(f"activation must be 'silu' (gated: silu(x Wg^T) * (x Wu^T)) or 'identity' "
+                              f"(plain chain: x W0^T), got {activation!r}")
+    return activation == "silu"
+
+
+# ---- FFN ----
+
+
+@torch.library.custom_op("tileweave::ffn", mutates_args=())
+def _ffn_op(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, gated: bool) -> torch.Tensor:
+    m, d = x.shape
+    f = w_down.shape[1]
+    y = torch.empty((m, d), dtype=x.dtype, device=x.device)
+    _check_aligned(x=x, w_gate_up=w_gate_up, w_down=w_down, y=y)
+    _plan("FfnPlan", x.device, m, d, f, gated, False).run(x.data_ptr(), w_gate_up.data_ptr(), w_down.data_ptr(),
+                                                           y.data_ptr(), _stream(x.device))
+    return y
+
+
+@_ffn_op.register_fake
+def _(x, w_gate_up, w_down, gated):
+    return x.new_empty(x.shape)
+
+
+def ffn(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+    """y [M, d] = FFN(x [M, d]) in one launch. silu: w_gate_up = cat([W_gate, W_up]) [2F, d];
+    identity (the plain chain y = (x W0^T) W1^T): w_gate_up = W0 [F, d]. w_down [d, F]."""
+    _require_cuda()
+    gated = _activation(activation)
+    _check(x, "x", (None, None))
+    d = x.shape[1]
+    _check(w_down, "w_down", (d, None), device=x.device)
+    f = w_down.shape[1]
+    _check(w_gate_up, "w_gate_up", ((2 if gated else 1) * f, d), device=x.device)
+    return _ffn_op(x, w_gate_up, w_down, gated)
+
+
+@dataclass
+class PackedFfnWeights:
+    """W_gate_up and W_down in the fused FFN's streaming layout (pack_ffn_weights)."""
+
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    d: int
+    ffn: int
+    gated: bool
+
+
+def pack_ffn_weights(w_gate_up: torch.Tensor, w_down: torch.Tensor, activation: str = "silu") -> PackedFfnWeights:
+    """The weights rewritten once (at load time) so each pipeline stage is one contiguous copy.
+    Needs an sm_90 GPU (H100/H200)."""
+    _require_cuda()
+    gated = _activation(activation)
+    _check(w_down, "w_down", (None, None))
+    d, f = w_down.shape
+    _check(w_gate_up, "w_gate_up", ((2 if gated else 1) * f, d), device=w_down.device)
+    plan = _plan("FfnPlan", w_down.device, 1, d, f, gated, True)  # the layout does not depend on M
+    n_gu, n_down = plan.packed_size()
+    gu = torch.empty(n_gu, dtype=torch.bfloat16, device=w_down.device)
+    dn = torch.empty(n_down, dtype=torch.bfloat16, device=w_down.device)
+    plan.pack(w_gate_up.data_ptr(), w_down.data_ptr(), gu.data_ptr(), dn.data_ptr(), _stream(w_down.device))
+    return PackedFfnWeights(gu, dn, d, f, gated)
+
+
+@torch.library.custom_op("tileweave::ffn_packed", mutates_args=())
+def _ffn_packed_op(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ffn_dim: int,
+                   gated: bool) -> torch.Tensor:
+    m, d = x.shape
+    y = torch.empty((m, d), dtype=x.dtype, device=x.device)
+    _check_aligned(x=x, y=y)
+    _plan("FfnPlan", x.device, m, d, ffn_dim, gated, True).run(x.data_ptr(), gate_up.data_ptr(), down.data_ptr(),
+                                                                y.data_ptr(), _stream(x.device))
+    return y
+
+
+@_ffn_packed_op.register_fake
+def _(x, gate_up, down, ffn_dim, gated):
+    return x.new_empty(x.shape)
+
+
+def ffn_packed(x: torch.Tensor, packed: PackedFfnWeights) -> torch.Tensor:
+    """ffn() with weights from pack_ffn_weights()."""
+    _require_cuda()
+    if not isinstance(packed, PackedFfnWeights):
+        raise TypeError(f"packed must come from pack_ffn_weights(), got {type(packed).__name__}")
+    _check(x, "x", (None, packed.d), device=packed.down.device)
+    return _ffn_packed_op(x, packed.gate_up, packed.down, packed.ffn, packed.gated)
+
+
+# ---- decode GEMM ----
+
+
+@torch.library.custom_op("tileweave::decode_gemm", mutates_args=())
+def _gemm_op(x: torch.Tensor, w: torch.Tensor, n: int, packed: bool) -> torch.Tensor:
+    m, k = x.shape
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    _check_aligned(x=x, w=w, y=y)
+    _plan("GemmPlan", x.device, m, n, k, packed).run(y.data_ptr(), x.data_ptr(), w.data_ptr(), _stream(x.device))
+    return y
+
+
+@_gemm_op.register_fake
+def _(x, w, n, packed):
+    return x.new_empty((x.shape[0], n))
+
+
+@dataclass
+class PackedGemmWeight:
+    """W [N, K] in the decode GEMM's streaming layout (pack_gemm_weight)."""
+
+    data: torch.Tensor
+    n: int
+    k: int
+
+
+def pack_gemm_weight(w: torch.Tensor) -> PackedGemmWeight:
+    _require_cuda()
+    _check(w, "w", (None, None))
+    n, k = w.shape
+    plan = _plan("GemmPlan", w.device, 1, n, k, True)
+    out = torch.empty(plan.packed_size(), dtype=torch.bfloat16, device=w.device)
+    plan.pack(w.data_ptr(), out.data_ptr(), _stream(w.device))
+    return PackedGemmWeight(out, n, k)
+
+
+def decode_gemm(x: torch.Tensor, w: Union[torch.Tensor, PackedGemmWeight]) -> torch.Tensor:
+    """y [M, N] = x [M, K] W^T, W a torch Linear weight [N, K] (or pack_gemm_weight(W)); K % 8 == 0.
+    Needs an sm_90 GPU (H100/H200)."""
+    _require_cuda()
+    if isinstance(w, PackedGemmWeight):
+        _check(x, "x", (None, w.k), device=w.data.device)
+        return _gemm_op(x, w.data, w.n, True)
+    _check(x, "x", (None, None))
+    _check(w, "w", (None, x.shape[1]), device=x.device)
+    return _gemm_op(x, w, w.shape[0], False)
+
+
+# ---- decode attention ----
+
+
+@torch.library.custom_op("tileweave::decode_attention", mutates_args=("k_cache", "v_cache"))
+def _attention_op(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor,
+                  v_cache: torch.Tensor, lengths: List[int], page_table: List[int], pages_per_seq: int,
+                  scale: float, rope_theta: float, append: bool) -> torch.Tensor:
+    b, hq, d = q.shape
+    paged = pages_per_seq > 0
+    out = torch.empty_like(q)
+    _check_aligned(q=q, k_new=k_new, v_new=v_new, k_cache=k_cache, v_cache=v_cache, out=out)
+    hkv = k_cache.shape[1]
+    plan = _plan("AttentionPlan", q.device, b, hq, hkv, d, paged, 0 if paged else k_cache.shape[2],
+                 k_cache.shape[2] if paged else 0, k_cache.shape[0] if paged else 0, pages_per_seq, scale, rope_theta,
+                 append, tuple(lengths), tuple(page_table))
+    plan.run(q.data_ptr(), k_new.data_ptr(), v_new.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
+             _stream(q.device))
+    return out
+
+
+@_attention_op.register_fake
+def _(q, k_new, v_new, k_cache, v_cache, lengths, page_table, pages_per_seq, scale, rope_theta, append):
+    return torch.empty_like(q)
+
+
+def _int_list(v, name: str) -> List[int]:
+    if isinstance(v, torch.Tensor):
+        if v.dtype not in (torch.int32, torch.int64):
+            raise InvalidArgument(f"{name} must hold integers, got {v.dtype}")
+        v = v.tolist()  # the plan depends on the values: a GPU tensor costs a sync here
+    if not isinstance(v, (list, tuple)):
+        raise InvalidArgument(f"{name} must be a list of ints or an integer tensor, got {type(v).__name__}")
+    return v
+
+
+def decode_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor,
+                     v_cache: torch.Tensor, lengths, page_table=None, rope_theta: Optional[float] = 10000.0,
+                     scale: Optional[float] = None, append: bool = True) -> torch.Tensor:
+    """One decode token per sequence against its KV cache; returns out [B, Hq, D].
+
+    q [B, Hq, D]; k_new, v_new [B, Hkv, D] (before RoPE; written into the cache at row lengths[b] - 1
+    when append). Caches: contiguous [B, Hkv, S, D], or paged [num_pages, Hkv, page_size, D] with
+    page_table [B, pages_per_seq] (ints). lengths[b]: tokens in sequence b after the append (host
+    values: the plan is made from them; a tensor is read back). RoPE is rotate-half with base
+    rope_theta (None: none); scale defaults to 1/sqrt(D). Hq/Hkv in 1..8, D 64 or 128."""
+    _require_cuda()
+    _check(q, "q", (None, None, None))
+    b, hq, d = q.shape
+    _check(k_cache, "k_cache", (None, None, None, d), device=q.device)
+    hkv = k_cache.shape[1]
+    _check(v_cache, "v_cache", tuple(k_cache.shape), device=q.device)
+    _check(k_new, "k_new", (b, hkv, d), device=q.device)
+    _check(v_new, "v_new", (b, hkv, d), device=q.device)
+    lens = _int_list(lengths, "lengths")
+    if len(lens) != b:
+        raise InvalidArgument(f"lengths has {len(lens)} entries for batch {b}")
+    if page_table is None:
+        if k_cache.shape[0] != b:
+            raise InvalidArgument(f"k_cache (contiguous) must have shape ({b}, {hkv}, S, {d}), got {tuple(k_cache.shape)}"
+                                  " (a paged cache needs page_table)")
+        table, pages_per_seq = [], 0
+    else:
+        rows = _int_list(page_table, "page_table")
+        if len(rows) != b or any(not isinstance(r, (list, tuple)) or len(r) != len(rows[0]) for r in rows):
+            raise InvalidArgument(f"page_table must be [batch = {b}, pages_per_seq] ints")
+        pages_per_seq = len(rows[0])
+        table = [int(p) for r in rows for p in r]
+    if isinstance(scale, bool) or not (scale is None or isinstance(scale, (int, float))):
+        raise InvalidArgument(f"scale must be a number or None, got {scale!r}")
+    return _attention_op(q, k_new, v_new, k_cache, v_cache, [int(x) for x in lens], table, pages_per_seq,
+                         0.0 if scale is None else float(scale), 0.0 if rope_theta is None else float(rope_theta),
+                         bool(append))
+
+
+# ---- a whole decode step ----
+
+
+class _DeviceArray:
+    """A device buffer torch can view without a copy (__cuda_array_interface__); keeps its owner alive."""
+
+    def __init__(self, owner, ptr: int, shape: Tuple[int, ...], typestr: str):
+        self._owner = owner
+        # Version 2 (no "stream"): the buffer is written on the caller's stream, which torch reads in order.
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (ptr, False), "version": 2,
+                                         "strides": None}
+
+
+class DecodeStep:
+    """A whole decode step of a Llama/Qwen2-family model in one launch (docs/decode_step.md).
+
+    config: a named config ("tiny-llama", "llama-3.2-1b", ...) or a folder with config.json.
+    Weights: load_state_dict({transformers name: bf16 tensor}) or random_weights(seed). Then
+    set_lengths / set_tokens, and step() on the current stream (capturable in a CUDA graph once
+    the first step has run): the sampled tokens replace the inputs in ``tokens`` (a zero-copy
+    int32 view [batch]) and the lengths grow by one. Needs an sm_90 GPU."""
+
+    def __init__(self, config: str = "tiny-llama", batch: int = 1, max_seq_len: int = 4096, paged: bool = False,
+                 page_size: int = 16, keep_logits: bool = False, device: Union[int, str, torch.device, None] = None):
+        _require_cuda()
+        self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        if self.device.type != "cuda":
+            raise InvalidArgument(f"device must be a CUDA device, got {self.device}")
+        with torch.cuda.device(self.device):
+            self._plan = _tw.StepPlan(config, batch, max_seq_len, paged, page_size, keep_logits)
+        self.config = _tw.model_config(config)
+        self.keep_logits = keep_logits
+
+    def load_state_dict(self, tensors: Dict[str, torch.Tensor]) -> None:
+        raw = {}
+        for name, t in tensors.items():
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.bfloat16:
+                raise InvalidArgument(f"weights['{name}'] must be a bf16 tensor, got "
+                                      f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
+            raw[name] = t.detach().contiguous().view(torch.int16).cpu().numpy().tobytes()
+        with torch.cuda.device(self.device):
+            self._plan.load_weights(raw)
+
+    def random_weights(self, seed: int = 1) -> None:
+        with torch.cuda.device(self.device):
+            self._plan.random_weights(seed)
+
+    def set_lengths(self, lengths: Sequence[int]) -> None:
+        self._plan.set_lengths(list(lengths), _stream(self.device))
+
+    def set_tokens(self, tokens: Sequence[int]) -> None:
+        self._plan.set_tokens(list(tokens), _stream(self.device))
+
+    def step(self) -> None:
+        with torch.cuda.device(self.device):
+            self._plan.step(_stream(self.device))
+
+    @property
+    def lengths(self) -> List[int]:
+        return list(self._plan.lengths)
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        """[batch] int32 on the device: the inputs, then the sampled tokens (a view: later steps update it)."""
+        arr = _DeviceArray(self, self._plan.tokens_ptr, (self._plan.batch,), "<i4")
+        return torch.as_tensor(arr, device=self.device)
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """[batch, vocab] fp32 logits of the last step (keep_logits=True), a view."""
+        if not self.keep_logits:
+            raise InvalidArgument("logits needs DecodeStep(..., keep_logits=True)")
+        arr = _DeviceArray(self, self._plan.logits_ptr, (self._plan.batch, self._plan.vocab_size), "<f4")
+        return torch.as_tensor(arr, device=self.device)
+
+
+def random_state_dict(config: str = "tiny-llama", seed: int = 1, device="cuda") -> Dict[str, torch.Tensor]:
+    """tileweave's deterministic random weights for a config as bf16 tensors (for tests and references)."""
+    out = {}
+    for name, (shape, data) in _tw.random_weights(config, seed).items():
+        t = torch.frombuffer(bytearray(data), dtype=torch.int16).view(torch.bfloat16).reshape(shape)
+        out[name] = t.to(device)
+    return out

@@ -1,0 +1,200 @@
+// The partitioned L2 model (model/l2_model.hpp) on cases worked out by hand: it reduces to the simple
+// model, far copies double a shared block's footprint, whole-line allocation, hashed sets, drift.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "tileweave/graph/gemm_graph.hpp"
+#include "tileweave/model/l2_model.hpp"
+#include "tileweave/order/bounds.hpp"
+#include "tileweave/order/orders.hpp"
+
+using namespace tw;
+
+namespace {
+
+// 16x16 tiles, 2-byte elements: every A, B and C block is 512 B (16 rows of 32 B).
+constexpr int64_t kBlock = 512;
+
+CacheConfig simple(int64_t blocks, int p) {
+  CacheConfig c;
+  c.capacity_bytes = blocks * kBlock;
+  c.line_bytes = 32;
+  c.in_flight = p;
+  return c;
+}
+
+// The partitioned model with everything that distinguishes it switched off but what `tweak` sets.
+CacheConfig partitioned(int64_t blocks, int p, int partitions, bool copies = true) {
+  CacheConfig c = simple(blocks, p);
+  c.l2 = L2Kind::Partitioned;
+  c.part.partitions = partitions;
+  c.part.far_copies = copies;
+  c.part.line_bytes = 32;  // allocate sectors, as the simple model does
+  c.part.ways = 0;         // fully associative
+  return c;
+}
+
+}  // namespace
+
+// One partition, fully associative, 32-byte allocation and no drift: the LRU stack distance test
+// (hit iff the bytes touched since + the block fit) is the simple model's LRU, write-backs included.
+TEST(L2Model, OnePartitionIsTheSimpleModel) {
+  struct Case {
+    GemmGraph g;
+    int64_t blocks;
+    int p;
+  };
+  std::vector<Case> cases;
+  cases.push_back({build_gemm_graph(48, 48, 16, {16, 16, 16, 1}), 3, 1});
+  cases.push_back({build_gemm_graph(16, 32, 32, {16, 16, 16, 1}), 3, 2});   // two tiles share A in lockstep
+  cases.push_back({build_gemm_graph(64, 64, 64, {16, 16, 16, 2}), 5, 3});   // split-K: read-modify-writes
+  cases.push_back({build_gemm_graph(64, 48, 64, {16, 16, 16, 1}), 7, 4});
+  for (const Case& k : cases)
+    for (const std::string& order : {"row_major", "col_major", "snake", "hilbert"}) {
+      const Schedule s = make_order(k.g.graph, order);
+      const TrafficReport a = simulate(k.g.graph, s, simple(k.blocks, k.p));
+      const TrafficReport b = simulate(k.g.graph, s, partitioned(k.blocks, k.p, 1));
+      EXPECT_EQ(a.dram_read, b.dram_read) << order << " P=" << k.p;
+      EXPECT_EQ(a.dram_write, b.dram_write) << order << " P=" << k.p;
+      EXPECT_EQ(a.hit_bytes, b.hit_bytes) << order << " P=" << k.p;
+      ASSERT_EQ(b.per_op.size(), 1u);
+      EXPECT_EQ(b.per_op[0].dram_read, b.dram_read);
+      EXPECT_EQ(b.per_op[0].dram_write, b.dram_write);
+    }
+}
+
+// Two tiles in flight on SMs of different partitions, K in two steps, both reading A:
+//   round 0: slot 0 (partition 0) reads A.k0, B0.k0; slot 1 (partition 1) reads A.k0, B1.k0
+//   round 1: slot 0 reads A.k1, B0.k1, writes C0;   slot 1 reads A.k1, B1.k1, writes C1
+// Every block is two 256-byte halves, one homed in each partition. Slot 1's second read of A.kj finds
+// its near half at home in partition 1 (256 B touched since + itself: fits). Its far half is homed in
+// partition 0, where slot 0 held A.kj twice over -- the home half and a copy of the other half -- so
+// since A.kj.h0 was used, partition 0 saw A.kj's copy, B0's home half and B0's copy (768 B; for A.k1
+// the C0 half makes 1024 B). With 3 blocks of L2 (768 B per partition) both far halves miss: 2 x 256
+// B more than the 6 blocks the simple model reads. Without copies partition 0 holds 512 B of each
+// pair (A.k1: 768 B with C0) and both halves hit. With 4 blocks only A.k1's far half misses; with 5
+// nothing does.
+TEST(L2Model, FarCopiesDoubleASharedOperandsFootprint) {
+  const GemmGraph g = build_gemm_graph(16, 32, 32, {16, 16, 16, 1});
+  const Schedule s = make_order(g.graph, "row_major");
+  const int64_t simple_read = 6 * kBlock;
+  ASSERT_EQ(simulate(g.graph, s, simple(3, 2)).dram_read, simple_read);
+
+  const TrafficReport three = simulate(g.graph, s, partitioned(3, 2, 2));
+  EXPECT_EQ(three.dram_read, simple_read + 2 * 256);
+  EXPECT_EQ(three.hit_bytes, 8 * kBlock - three.dram_read);
+  EXPECT_EQ(three.dram_write, 2 * kBlock);  // C0, C1 once, at the flush
+  EXPECT_EQ(simulate(g.graph, s, partitioned(3, 2, 2, false)).dram_read, simple_read);
+  EXPECT_EQ(simulate(g.graph, s, partitioned(4, 2, 2)).dram_read, simple_read + 256);
+  EXPECT_EQ(simulate(g.graph, s, partitioned(5, 2, 2)).dram_read, simple_read);
+}
+
+// The cache allocates whole 128-byte lines: a 16x16 bf16 block has 32-byte rows, so it holds 16
+// lines (2048 B) for 512 B of data. Tiles (0,0), (0,1) one at a time: A0, B0, C0, then A0 again with
+// B0 + C0 touched since. With 32-byte allocation that is 1536 B (fits in 4096); with 128-byte lines
+// 6144 B, so A0 misses again. DRAM still moves sectors: 512 B per block.
+TEST(L2Model, LinesAreAllocatedWhole) {
+  const GemmGraph g = build_gemm_graph(16, 32, 16, {16, 16, 16, 1});
+  const Schedule s = make_order(g.graph, "row_major");
+  CacheConfig c = partitioned(8, 1, 1);  // 4096 B
+  EXPECT_EQ(simulate(g.graph, s, c).dram_read, 3 * kBlock);
+  c.part.line_bytes = 128;
+  EXPECT_EQ(simulate(g.graph, s, c).dram_read, 4 * kBlock);
+  c.capacity_bytes = 6144;
+  EXPECT_EQ(simulate(g.graph, s, c).dram_read, 3 * kBlock);
+}
+
+// Hashed sets: a line survives iff fewer than `ways` of the other lines touched since fell into its
+// set, P(Poisson(ways * x) <= ways - 1) with x = (bytes since + own) / capacity.
+TEST(L2Model, SurvivalOfAHashedSet) {
+  EXPECT_DOUBLE_EQ(l2_survival(0.99, 0), 1.0);
+  EXPECT_DOUBLE_EQ(l2_survival(1.01, 0), 0.0);
+  EXPECT_NEAR(l2_survival(1.0, 1), std::exp(-1.0), 1e-12);
+  EXPECT_NEAR(l2_survival(0.5, 2), 2 * std::exp(-1.0), 1e-12);  // lambda = 1: P(0) + P(1)
+  // Many ways approach full associativity: a sharp edge at x = 1, about half survive there.
+  EXPECT_GT(l2_survival(0.5, 16), 0.99);
+  EXPECT_NEAR(l2_survival(1.0, 16), 0.47, 0.01);
+  EXPECT_LT(l2_survival(2.0, 16), 0.001);
+}
+
+// Tiles (0,0), (0,1) one at a time: A0 is read again after B0 and C0 (1024 B) + itself = 1536 B of a
+// 3072-byte cache, x = 1/2. Fully associative it hits; direct-mapped (1 way) it survives with
+// probability e^-0.5, so 512 (1 - e^-0.5) = 201.5 B are read again; 2 ways: 512 (1 - 2/e) = 135.3 B.
+TEST(L2Model, HashedSetsChargeTheEvictedFraction) {
+  const GemmGraph g = build_gemm_graph(16, 32, 16, {16, 16, 16, 1});
+  const Schedule s = make_order(g.graph, "row_major");
+  CacheConfig c = partitioned(6, 1, 1);
+  EXPECT_EQ(simulate(g.graph, s, c).dram_read, 3 * kBlock);
+  c.part.ways = 1;
+  EXPECT_EQ(simulate(g.graph, s, c).dram_read, 3 * kBlock + std::llround(kBlock * (1 - std::exp(-0.5))));
+  c.part.ways = 2;
+  EXPECT_EQ(simulate(g.graph, s, c).dram_read, 3 * kBlock + std::llround(kBlock * (1 - 2 * std::exp(-1.0))));
+}
+
+// Two tiles share A over 64 K-steps; the cache holds 3 blocks, enough for the pair in lockstep (A
+// read once). When the steps' durations vary, the tiles drift apart and the second reader of each A
+// block finds it gone: most of A is read twice.
+TEST(L2Model, DriftingTilesLoseSharedOperands) {
+  const GemmGraph g = build_gemm_graph(16, 32, 16 * 64, {16, 16, 16, 1});
+  const Schedule s = make_order(g.graph, "row_major");
+  CacheConfig c = partitioned(3, 2, 1);
+  const int64_t lockstep = simulate(g.graph, s, c).dram_read;
+  EXPECT_EQ(lockstep, (64 + 128) * kBlock);
+  c.part.step_jitter = 0.5;
+  const int64_t drift = simulate(g.graph, s, c).dram_read;
+  EXPECT_GT(drift, lockstep + 40 * kBlock);
+  EXPECT_LE(drift, (128 + 128) * kBlock);
+  EXPECT_EQ(simulate(g.graph, s, c).dram_read, drift);  // deterministic for a seed
+  c.part.step_jitter = 0;
+  c.part.sm_skew = 0.3;  // one SM steadily faster than the other: they drift as well
+  EXPECT_GT(simulate(g.graph, s, c).dram_read, lockstep + 40 * kBlock);
+}
+
+// With a cache that never fills, every model reads and writes exactly the compulsory bytes, however
+// the tiles drift and wherever they run: copies cost space, never DRAM. The FFN chain makes down
+// tiles wait for gate/up tiles in the event replay.
+TEST(L2Model, UnboundedCacheGivesCompulsoryTraffic) {
+  FfnGraph f = build_ffn_graph({64, 256, 512, true}, {{32, 64, 64, 1, {}}, {32, 64, 64, 2, {}}});
+  CacheConfig c;
+  c.capacity_bytes = int64_t{1} << 30;
+  c.in_flight = 8;
+  c.l2 = L2Kind::Partitioned;
+  c.part.step_jitter = 0.3;
+  c.part.sm_skew = 0.2;
+  const TrafficBounds b = traffic_bounds(f.graph, c);
+  for (const std::string& order : {"row_major", "dataflow/col_major", "chain_rows:1"}) {
+    const TrafficReport r = simulate(f.graph, make_order(f.graph, order), c);
+    EXPECT_EQ(r.dram_read, b.compulsory_read) << order;
+    EXPECT_EQ(r.dram_write, b.compulsory_write) << order;
+    ASSERT_EQ(r.per_op.size(), 2u);
+    EXPECT_EQ(r.per_op[0].dram_read + r.per_op[1].dram_read, r.dram_read) << order;
+    EXPECT_EQ(r.per_op[0].dram_write + r.per_op[1].dram_write, r.dram_write) << order;
+  }
+}
+
+TEST(L2Model, BadParametersAreNamed) {
+  const GemmGraph g = build_gemm_graph(16, 32, 16, {16, 16, 16, 1});
+  const Schedule s = make_order(g.graph, "row_major");
+  auto message = [&](CacheConfig c) {
+    try {
+      simulate(g.graph, s, c);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CacheConfig c = partitioned(8, 1, 3);
+  EXPECT_NE(message(c).find("partitions must be 1 or 2, got 3"), std::string::npos) << message(c);
+  c = partitioned(8, 1, 2);
+  c.part.ways = -1;
+  EXPECT_NE(message(c).find("ways -1"), std::string::npos) << message(c);
+  c = partitioned(8, 1, 2);
+  c.part.step_jitter = 1.5;
+  EXPECT_NE(message(c).find("jitter 1.5"), std::string::npos) << message(c);
+  c = partitioned(1, 1, 2);
+  c.part.ways = 16;
+  EXPECT_NE(message(c).find("less than one set"), std::string::npos) << message(c);
+  EXPECT_THROW(parse_l2_kind("lru"), InvalidArgument);
+  EXPECT_EQ(parse_l2_kind("partitioned"), L2Kind::Partitioned);
+}
