@@ -1,8 +1,15 @@
 #include "tileweave/graph/tile_graph.hpp"
 
 #include <algorithm>
+#include <sstream>
 
 namespace tw {
+
+std::string to_text(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
 
 const char* to_string(TensorRole r) {
   switch (r) {

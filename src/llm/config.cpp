@@ -20,12 +20,6 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
-std::string num(double v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
-}
-
 // Reads typed fields of one JSON object; every error names the origin and the field (with its path, e.g.
 // rope_scaling.factor).
 struct Fields {
@@ -216,14 +210,14 @@ void ModelConfig::validate() const {
     fail("num_q_heads (num_attention_heads) " + std::to_string(num_q_heads) +
          " is not a multiple of num_kv_heads (num_key_value_heads) " + std::to_string(num_kv_heads));
   if (!(rms_norm_eps > 0) || !std::isfinite(rms_norm_eps))
-    fail("rms_norm_eps must be positive, got " + num(rms_norm_eps));
-  if (!(rope_theta > 0) || !std::isfinite(rope_theta)) fail("rope_theta must be positive, got " + num(rope_theta));
+    fail("rms_norm_eps must be positive, got " + to_text(rms_norm_eps));
+  if (!(rope_theta > 0) || !std::isfinite(rope_theta)) fail("rope_theta must be positive, got " + to_text(rope_theta));
   if (rope_factor != 0) {
     if (!(rope_factor > 0) || !std::isfinite(rope_factor))
-      fail("rope_scaling.factor must be positive (or 0 for none), got " + num(rope_factor));
+      fail("rope_scaling.factor must be positive (or 0 for none), got " + to_text(rope_factor));
     if (!(rope_low_freq_factor > 0) || !(rope_high_freq_factor > rope_low_freq_factor))
       fail("rope_scaling needs 0 < low_freq_factor < high_freq_factor, got low_freq_factor " +
-           num(rope_low_freq_factor) + " and high_freq_factor " + num(rope_high_freq_factor));
+           to_text(rope_low_freq_factor) + " and high_freq_factor " + to_text(rope_high_freq_factor));
     positive("rope_scaling.original_max_position_embeddings", rope_original_max_pos);
   }
   if (family == ModelFamily::Llama && qkv_bias)

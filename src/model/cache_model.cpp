@@ -16,14 +16,6 @@ L2Kind parse_l2_kind(const std::string& name) {
   throw InvalidArgument("unknown L2 model '" + name + "' (known: simple, partitioned)");
 }
 
-namespace {
-std::string num(double x) {
-  std::ostringstream o;
-  o << x;
-  return o.str();
-}
-}  // namespace
-
 void CacheConfig::validate() const {
   if (line_bytes <= 0) throw InvalidArgument("line size must be positive, got " + std::to_string(line_bytes));
   if (capacity_bytes < line_bytes)
@@ -47,9 +39,9 @@ void CacheConfig::validate() const {
                           std::to_string(std::max(part.ways, 1)) + " lines of " + std::to_string(part.line_bytes) +
                           " B per partition");
   if (!(part.step_jitter >= 0 && part.step_jitter < 1))
-    throw InvalidArgument("step jitter " + num(part.step_jitter) + " must be in [0, 1)");
+    throw InvalidArgument("step jitter " + to_text(part.step_jitter) + " must be in [0, 1)");
   if (!(part.sm_skew >= 0 && part.sm_skew < 1))
-    throw InvalidArgument("SM speed skew " + num(part.sm_skew) + " must be in [0, 1)");
+    throw InvalidArgument("SM speed skew " + to_text(part.sm_skew) + " must be in [0, 1)");
 }
 
 namespace {

@@ -6,19 +6,11 @@
 
 namespace tw {
 
-namespace {
-std::string num(double x) {
-  std::ostringstream o;
-  o << x;
-  return o.str();
-}
-}  // namespace
-
 void TimeParams::validate() const {
-  if (!(read_tbps > 0)) throw InvalidArgument("read bandwidth must be positive, got " + num(read_tbps) + " TB/s");
-  if (!(gemm_tflops > 0)) throw InvalidArgument("GEMM peak must be positive, got " + num(gemm_tflops) + " TFLOP/s");
-  if (!(sm_stream_gbps > 0)) throw InvalidArgument("per-SM streaming rate must be positive, got " + num(sm_stream_gbps) + " GB/s");
-  if (!(launch_us >= 0)) throw InvalidArgument("launch cost must be >= 0, got " + num(launch_us) + " us");
+  if (!(read_tbps > 0)) throw InvalidArgument("read bandwidth must be positive, got " + to_text(read_tbps) + " TB/s");
+  if (!(gemm_tflops > 0)) throw InvalidArgument("GEMM peak must be positive, got " + to_text(gemm_tflops) + " TFLOP/s");
+  if (!(sm_stream_gbps > 0)) throw InvalidArgument("per-SM streaming rate must be positive, got " + to_text(sm_stream_gbps) + " GB/s");
+  if (!(launch_us >= 0)) throw InvalidArgument("launch cost must be >= 0, got " + to_text(launch_us) + " us");
   if (slots < 1) throw InvalidArgument("tiles in flight must be at least 1, got " + std::to_string(slots));
 }
 

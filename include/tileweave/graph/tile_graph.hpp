@@ -15,6 +15,8 @@ namespace tw {
 struct InvalidArgument : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
+// A number as an error message shows it (shortest form: 0.02, 1e-06, 4096).
+std::string to_text(double v);
 
 enum class TensorRole { Input, Weight, Intermediate, Output, Workspace };
 const char* to_string(TensorRole r);
