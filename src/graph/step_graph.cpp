@@ -18,26 +18,33 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // a sequence's last token) would cut the caches into one block per row.
 constexpr int64_t kUnit = kernels::kDecodeStageTokens;
 
-// K slices per op at most. Every op of a step waits for the whole op before it, so the last slice's
-// reduction (partials in, arrival, sums out, epilogue, release) is on the step's critical path once per
-// op; beyond 4 slices that chain cost more than spreading the op over more SMs gained (H200, Llama-3.2-1B
-// shape, B = 1, KV 1024: 1149.7 us with up to 8 slices, 1108.9 with 4, 1205.6 with 2, 1419.3 unsplit).
+// K slices per op at most. Every op of a step waits for the whole op before it, so a norm consumer's
+// last-slice reduction (partials in, arrival, sums out, epilogue, release) is on the step's critical
+// path once per op; beyond 4 slices that chain cost more than spreading the op over more SMs gained
+// (H200, Llama-3.2-1B shape, B = 1, KV 1024, when o_proj and down reduced the same way: 1149.7 us with
+// up to 8 slices, 1108.9 with 4, 1205.6 with 2, 1419.3 unsplit).
 constexpr int64_t kMaxStepSlices = 4;
+// o_proj and down add their slices into the residual stream with no reduction between them, so more
+// slices cost little: up to 8, as many as keep every tile in one wave (H200, B = 1 KV 1024 / B = 16 KV
+// 4096: Llama-3.2-1B 1019.5 -> 964.1 / 1811.4 -> 1761.7 us with 8 slices instead of 4; Llama-3-8B
+// with 5 (160 tiles on 132 SMs) 7293 -> 7441 us at B = 16: its second wave is a tail).
+constexpr int64_t kMaxWriterSlices = 8;
 
 // One GEMM op of the step on the sm90 tile: out_cols output columns per tile (128, or 64 for paired
 // gate/up rows), K in the fewest slices of whole stages that give every SM a tile, at most kMaxStepSlices.
-Tiling plan_gemm(int64_t n, int64_t k, int64_t out_cols, int act_rows, int sms, int max_split) {
+Tiling plan_gemm(int64_t n, int64_t k, int64_t out_cols, int act_rows, int sms, int max_split,
+                 int64_t max_slices = kMaxStepSlices, bool one_wave = false) {
   const int64_t step = sm90::stage_cols_for(act_rows), stages = ceil_div(k, step);
   const int64_t tiles_n = ceil_div(n, out_cols);
   int64_t split = 1;
   if (10 * tiles_n < 9 * int64_t(sms)) {  // under 90% of the SMs busy unsplit
-    split = ceil_div(sms, tiles_n);
+    split = one_wave ? std::max<int64_t>(1, sms / tiles_n) : ceil_div(sms, tiles_n);
     // At least two stages per slice (the pipeline's fill and the split's reduction are per tile), and
     // each slice's fp32 partial (kTileRows x act_rows floats) at most half its weight bytes.
     split = std::min(split, std::max<int64_t>(1, stages / 2));
     split = std::min(split, std::max<int64_t>(1, k / (4 * act_rows)));
   }
-  split = std::min<int64_t>(split, max_split > 0 ? max_split : kMaxStepSlices);
+  split = std::min<int64_t>(split, max_split > 0 ? max_split : max_slices);
   // Slices of whole stages, none empty (as TileGraph cuts them).
   const int64_t slice = ceil_div(ceil_div(k, split), step) * step;
   return {act_rows, out_cols, step, ceil_div(k, slice), {}};
@@ -65,18 +72,18 @@ DecodeAttentionShape DecodeStepShape::attention(const ModelConfig& c) const {
 
 StepTiling plan_step_tiling(const ModelConfig& c, int batch, int sms, int max_split) {
   c.validate();
-  if (batch < 1 || batch > sm90::kMaxActRows)
-    bad("batch " + std::to_string(batch) + " is outside [1, " + std::to_string(sm90::kMaxActRows) + "]");
+  if (batch < 1 || batch > kMaxStepBatch)
+    bad("batch " + std::to_string(batch) + " is outside [1, " + std::to_string(kMaxStepBatch) + "]");
   if (sms < 1) bad("the GPU's SM count " + std::to_string(sms) + " must be >= 1");
-  const int rows = sm90::act_rows_for(batch);
+  const int rows = step_act_rows(batch);
   const int64_t d = c.hidden_size, f = c.intermediate_size, qkv = c.q_dim() + 2 * c.kv_dim();
   StepTiling t;
   // q|k|v rows are packed in pairs (each rotary dimension with its partner half a head away), so a
   // tile holds 64 pairs = 128 consecutive output columns, like a plain tile.
   t.qkv = plan_gemm(qkv, d, sm90::kTileRows, rows, sms, max_split);
-  t.o_proj = plan_gemm(d, c.q_dim(), sm90::kTileRows, rows, sms, max_split);
+  t.o_proj = plan_gemm(d, c.q_dim(), sm90::kTileRows, rows, sms, max_split, kMaxWriterSlices, true);
   t.gate_up = plan_gemm(f, d, sm90::kTileRows / 2, rows, sms, max_split);
-  t.down = plan_gemm(d, f, sm90::kTileRows, rows, sms, max_split);
+  t.down = plan_gemm(d, f, sm90::kTileRows, rows, sms, max_split, kMaxWriterSlices, true);
   t.lm_head = plan_gemm(c.vocab_size, d, sm90::kTileRows, rows, sms, max_split);
   t.attention_tiles = std::min(sms, kernels::kDecodeMaxTiles);
   t.embed_cols = std::min<int64_t>(d, 512);
@@ -86,8 +93,8 @@ StepTiling plan_step_tiling(const ModelConfig& c, int batch, int sms, int max_sp
 StepGraph build_step_graph(const ModelConfig& c, const DecodeStepShape& s, const std::vector<int>& seq_lens,
                            const std::vector<int>& page_table, const StepTiling& t) {
   c.validate();
-  if (s.batch < 1 || s.batch > sm90::kMaxActRows)
-    bad("batch " + std::to_string(s.batch) + " is outside [1, " + std::to_string(sm90::kMaxActRows) + "]");
+  if (s.batch < 1 || s.batch > kMaxStepBatch)
+    bad("batch " + std::to_string(s.batch) + " is outside [1, " + std::to_string(kMaxStepBatch) + "]");
   if (int64_t(seq_lens.size()) != s.batch)
     bad("seq_lens has " + std::to_string(seq_lens.size()) + " entries for batch " + std::to_string(s.batch));
   std::vector<int> after(seq_lens);

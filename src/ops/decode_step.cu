@@ -78,12 +78,12 @@ struct DecodeStep::Buffers {
   }
   struct Layer {
     bf16 *w_qkv, *w_o, *w_gate_up, *w_down, *bias;
-    bf16 *x_mid, *h, *attn, *q, *k_cache, *v_cache;
+    bf16 *h, *attn, *q, *k_cache, *v_cache;
   };
   std::vector<Layer> layers;
-  std::vector<bf16*> x;  // the residual stream entering layer l (l = L: the final one), act layout
+  float* xres = nullptr;  // the residual stream's buffers (decode_step_sm90.hpp)
+  int64_t xres_elems = 0;
   bf16 *embed = nullptr, *w_lm = nullptr;
-  float* stats = nullptr;
   unsigned long long* maxima = nullptr;
   float *o_part = nullptr, *lse_part = nullptr, *logits = nullptr;
   int32_t *merge_count = nullptr, *page_table = nullptr, *tokens = nullptr, *seq_lens = nullptr, *active = nullptr,
@@ -102,8 +102,8 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : cfg
   if (cfg_.hidden_size % 8 || cfg_.intermediate_size % 8)
     bad("hidden_size " + std::to_string(cfg_.hidden_size) + " and intermediate_size " +
         std::to_string(cfg_.intermediate_size) + " must be multiples of 8");
-  if (opt.batch < 1 || opt.batch > step::kMaxBatch)
-    bad("batch " + std::to_string(opt.batch) + " is outside [1, " + std::to_string(step::kMaxBatch) + "]");
+  if (opt.batch < 1 || opt.batch > kMaxStepBatch)
+    bad("batch " + std::to_string(opt.batch) + " is outside [1, " + std::to_string(kMaxStepBatch) + "]");
   if (opt.max_seq_len < 1) bad("max_seq_len " + std::to_string(opt.max_seq_len) + " must be >= 1");
   if (opt.history < 0) bad("history " + std::to_string(opt.history) + " must be >= 0");
   shape_.batch = opt.batch;
@@ -131,7 +131,7 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : cfg
   g_ = build_step_graph(cfg_, shape_, std::vector<int>(opt.batch, int(opt.max_seq_len - 1)), table, tiling_);
   sched_ = make_order(g_.graph, opt.order);
   const ExecPlan plan = make_exec_plan(g_.graph, sched_, step_sync_policy(g_));
-  act_rows_ = sm90::act_rows_for(opt.batch);
+  act_rows_ = step_act_rows(opt.batch);
   // Sets the kernel's shared-memory attribute and checks that one CTA fits an SM.
   if (cfg_.head_dim == 64) step::prepare_kernel_d64(act_rows_);
   else step::prepare_kernel_d128(act_rows_);
@@ -147,7 +147,9 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : cfg
   const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), qkv = qd + 2 * kvd, Hkv = cfg_.num_kv_heads;
   const int G = cfg_.num_q_heads / cfg_.num_kv_heads;
   b.cache_elems = (opt.layout == KvLayout::Paged ? int64_t(pool) * opt.page_size : int64_t(B) * opt.max_seq_len) * Hkv * D;
-  for (int l = 0; l <= L; ++l) b.x.push_back(b.alloc<bf16>(act_elems(R, d)));
+  const int x_cols = sm90::stage_cols_for(R), x_blocks = int((d + x_cols - 1) / x_cols);
+  b.xres_elems = step::kResidualBuffers * int64_t(x_blocks) * B * x_cols;
+  b.xres = b.alloc<float>(b.xres_elems);
   for (int l = 0; l < L; ++l) {
     Buffers::Layer y{};
     y.w_qkv = b.alloc<bf16>(packed_elems(qkv / 2, d, true));
@@ -155,7 +157,6 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : cfg
     y.w_gate_up = b.alloc<bf16>(packed_elems(f, d, true));
     y.w_down = b.alloc<bf16>(packed_elems(d, f, false));
     y.bias = cfg_.qkv_bias ? b.alloc<bf16>(qkv) : nullptr;
-    y.x_mid = b.alloc<bf16>(act_elems(R, d));
     y.h = b.alloc<bf16>(act_elems(R, f));
     y.attn = b.alloc<bf16>(act_elems(R, qd));
     y.q = b.alloc<bf16>(int64_t(B) * qd);
@@ -165,8 +166,6 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : cfg
   }
   b.embed = b.alloc<bf16>(V * d);
   b.w_lm = b.alloc<bf16>(packed_elems(V, d, false));
-  const int stats_count = (2 * L + 1) * B;
-  b.stats = b.alloc<float>(2 * int64_t(stats_count));
   b.maxima = b.alloc<unsigned long long>(2 * B);
   const int P = tiling_.attention_tiles = g_.graph.op(g_.layers[0].op_attention).num_tiles;
   b.o_part = b.alloc<float>(int64_t(P) * 2 * G * D);
@@ -192,8 +191,7 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : cfg
   std::vector<StepOpArgs> ops(G_.ops().size());
   b.ws.assign(ops.size(), nullptr);
   b.ws_elems.assign(ops.size(), 0);
-  auto stats_at = [&](int index) { return b.stats + int64_t(index) * B; };  // x0: 0; layer l: 2l + 1 (mid), 2l + 2
-  auto gemm = [&](int op, int kind, const bf16* w, const bf16* act) {
+  auto gemm = [&](int op, int kind, const bf16* w, const bf16* act, int x_in, int x_out) {
     const Op& o = G_.op(op);
     StepOpArgs a{};
     a.kind = kind;
@@ -206,10 +204,13 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : cfg
     a.packed_atoms = int32_t(ffn_sm90::packed_atoms(o.k));
     a.w = w;
     a.act = act;
+    a.x_in = x_in;
+    a.x_out = x_out;
     const int64_t step_cols = o.tiling.bk;
     for (int64_t ks = 0; ks <= o.tiling.split_k; ++ks) a.slice_start[ks] = int16_t((o.k_begin(ks) + step_cols - 1) / step_cols);
-    if (a.split > 1) {
-      b.ws_elems[op] = o.grid_n * int64_t(ffn_sm90::kTileRows) * R;  // one fragment-order block per output tile
+    if (a.split > 1 && kind != step::kResidual) {  // residual writers add into the stream
+      // One fragment-order block per output tile, then each tile's partial sums of squares.
+      b.ws_elems[op] = o.grid_n * int64_t(ffn_sm90::kTileRows) * R + o.grid_n * int64_t(R);
       b.ws[op] = b.alloc<float>(b.ws_elems[op]);
       a.ws = b.ws[op];
     }
@@ -220,39 +221,32 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : cfg
     e.kind = step::kEmbed;
     e.n = int32_t(d);
     e.cols = int32_t(tiling_.embed_cols);
-    e.out = b.x[0];
-    e.out_stats = stats_at(0);
+    e.x_in = -1;
+    e.x_out = 0;
   }
   for (int l = 0; l < L; ++l) {
     const auto& gl = g_.layers[l];
     const Buffers::Layer& y = b.layers[l];
-    StepOpArgs& q = ops[gl.op_qkv] = gemm(gl.op_qkv, step::kQkv, y.w_qkv, b.x[l]);
-    q.row_stats = stats_at(2 * l);
+    StepOpArgs& q = ops[gl.op_qkv] = gemm(gl.op_qkv, step::kQkv, y.w_qkv, nullptr, 2 * l, -1);
     q.bias = y.bias;
     q.out = y.q;
     q.k_cache = y.k_cache;
     q.v_cache = y.v_cache;
     StepOpArgs& at = ops[gl.op_attention];
     at.kind = step::kAttention;
+    at.x_in = at.x_out = -1;
     at.act = y.q;
     at.out = y.attn;
     at.k_cache = y.k_cache;
     at.v_cache = y.v_cache;
-    StepOpArgs& o = ops[gl.op_o_proj] = gemm(gl.op_o_proj, step::kResidual, y.w_o, y.attn);
-    o.residual = b.x[l];
-    o.out = y.x_mid;
-    o.out_stats = stats_at(2 * l + 1);
-    StepOpArgs& gu = ops[gl.op_gate_up] = gemm(gl.op_gate_up, step::kGateUp, y.w_gate_up, y.x_mid);
-    gu.row_stats = stats_at(2 * l + 1);
+    ops[gl.op_o_proj] = gemm(gl.op_o_proj, step::kResidual, y.w_o, y.attn, 2 * l, 2 * l + 1);
+    StepOpArgs& gu = ops[gl.op_gate_up] = gemm(gl.op_gate_up, step::kGateUp, y.w_gate_up, nullptr, 2 * l + 1, -1);
     gu.out = y.h;
-    StepOpArgs& dn = ops[gl.op_down] = gemm(gl.op_down, step::kResidual, y.w_down, y.h);
-    dn.residual = y.x_mid;
-    dn.out = b.x[l + 1];
-    dn.out_stats = stats_at(2 * l + 2);
+    ops[gl.op_down] = gemm(gl.op_down, step::kResidual, y.w_down, y.h, 2 * l + 1, 2 * l + 2);
   }
-  StepOpArgs& lm = ops[g_.op_lm_head] = gemm(g_.op_lm_head, step::kLmHead, b.w_lm, b.x[L]);
-  lm.row_stats = stats_at(2 * L);
+  ops[g_.op_lm_head] = gemm(g_.op_lm_head, step::kLmHead, b.w_lm, nullptr, 2 * L, -1);
   ops[g_.op_sample].kind = step::kSample;
+  ops[g_.op_sample].x_in = ops[g_.op_sample].x_out = -1;
   b.ops = b.alloc<StepOpArgs>(int64_t(ops.size()));
   TW_CUDA_CHECK(cudaMemcpy(b.ops, ops.data(), ops.size() * sizeof(StepOpArgs), cudaMemcpyHostToDevice));
 
@@ -289,8 +283,10 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : cfg
   p.embed = b.embed;
   p.maxima = b.maxima;
   p.logits = b.logits;
-  p.stats = b.stats;
-  p.stats_count = stats_count;
+  p.xres = b.xres;
+  p.x_cols = x_cols;
+  p.x_blocks = x_blocks;
+  p.writers = 2 * L + 1;
   const std::vector<float> inv = cfg_.rope_inv_freq();
   std::copy(inv.begin(), inv.end(), p.inv_freq);
   TW_CUDA_CHECK(cudaDeviceSynchronize());
@@ -489,7 +485,7 @@ void DecodeStep::reset() {
     if (b.ws[i]) TW_CUDA_CHECK(cudaMemset(b.ws[i], 0, b.ws_elems[i] * sizeof(float)));
   TW_CUDA_CHECK(cudaMemset(b.merge_count, 0, sizeof(int32_t) * opt_.batch * cfg_.num_kv_heads));
   TW_CUDA_CHECK(cudaMemset(b.maxima, 0, sizeof(unsigned long long) * 2 * opt_.batch));
-  TW_CUDA_CHECK(cudaMemset(b.stats, 0, sizeof(float) * 2 * b.params.stats_count));
+  TW_CUDA_CHECK(cudaMemset(b.xres, 0, sizeof(float) * b.xres_elems));
   launches_ = 0;
 }
 

@@ -5,15 +5,17 @@
 //
 // Roles, as in the fused FFN (ffn_sm90.cu): warp 0 is the executor and the only copy engine user. It
 // takes tickets, pushes each tile to an 8-deep queue for the two consumer warpgroups, and streams the
-// tile's operands through one shared-memory ring of stages: packed weights and act-layout activations
-// for weight tiles, K/V rows (and q) for attention tiles. What depends on nothing goes out before the
+// tile's operands through one shared-memory ring of stages: packed weights (and, for o_proj and down,
+// their act-layout activations) for weight tiles, K/V rows (and q) for attention tiles. The norm
+// consumers (qkv, gate/up, LM head) write their stages' activations themselves, from the fp32
+// residual stream (consume_weight_tile). What depends on nothing goes out before the
 // tile waits on its producers' counters: a weight tile's first stage, an attention tile's cached K/V
 // rows of earlier tokens. The ring runs on across tiles and across op kinds, so the next tile's
 // operands stream while the consumers finish this one.
 //
 // Dependencies. The producer warp polls the tile's counters (acquire), fences the async proxy and
 // only then issues the copies of produced data. Consumers that read produced data with ordinary
-// loads (residuals, sums of squares, tokens, the maxima) first wait on the queue entry's `ready`
+// loads (the residual stream, tokens, the maxima) first wait on the queue entry's `ready`
 // barrier, which the producer arrives on after its acquire: other CTA's release -> producer's acquire
 // -> producer's arrive (release, CTA) -> consumer's wait (acquire, CTA), so they see those writes.
 // Such data is read with ld.global.cg (L1 is not coherent with other SMs).
@@ -23,7 +25,9 @@
 // the end of its stages (before the pair counts and merges).
 //
 // No deadlock: inside a CTA the producer issues every stage of a tile before it touches the next
-// tile, so a tile the consumers have popped never waits on the producer; the producer's own waits
+// tile, and arrives on `ready` as soon as it has acquired the tile's producers (before the stages that
+// wait for ring slots), so a tile the consumers have popped never waits on the producer for
+// anything that waits on them; the producer's own waits
 // (queue slot, ring slot, counters) are released by the consumers finishing earlier tiles or by other
 // CTAs. Across CTAs the executor's argument holds (runtime/executor.cuh): one CTA per SM, all
 // resident, tickets in topological order, the next ticket drawn only after the current tile is issued.
@@ -94,14 +98,14 @@ struct StepShared {
   AttnChunk chunk[kMaxStages];
   // The cache lengths of the launch (constant while it runs) and the units before each sequence,
   // filled by the producer at its first attention tile.
-  int32_t seq_len[kMaxBatch];
-  int32_t seq_units[kMaxBatch + 1];
+  int32_t seq_len[kMaxRows];
+  int32_t seq_units[kMaxRows + 1];
   // Per activation row, for the consumers' epilogues: the norm's scale, the new token's position
   // and its KV-cache row (KV head 0), a reduction slot (sums of squares, or maxima keys).
-  float rstd[kMaxBatch];
-  int32_t pos[kMaxBatch];
-  int64_t kv_base[kMaxBatch];
-  unsigned long long red[kMaxBatch];
+  float rstd[kMaxRows];
+  int32_t pos[kMaxRows];
+  int64_t kv_base[kMaxRows];
+  unsigned long long red[kMaxRows];
   uint32_t flag, last[2];
   AttnChunk part[2];  // an attention tile's partial segments: its first and its last
 };
@@ -113,6 +117,18 @@ __device__ __forceinline__ void consumer_sync() { named_bar_sync(1, kConsumers);
 
 __device__ __forceinline__ int stages_of(const StepOpArgs& o, const DeviceTile& t) {
   return o.slice_start[t.ks + 1] - o.slice_start[t.ks];
+}
+// Norm consumers stage their activations themselves, from the fp32 residual stream.
+__device__ __forceinline__ bool stages_residual(int kind) { return kind == kQkv || kind == kGateUp || kind == kLmHead; }
+// The residual-stream buffer of writer w (decode_step_sm90.hpp); w may run past this launch's writers.
+__device__ __forceinline__ float* residual_buffer(const StepParams& p, uint32_t epoch, int w) {
+  const uint32_t g = epoch * uint32_t(p.writers) + uint32_t(w);  // mod 2^32, a multiple of 4
+  return p.xres + int64_t(g % kResidualBuffers) * p.x_blocks * p.batch * p.x_cols;
+}
+// Element (m, col) of a residual-stream buffer (< 2^31: batch <= 128, hidden < 2^23).
+__device__ __forceinline__ int residual_at(const StepParams& p, int m, int col) {
+  const int blk = col / p.x_cols;
+  return (blk * p.batch + m) * p.x_cols + (col - blk * p.x_cols);
 }
 
 // Offset of KV head 0's row `tok` of sequence b in a layer's cache; heads are `kv_head_stride` apart.
@@ -310,6 +326,20 @@ __device__ __forceinline__ void issue_q(const StepParams& p, const Ring<Cfg>& ri
   bulk_load(ring.w_atom(s, 0) + 4 * stage_tokens * D, q, uint32_t(p.group * D * 2), &ring.full[s], l2_evict_last());
 }
 
+// A norm consumer's stage holds, in its activation bytes, the stage's block of the residual stream:
+// fp32 [B][stage columns], one bulk copy (columns >= K are zero: never written); the consumers
+// convert it to the act layout in place (consume_weight_tile). One copy, not one per row: a copy
+// per row (16 at B = 16) made the LM head's stages 30% slower on the H200.
+template <class Cfg>
+__device__ __forceinline__ uint32_t residual_stage_bytes(const StepParams& p) {
+  return uint32_t(p.batch) * uint32_t(Cfg::kKAtoms * 64) * 4u;
+}
+template <class Cfg>
+__device__ __forceinline__ void issue_residual_block(const StepParams& p, const Ring<Cfg>& ring, int s, const float* x,
+                                                     int kst, uint64_t policy) {
+  bulk_load(ring.x_atom(s, 0), x + int64_t(kst) * p.batch * p.x_cols, residual_stage_bytes<Cfg>(p), &ring.full[s], policy);
+}
+
 template <class Cfg, int D>
 __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepParams& p) {
   const runtime::ExecParams& ep = p.ep;
@@ -328,13 +358,17 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
     const StepOpArgs& o = p.ops[id >= 0 ? t.op : 0];
     const int kind = id >= 0 ? o.kind : -1;
     const bool weights = kind == kQkv || kind == kResidual || kind == kGateUp || kind == kLmHead;
+    const bool staged = stages_residual(kind);  // activations: rows of the fp32 residual stream
+    auto stage_bytes = [&](int kst) {
+      return staged ? uint32_t(Cfg::kKAtoms * Cfg::kWAtomBytes) + residual_stage_bytes<Cfg>(p) : uint32_t(Cfg::kStageBytes);
+    };
     const int kst0 = weights ? o.slice_start[t.ks] : 0, n = weights ? stages_of(o, t) : 0;
     const int s0 = ps.stage;
     // Weights depend on nothing: a weight tile's first stage goes out before the tile is queued or
     // polls its producers (in an overlapped launch, before the wait for the previous kernel).
     if (lane == 0 && n > 0) {
       const int s = acquire_stage(ring, ps);
-      arm_stage(ring, s, Cfg::kStageBytes);
+      arm_stage(ring, s, stage_bytes(kst0));
       issue_weights(ring, s, o, t.tn, kst0, w_policy);
     }
     if (first) {
@@ -342,6 +376,7 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
       if (lane == 0) runtime::enter_launch(ep, sh.slots);
       __syncwarp();
     }
+    const float* xres = staged ? residual_buffer(p, sh.slots.epoch, o.x_in) : nullptr;  // after enter_launch
     int count = n;
     ChunkWalk walk{};
     if (kind == kAttention) {
@@ -376,19 +411,24 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
       if (lane == 0)
         for (int j = 1; j < pre; ++j) {
           const int s = acquire_stage(ring, ps);
-          arm_stage(ring, s, Cfg::kStageBytes);
+          arm_stage(ring, s, stage_bytes(kst0 + j));
           issue_weights(ring, s, o, t.tn, kst0 + j, w_policy);
         }
       if (!ready) runtime::wait_counters_warp(ep, sh.slots.epoch, t);
       if (lane == 0) {
         runtime::trace_mark(ep, id, runtime::kTraceReady);
+        mbar_arrive(&sh.ready[entry]);
         ptx::fence_proxy_async(ptx::space_global);  // produced activations, read by the async proxy
-        for (int j = 0, s = s0; j < pre; ++j, s = (s + 1 == ps.count ? 0 : s + 1)) issue_acts(ring, s, o, kst0 + j, x_policy);
+        for (int j = 0, s = s0; j < pre; ++j, s = (s + 1 == ps.count ? 0 : s + 1)) {
+          if (staged) issue_residual_block(p, ring, s, xres, kst0 + j, x_policy);
+          else issue_acts(ring, s, o, kst0 + j, x_policy);
+        }
         for (int j = pre; j < n; ++j) {
           const int s = acquire_stage(ring, ps);
-          arm_stage(ring, s, Cfg::kStageBytes);
+          arm_stage(ring, s, stage_bytes(kst0 + j));
           issue_weights(ring, s, o, t.tn, kst0 + j, w_policy);
-          issue_acts(ring, s, o, kst0 + j, x_policy);
+          if (staged) issue_residual_block(p, ring, s, xres, kst0 + j, x_policy);
+          else issue_acts(ring, s, o, kst0 + j, x_policy);
         }
       }
     } else if (kind == kAttention) {
@@ -412,6 +452,7 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
       if (!ready) runtime::wait_counters_warp(ep, sh.slots.epoch, t);
       if (lane == 0) {
         runtime::trace_mark(ep, id, runtime::kTraceReady);
+        mbar_arrive(&sh.ready[entry]);
         ptx::fence_proxy_async(ptx::space_global);
         for (int j = 0, s = s0; j < pre; ++j, s = (s + 1 == ps.count ? 0 : s + 1))
           if (sh.chunk[s].flags & kSegFirst) issue_q<Cfg, D>(p, ring, s, o, sh.chunk[s], kStageTokens);
@@ -423,14 +464,12 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
           if (c.flags & kSegFirst) issue_q<Cfg, D>(p, ring, s, o, c, kStageTokens);
         }
       }
-    } else if (!ready) {
-      runtime::wait_counters_warp(ep, sh.slots.epoch, t);
+    } else {
+      if (!ready) runtime::wait_counters_warp(ep, sh.slots.epoch, t);
+      if (lane == 0) mbar_arrive(&sh.ready[entry]);
     }
-    if (lane == 0) {
-      mbar_arrive(&sh.ready[entry]);
-      // The next ticket only now: its round trips overlap the consumers working through this tile.
-      runtime::prefetch_next(ep, sh.slots);
-    }
+    // The next ticket only now: its round trips overlap the consumers working through this tile.
+    if (lane == 0) runtime::prefetch_next(ep, sh.slots);
   }
 }
 
@@ -467,12 +506,9 @@ __device__ __forceinline__ void finish_tile(const StepParams& p, const DeviceTil
 }
 
 // Per-row tables of a weight tile's epilogue (threads ct < R), then a consumer barrier.
-__device__ __forceinline__ void prepare_rows(const StepParams& p, StepShared& sh, const StepOpArgs& o, int stats_off,
-                                             int ct) {
+__device__ __forceinline__ void prepare_rows(const StepParams& p, StepShared& sh, const StepOpArgs& o, int ct) {
   if (ct < p.act_rows) {
     const int m = ct;
-    if (o.row_stats && m < p.batch)
-      sh.rstd[m] = rsqrtf(__fdividef(__ldcg(o.row_stats + stats_off + m), float(o.k)) + p.eps);
     if (o.kind == kQkv && m < p.batch) {
       const int pos = __ldcg(&p.seq_lens[m]);
       sh.pos[m] = pos;
@@ -489,7 +525,7 @@ __device__ __forceinline__ void prepare_rows(const StepParams& p, StepShared& sh
 // a column and its partner: registers e = 0, 1 and e + 2.
 template <class Cfg, int D>
 __device__ void weight_epilogue(const StepParams& p, StepShared& sh, const StepOpArgs& o, const DeviceTile& t,
-                                const float (&acc)[Cfg::kAcc], int ct, int stats_off, uint32_t epoch) {
+                                const float (&acc)[Cfg::kAcc], int ct, uint32_t epoch) {
   const int lane = ct % 32, warp = ct / 32;
   const ActLayout act{p.act_rows};
   const int B = p.batch;
@@ -507,7 +543,7 @@ __device__ void weight_epilogue(const StepParams& p, StepShared& sh, const StepO
       for (int e = 0; e < 2; ++e) {
         const int m = 8 * q + 2 * (lane % 4) + e;
         if (m >= B) continue;
-        const float r = o.row_stats ? sh.rstd[m] : 1.f;
+        const float r = sh.rstd[m];
         float a = acc[4 * q + e] * r, b = acc[4 * q + e + 2] * r;
         if (o.kind == kGateUp) {
           o.out[act.index(m, pc)] = __float2bfloat16(silu(a) * b);
@@ -537,95 +573,199 @@ __device__ void weight_epilogue(const StepParams& p, StepShared& sh, const StepO
       }
     return;
   }
-  // Plain tiles: o_proj / down (+ residual, sums of squares) and the LM head (maxima).
+  // The LM head: running maxima per row.
   const int r0 = t.tn * kTileRows + warp * 16 + lane / 4;
-  float* red_f = reinterpret_cast<float*>(sh.red);
 #pragma unroll
   for (int q = 0; q < Cfg::kAcc / 4; ++q) {
-    float part[2] = {0.f, 0.f};
     unsigned long long best[2] = {0ull, 0ull};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int m = 8 * q + 2 * (lane % 4) + (e & 1), col = r0 + 8 * (e >> 1);
       if (m >= B || col >= o.n) continue;
-      if (o.kind == kResidual) {  // the residual is in acc already (add_residual)
-        const int64_t at = act.index(m, col);
-        const bf16 y = __float2bfloat16(acc[4 * q + e]);
-        o.out[at] = y;
-        const float yf = __bfloat162float(y);
-        part[e & 1] += yf * yf;
-      } else {  // kLmHead
-        const float v = acc[4 * q + e] * sh.rstd[m];
-        if (p.logits) p.logits[int64_t(m) * p.vocab + col] = v;
-        const unsigned long long key = (uint64_t(ordered_bits(v)) << 32) | (0xFFFFFFFFu - uint32_t(col));
-        best[e & 1] = max(best[e & 1], key);
-      }
+      const float v = acc[4 * q + e] * sh.rstd[m];
+      if (p.logits) p.logits[int64_t(m) * p.vocab + col] = v;
+      const unsigned long long key = (uint64_t(ordered_bits(v)) << 32) | (0xFFFFFFFFu - uint32_t(col));
+      best[e & 1] = max(best[e & 1], key);
     }
     // The 8 lanes of a warp that share lane % 4 hold the same activation rows.
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
 #pragma unroll
-      for (int x = 4; x < 32; x *= 2) {
-        if (o.kind == kResidual) part[e] += __shfl_xor_sync(0xffffffffu, part[e], x);
-        else best[e] = max(best[e], __shfl_xor_sync(0xffffffffu, best[e], x));
-      }
+      for (int x = 4; x < 32; x *= 2) best[e] = max(best[e], __shfl_xor_sync(0xffffffffu, best[e], x));
       const int m = 8 * q + 2 * (lane % 4) + e;
-      if (lane < 4 && m < B) {
-        if (o.kind == kResidual) atomicAdd(&red_f[2 * m], part[e]);
-        else atomicMax(&sh.red[m], best[e]);
-      }
+      if (lane < 4 && m < B) atomicMax(&sh.red[m], best[e]);
     }
   }
   consumer_sync();
-  if (ct < B) {
-    if (o.kind == kResidual) atomicAdd(o.out_stats + stats_off + ct, red_f[2 * ct]);
-    else atomicMax(p.maxima + (epoch & 1) * B + ct, sh.red[ct]);
-  }
+  if (ct < B) atomicMax(p.maxima + (epoch & 1) * B + ct, sh.red[ct]);
 }
 
-// acc += the residual (o_proj, down): added by K slice 0 before the split's reduction, so the last
-// slice to arrive has nothing left to load. Loads go out in batches, never between stores (a store
-// between two loads serialises them: measured as ~4 us of a split tile's tail in the step timelines).
+// o_proj / down: the K slice's part of x' = x + a W^T added into writer x_out's buffer (slice 0 adds x
+// too, from writer x_in's), fire-and-forget; slice 0 also zeroes its columns of buffer x_out + 2.
+// Loads go out in batches, never between stores (a store between two loads serialises them: measured
+// as ~4 us of a split tile's tail in the step timelines).
 template <class Cfg>
-__device__ __forceinline__ void add_residual(const StepParams& p, const StepOpArgs& o, const DeviceTile& t,
-                                             float (&acc)[Cfg::kAcc], int ct) {
+__device__ __forceinline__ void add_to_residual(const StepParams& p, const StepOpArgs& o, const DeviceTile& t,
+                                                float (&acc)[Cfg::kAcc], int ct, uint32_t epoch) {
   const int lane = ct % 32, warp = ct / 32, r0 = t.tn * kTileRows + warp * 16 + lane / 4;
-  const ActLayout act{p.act_rows};
-  constexpr int kBatch = Cfg::kAcc < 16 ? Cfg::kAcc : 16;
+  // Accumulator i is row m = 8 (i / 4) + 2 (lane % 4) + (i & 1), column r0 + 8 ((i & 3) >> 1): its
+  // element in the stream, or -1 outside the batch or the columns. The row
+  // passes through an opaque move, so that the compiler does not compute every accumulator's address
+  // up front (R = 64, D = 128: 856 -> 468 B of spill loads).
+  auto at = [&](int i) {
+    int m;
+    asm volatile("mov.b32 %0, %1;\n" : "=r"(m) : "r"(8 * (i / 4) + 2 * (lane % 4) + (i & 1)));
+    const int col = r0 + 8 * ((i & 3) >> 1);
+    return m < p.batch && col < o.n ? residual_at(p, m, col) : -1;
+  };
+  if (t.ks == 0) {
+    const float* x = residual_buffer(p, epoch, o.x_in);
+    constexpr int kBatch = Cfg::kAcc < 16 ? Cfg::kAcc : 16;
 #pragma unroll
-  for (int i0 = 0; i0 < Cfg::kAcc; i0 += kBatch) {
-    float r[kBatch];
+    for (int i0 = 0; i0 < Cfg::kAcc; i0 += kBatch) {
+      float r[kBatch];
 #pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int i = i0 + j, m = 8 * (i / 4) + 2 * (lane % 4) + (i & 1), col = r0 + 8 * ((i & 3) >> 1);
-      r[j] = m < p.batch && col < o.n ? __bfloat162float(__ldcg(o.residual + act.index(m, col))) : 0.f;
+      for (int j = 0; j < kBatch; ++j) {
+        const int e = at(i0 + j);
+        r[j] = e >= 0 ? __ldcg(x + e) : 0.f;
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) acc[i0 + j] += r[j];
     }
+  }
+  float* y = residual_buffer(p, epoch, o.x_out);
 #pragma unroll
-    for (int j = 0; j < kBatch; ++j) acc[i0 + j] += r[j];
+  for (int i = 0; i < Cfg::kAcc; ++i) {
+    const int e = at(i);
+    if (e >= 0) asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(y + e), "f"(acc[i]) : "memory");
+  }
+  if (t.ks == 0) {
+    float4* z = reinterpret_cast<float4*>(residual_buffer(p, epoch, o.x_out + 2));
+    const int c0 = t.tn * kTileRows;
+    for (int i = ct; i < p.batch * (kTileRows / 4); i += kConsumers) {
+      const int m = i / (kTileRows / 4), col = c0 + 4 * (i % (kTileRows / 4));
+      if (col < o.n) z[residual_at(p, m, col) / 4] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
   }
 }
 
-// A weight tile after its mainloop: the per-row tables and the residual first (their loads overlap the
-// split's reduction), then the split's partial sums (fp32 blocks in fragment order, vector
-// reductions, the last slice to arrive sums them and re-zeroes the block), then the epilogue.
+// The mainloop of a norm consumer. A stage's activation bytes arrive holding fp32 rows of the residual
+// stream, [B][kCols] (issue_residual_block: with the weights, by the copy engine; loads by the
+// consumers themselves waited behind the SM's weight copies in flight, ~7% of an 8B B = 16 step on
+// the H200); the consumers convert them in place to the act layout (bf16, swizzled) and sum the rows'
+// squares on the way (into sh.rstd at the end, for the epilogue). Act rows >= batch keep whatever
+// bytes they hold: their accumulators are never used. Thread ct takes float4 items i = ct + 256 k of
+// the fp32 rows (row i / kF4, the same rows at every stage).
+template <class Cfg>
+struct Staging {
+  static constexpr int kCols = Cfg::kKAtoms * 64;
+  static constexpr int kF4 = kCols / 4;                                                // float4s per row
+  static constexpr int kItems = (Cfg::kMPad / 2 * kF4 + kConsumers - 1) / kConsumers;  // per thread (B <= R / 2)
+  // Registers beside R = 256's 128 accumulators: its rows go in two halves, each read, then written.
+  // In place, that needs one barrier: with one 64-column atom, fp32 row m is at 256 m bytes and act
+  // row m at 128 m, so the first half's act rows [0, 64) overwrite fp32 rows [0, 32), read by then,
+  // and the second half's, fp32 rows [32, 64): read before the barrier too; neither touches rows >= 64.
+  static constexpr int kChunk = kItems <= 4 ? kItems : 4;
+  static constexpr int kPasses = kItems / kChunk;
+  static_assert(kF4 <= 32 && kConsumers % kF4 == 0, "staging items");
+  static_assert(kPasses == 1 || (kPasses == 2 && Cfg::kKAtoms == 1 && Cfg::kMPad == 256), "staging passes");
+};
+// One mainloop for every weight tile (`staged`: a norm consumer's), so that the kernel has one wgmma
+// site: with two (one per path), R = 256's accumulators had the compiler serialise every wgmma.
+template <class Cfg>
+__device__ void consume_weight_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, StepShared& sh, const StepParams& p,
+                                    const StepOpArgs& o, const DeviceTile& t, int ct, float (&acc)[Cfg::kAcc],
+                                    bool staged) {
+  using S = Staging<Cfg>;
+  const int wg = ct / 128, n = stages_of(o, t), kst0 = o.slice_start[t.ks], B = p.batch, K = o.k;
+  const bool release_lane = (ct % 32) == 0;
+  float ss[S::kItems];
+#pragma unroll
+  for (int k = 0; k < S::kItems; ++k) ss[k] = 0.f;
+  int prev = -1;
+  for (int j = 0; j < n; ++j) {
+    const int s = ps.stage;
+    mbar_wait(&ring.full[s], ps.phase, "full");
+    const uint8_t* xs = ring.x_atom(s, 0);
+    const uint32_t xa = static_cast<uint32_t>(__cvta_generic_to_shared(xs));
+    if (staged) {
+#pragma unroll
+    for (int pass = 0; pass < S::kPasses; ++pass) {
+      float4 v[S::kChunk];
+#pragma unroll
+      for (int kk = 0; kk < S::kChunk; ++kk) {
+        const int k = pass * S::kChunk + kk, i = ct + kConsumers * k, m = i / S::kF4, c = 4 * (i % S::kF4);
+        // Columns >= K were not copied: zero, as the weights' padding there.
+        const bool valid = m < B && (kst0 + j) * S::kCols + c < K;
+        v[kk] = valid ? *reinterpret_cast<const float4*>(xs + (m * S::kCols + c) * 4) : make_float4(0.f, 0.f, 0.f, 0.f);
+        ss[k] += v[kk].x * v[kk].x + v[kk].y * v[kk].y + v[kk].z * v[kk].z + v[kk].w * v[kk].w;
+      }
+      if (pass == 0) consumer_sync();  // the rows read before the act layout overwrites them
+#pragma unroll
+      for (int kk = 0; kk < S::kChunk; ++kk) {
+        const int k = pass * S::kChunk + kk, i = ct + kConsumers * k, m = i / S::kF4, c = 4 * (i % S::kF4), cc = c & 63;
+        if (m >= B) continue;
+        __nv_bfloat162 lo = __floats2bfloat162_rn(v[kk].x, v[kk].y), hi = __floats2bfloat162_rn(v[kk].z, v[kk].w);
+        const uint32_t at = xa + (c >> 6) * Cfg::kXAtomBytes + m * 128 + ((((cc >> 3) ^ (m & 7)) << 4) | ((cc & 4) << 1));
+        asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(at), "r"(*reinterpret_cast<uint32_t*>(&lo)),
+                     "r"(*reinterpret_cast<uint32_t*>(&hi))
+                     : "memory");
+      }
+    }
+    ptx::fence_proxy_async(ptx::space_shared);  // the generic stores, before the wgmmas read them
+    consumer_sync();
+    }
+    mma_stage(ring, s, wg, acc, j != 0);
+    wgmma_wait<1>();
+    fence_operands(acc);
+    if (prev >= 0 && release_lane) mbar_arrive(&ring.empty[prev]);
+    prev = s;
+    ps.advance();
+  }
+  // The rows' sums of squares, while the last wgmmas run: the kF4 threads of a row's items are
+  // consecutive (kF4 divides 32); the first of them writes the row's sum.
+#pragma unroll
+  for (int k = 0; k < S::kItems; ++k) {
+    float v = ss[k];
+#pragma unroll
+    for (int off = 1; off < S::kF4; off *= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+    const int i = ct + kConsumers * k;
+    if (i % S::kF4 == 0 && i / S::kF4 < B) sh.rstd[i / S::kF4] = v;
+  }
+  wgmma_wait<0>();
+  fence_operands(acc);
+  if (release_lane) mbar_arrive(&ring.empty[prev]);
+}
+
+// A norm consumer's tile after its mainloop, its rows' sums of squares in sh.rstd: split over K, the
+// slices add their partial sums (fp32 blocks in fragment order, vector reductions) and sums of
+// squares, and the last slice to arrive takes them and re-zeroes the block; then the epilogue.
 template <class Cfg, int D>
-__device__ void finish_weight_tile(const StepParams& p, StepShared& sh, const StepOpArgs& o, const DeviceTile& t,
-                                   int32_t id, float (&acc)[Cfg::kAcc], int ct, uint32_t epoch) {
-  const int stats_off = (epoch & 1) * p.stats_count;
-  prepare_rows(p, sh, o, stats_off, ct);
-  if (o.kind == kResidual && t.ks == 0) add_residual<Cfg>(p, o, t, acc, ct);
+__device__ void finish_norm_tile(const StepParams& p, StepShared& sh, const StepOpArgs& o, const DeviceTile& t,
+                                 int32_t id, float (&acc)[Cfg::kAcc], int ct, uint32_t epoch) {
+  prepare_rows(p, sh, o, ct);
+  const int B = p.batch;
   if (o.split > 1) {
     float4* block = reinterpret_cast<float4*>(o.ws) + int64_t(t.tn) * (kConsumers * Cfg::kAcc / 4);
+    float* ss = o.ws + int64_t(o.grid_n) * kConsumers * Cfg::kAcc + int64_t(t.tn) * p.act_rows;
     add_split_partials<Cfg>(block, acc, ct);
+    if (ct < B) asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(ss + ct), "f"(sh.rstd[ct]) : "memory");
     consumer_sync();
     if (ct == 0) sh.flag = runtime::arrive_last(p.ep, epoch, t, o.split);
     if (ct == 0) runtime::trace_mark(p.ep, id, runtime::kTraceMark1);
     consumer_sync();
     if (!sh.flag) return finish_tile(p, t, id, ct, false, cuda::memory_order_relaxed);  // only partial sums
+    const float total = ct < B ? __ldcg(ss + ct) : 0.f;
     take_split_sums<Cfg>(block, acc, ct);
+    if (ct < B) {
+      __stcg(ss + ct, 0.f);
+      sh.rstd[ct] = total;
+    }
     if (ct == 0) runtime::trace_mark(p.ep, id, runtime::kTraceMark2);
   }
-  weight_epilogue<Cfg, D>(p, sh, o, t, acc, ct, stats_off, epoch);
+  if (ct < B) sh.rstd[ct] = rsqrtf(__fdividef(sh.rstd[ct], float(o.k)) + p.eps);
+  consumer_sync();
+  weight_epilogue<Cfg, D>(p, sh, o, t, acc, ct, epoch);
   finish_tile(p, t, id, ct, o.kind != kLmHead);  // the LM head's maxima are read by ordinary loads
 }
 
@@ -827,34 +967,29 @@ __device__ bool attention_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, StepSh
   return wrote;
 }
 
-// Embedding rows of the input tokens, columns [tn cols, (tn + 1) cols), into x0; their sums of squares.
-__device__ void embed_tile(const StepParams& p, StepShared& sh, const StepOpArgs& o, const DeviceTile& t, int ct,
-                           uint32_t epoch) {
-  float* red_f = reinterpret_cast<float*>(sh.red);
-  if (ct < p.batch) red_f[2 * ct] = 0.f;
-  consumer_sync();
+// Embedding rows of the input tokens, columns [tn cols, (tn + 1) cols), into the residual stream
+// (writer 0); the same columns of buffer 2 zeroed (see add_to_residual).
+__device__ void embed_tile(const StepParams& p, const StepOpArgs& o, const DeviceTile& t, int ct, uint32_t epoch) {
   const int c0 = t.tn * o.cols, cols = min(o.cols, o.n - c0), vecs = cols / 8;
-  const ActLayout act{p.act_rows};
+  float* x = residual_buffer(p, epoch, o.x_out);
+  float* z = residual_buffer(p, epoch, o.x_out + 2);
   for (int i = ct; i < p.batch * vecs; i += kConsumers) {
     const int m = i / vecs, col = c0 + 8 * (i % vecs);
     const int tok = min(max(__ldcg(&p.tokens[m]), 0), p.vocab - 1);  // the host checks; never read out of bounds
     const uint4 v = __ldg(reinterpret_cast<const uint4*>(p.embed + int64_t(tok) * p.hidden + col));
-    *reinterpret_cast<uint4*>(o.out + act.index(m, col)) = v;
     const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&v);
-    float s = 0.f;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float2 f = __bfloat1622float2(h2[k]);
-      s += f.x * f.x + f.y * f.y;
-    }
-    atomicAdd(&red_f[2 * m], s);
+    const float2 a = __bfloat1622float2(h2[0]), b = __bfloat1622float2(h2[1]), c = __bfloat1622float2(h2[2]),
+                 d = __bfloat1622float2(h2[3]);
+    const int at = residual_at(p, m, col);  // 8 columns in one block
+    *reinterpret_cast<float4*>(x + at) = make_float4(a.x, a.y, b.x, b.y);
+    *reinterpret_cast<float4*>(x + at + 4) = make_float4(c.x, c.y, d.x, d.y);
+    *reinterpret_cast<float4*>(z + at) = make_float4(0.f, 0.f, 0.f, 0.f);
+    *reinterpret_cast<float4*>(z + at + 4) = make_float4(0.f, 0.f, 0.f, 0.f);
   }
-  consumer_sync();
-  if (ct < p.batch) atomicAdd(o.out_stats + (epoch & 1) * p.stats_count + ct, red_f[2 * ct]);
 }
 
-// The greedy tokens; the lengths advance; the other parity's sums and maxima are zeroed for the next
-// launch (this launch's readers of them are done: the sample tile runs after every other tile).
+// The greedy tokens; the lengths advance; the other parity's maxima are zeroed for the next launch
+// (this launch's readers of them are done: the sample tile runs after every other tile).
 __device__ void sample_tile(const StepParams& p, int ct, uint32_t epoch) {
   const int par = epoch & 1;
   if (ct < p.batch) {
@@ -865,12 +1000,11 @@ __device__ void sample_tile(const StepParams& p, int ct, uint32_t epoch) {
     if (!p.active || p.active[ct]) p.seq_lens[ct] += 1;
     p.maxima[(1 - par) * p.batch + ct] = 0ull;
   }
-  for (int i = ct; i < p.stats_count; i += kConsumers) p.stats[(1 - par) * p.stats_count + i] = 0.f;
 }
 
 template <class Cfg, int D>
 __device__ void run_consumer(const Ring<Cfg>& ring, StepShared& sh, float* scratch, const StepParams& p) {
-  const int ct = threadIdx.x - 128, wg = ct / 128;
+  const int ct = threadIdx.x - 128;
   PipeState<Cfg> ps;
   int qs = 0;
   uint32_t qphase = 0;
@@ -888,10 +1022,15 @@ __device__ void run_consumer(const Ring<Cfg>& ring, StepShared& sh, float* scrat
       case kGateUp:
       case kLmHead: {
         float acc[Cfg::kAcc];  // scoped here: not live in the other kinds' code
-        consume_tile(ring, ps, wg, stages_of(o, t), acc);
+        consume_weight_tile<Cfg>(ring, ps, sh, p, o, t, ct, acc, o.kind != kResidual);
         if (ct == 0) runtime::trace_mark(p.ep, id, runtime::kTraceComputed);
         mbar_wait(&sh.ready[qs], qphase, "ready");
-        finish_weight_tile<Cfg, D>(p, sh, o, t, id, acc, ct, epoch);
+        if (o.kind == kResidual) {
+          add_to_residual<Cfg>(p, o, t, acc, ct, epoch);
+          finish_tile(p, t, id, ct, false);  // the stream is read with ordinary loads
+        } else {
+          finish_norm_tile<Cfg, D>(p, sh, o, t, id, acc, ct, epoch);
+        }
         break;
       }
       case kAttention:
@@ -904,8 +1043,8 @@ __device__ void run_consumer(const Ring<Cfg>& ring, StepShared& sh, float* scrat
       }
       case kEmbed:
         mbar_wait(&sh.ready[qs], qphase, "ready");
-        embed_tile(p, sh, o, t, ct, epoch);
-        finish_tile(p, t, id, ct);
+        embed_tile(p, o, t, ct, epoch);
+        finish_tile(p, t, id, ct, false);
         break;
       default:  // kSample
         mbar_wait(&sh.ready[qs], qphase, "ready");

@@ -14,18 +14,30 @@ namespace tw::step {
 
 // What a tile of an op does (the graph's op kinds, with the GEMM epilogues told apart).
 enum StepKind : int32_t {
-  kEmbed = 0,   // embedding rows into x0 (act layout), their sums of squares
+  kEmbed = 0,   // embedding rows into the residual stream x0
   kQkv,         // q|k|v = rmsnorm(x) Wqkv^T (+ b): RoPE on q and k, q stored, k and v appended to the caches
   kAttention,   // split-KV attention of the new tokens over the caches: O (act layout)
-  kResidual,    // y = x W^T + r (o_proj, down): act layout, and the rows' sums of squares
+  kResidual,    // x' = x + a W^T (o_proj, down): every K slice adds its part into the residual stream
   kGateUp,      // h = silu(rmsnorm(x) Wg^T) * (rmsnorm(x) Wu^T): act layout
   kLmHead,      // logits = rmsnorm(x) Wlm^T: running maxima per row (and the logits, if kept)
-  kSample,      // greedy tokens from the maxima; lengths advance; the other parity's sums are zeroed
+  kSample,      // greedy tokens from the maxima; lengths advance; the other parity's maxima are zeroed
 };
+
+// The residual stream is fp32 [B, hidden] in four rotating buffers. Its writers (embed, then o_proj
+// and down of every layer: writer w = 0 .. 2L) number on across launches, g = epoch (2L + 1) + w, and
+// writer g uses buffer g % 4, blocked by a stage's columns ([blocks][B][x_cols]: a stage's rows are
+// one contiguous piece, one bulk copy). Its K slices add into it with fire-and-forget reductions (no split-K
+// reduction, no last slice), slice 0 adding the residual it reads (writer g - 1's). The norm
+// consumers (qkv, gate/up, LM head) get its rows with their weights (bulk copies into the stages'
+// activation bytes), convert them to the act layout in place and take the rows' sums of squares. Buffer g % 4 must be zero when writer g starts:
+// writer g's slice-0 tiles zero buffer (g + 2) % 4 (writer g - 2's, whose last readers -- writer
+// g - 1's slice 0 and the norm consumer before it -- finished before writer g's inputs existed), and
+// writer g + 2 runs after writer g's release through the chain of counters between them.
+constexpr int kResidualBuffers = 4;
 
 constexpr int kMaxSlices = 64;  // split-K slices per op (the slice table travels with the op)
 constexpr int kThreads = 384;   // one producer warpgroup + two consumer warpgroups
-constexpr int kMaxBatch = sm90::kMaxActRows;
+constexpr int kMaxRows = sm90::kMaxActRows;  // activation rows R (the per-row tables' size)
 
 // Activations that a weight tile reads are kept in its operand layout (the "act layout"): per 64-column
 // atom, R rows of 128 bytes with the 128-byte swizzle (16-byte chunk j of row m at j ^ (m % 8)), R =
@@ -48,13 +60,12 @@ struct StepOpArgs {
   int32_t split;        // K slices
   int32_t packed_atoms; // 64-column atoms per packed weight tile (= atoms of the act-layout input)
   int32_t cols;         // embed: columns per tile
+  int32_t x_in, x_out;  // residual-stream writers read (norm consumers; residual writers' slice 0) and written, or -1
   const __nv_bfloat16* w;    // packed weights
-  const __nv_bfloat16* act;  // input (act layout)
-  float* ws;                 // split-K partials (one block per output tile, fragment order)
-  const float* row_stats;    // the input rows' sums of squares (parity 0), or null: no norm
-  float* out_stats;          // sums of squares of the output rows (parity 0), or null
+  const __nv_bfloat16* act;  // input (act layout) of the attention (q), o_proj and down
+  float* ws;                 // split-K partials of a norm consumer (one block per output tile, fragment
+                             // order), then [grid_n][R] partial sums of squares of its input rows
   const __nv_bfloat16* bias;      // [n] or null
-  const __nv_bfloat16* residual;  // act layout, or null
   __nv_bfloat16* out;             // act layout; qkv: q [batch, q_dim] row-major
   __nv_bfloat16* k_cache;         // qkv: append; attention: read
   __nv_bfloat16* v_cache;
@@ -89,8 +100,9 @@ struct StepParams {
   const __nv_bfloat16* embed;     // [vocab, hidden]
   unsigned long long* maxima;     // [2][B] (value, index) keys by launch parity
   float* logits;                  // [B, vocab] or null
-  float* stats;                   // [2][stats_count] sums of squares by launch parity
-  int32_t stats_count;
+  float* xres;                    // kResidualBuffers x [x_blocks][B][x_cols] fp32 residual stream
+  int32_t x_cols, x_blocks;       // the stream's column blocks: a norm consumer's stage columns
+  int32_t writers;                // residual-stream writers per launch (2L + 1)
   float inv_freq[64];             // RoPE: angle_i = pos * inv_freq[i], i < D/2
 };
 

@@ -76,19 +76,25 @@ TEST(StepGraph, OpsDependenciesAndPlan) {
 TEST(StepGraph, PlannerFillsTheGpu) {
   const ModelConfig c = named_config("llama-3.2-1b");
   const StepTiling t = plan_step_tiling(c, 1, 132);
-  // qkv (24 tiles), o_proj and down (16 each) would need more slices to fill 132 SMs: they get the
-  // cap, 4; gate/up (128 tiles) and the LM head (1002) none.
+  // qkv (24 tiles), o_proj and down (16 each) would need more slices to fill 132 SMs: qkv gets the cap
+  // of the ops whose slices reduce, 4, the residual writers 8; gate/up (128 tiles) and the LM head
+  // (1002) none.
   EXPECT_EQ(t.qkv.split_k, 4);
-  EXPECT_EQ(t.o_proj.split_k, 4);
-  EXPECT_EQ(t.down.split_k, 4);
+  EXPECT_EQ(t.o_proj.split_k, 8);  // residual writers: no reduction, up to 8 slices in one wave
+  EXPECT_EQ(t.down.split_k, 8);
+  const StepTiling t8 = plan_step_tiling(named_config("llama-3-8b"), 1, 132);
+  EXPECT_EQ(t8.o_proj.split_k, 4);  // 32 tiles: 4 slices fill 128 SMs, 5 would need a second wave
+  EXPECT_EQ(t8.down.split_k, 4);
   EXPECT_EQ(t.gate_up.split_k, 1);
   EXPECT_EQ(t.lm_head.split_k, 1);
   EXPECT_EQ(plan_step_tiling(c, 1, 132, 2).qkv.split_k, 2);  // an explicit cap
   EXPECT_EQ(t.attention_tiles, 132);
   for (const Tiling* x : {&t.qkv, &t.o_proj, &t.gate_up, &t.down}) EXPECT_EQ(x->bm, 8);
-  // A batch of 100 takes 128-row tiles and fewer, longer slices.
+  // A batch of 100 takes 256-row tiles (R >= 2B) and fewer, longer slices; 128 is the largest batch.
   const StepTiling big = plan_step_tiling(c, 100, 132);
-  EXPECT_EQ(big.qkv.bm, 128);
+  EXPECT_EQ(big.qkv.bm, 256);
+  EXPECT_EQ(plan_step_tiling(c, 33, 132).qkv.bm, 128);
+  EXPECT_NE(error_of([&] { plan_step_tiling(c, 129, 132); }).find("batch 129"), std::string::npos);
   EXPECT_LE(big.qkv.split_k, t.qkv.split_k);
 }
 

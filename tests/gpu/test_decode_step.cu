@@ -140,11 +140,14 @@ Errors run_against_reference(const StepCase& k, uint64_t seed) {
       per_step.push_back({s, b, err, err_bf16});
       const int mine = argmax(o, V), theirs = argmax(r, V);
       EXPECT_EQ(sampled[b], mine) << "the sampled token is not the argmax of the logits (step " << s << ", sequence " << b << ")";
-      // A token may differ where two of fp32's logits are closer than the errors of the ones compared
-      // can move them: 4x the row's rms error (err x rms(logits)), or 1% of the largest logit.
+      // A token may differ where two of fp32's logits are closer than errors of this step's size can
+      // move them: 4x the row's rms error (err x rms(logits)) -- ours, or the bf16 model's if larger,
+      // as the per-step bound below admits -- or 1% of the largest logit. (Ours alone was 2.5% short
+      // once in a dozen runs of tiny-d128 B = 3: a gap of 0.0335 against 0.0327, the bf16 model's error
+      // 1.5x ours.)
       double peak = 0, ss = 0;
       for (int v = 0; v < V; ++v) peak = std::max(peak, std::abs(double(r[v]))), ss += double(r[v]) * r[v];
-      const double tie = std::max(1e-2 * peak, 4 * err * std::sqrt(ss / V));
+      const double tie = std::max(1e-2 * peak, 4 * std::max(err, err_bf16) * std::sqrt(ss / V));
       ++compared;
       if (mine != theirs) {
         ++near_ties;
@@ -224,10 +227,11 @@ TEST(DecodeStep, LongPromptsSplitAcrossManyTiles) {
   run_against_reference(planned, fresh_seed());
 }
 
-// Odd batch sizes on every activation-row configuration (8 .. 256 rows per tile).
+// Odd batch sizes on the activation-row configurations the other tests leave out (R >= 2B: 16, 64,
+// 128 and 256 rows per tile), up to the largest batch.
 TEST(DecodeStep, BatchSizesAcrossTileHeights) {
   TW_REQUIRE_SM90();
-  for (int batch : {9, 33, 100, 200}) {
+  for (int batch : {6, 20, 33, 100, 128}) {
     StepCase k{named_config("tiny-qwen2"), batch};
     k.max_prompt = 5;
     k.generate = 2;
@@ -345,6 +349,8 @@ TEST(DecodeStep, BadInputIsRefusedBeforeAnyLaunch) {
   DecodeStepOptions opt;
   opt.batch = 0;
   EXPECT_NE(message([&] { DecodeStep s(named_config("tiny-llama"), opt); }).find("batch 0"), std::string::npos);
+  opt.batch = 129;
+  EXPECT_NE(message([&] { DecodeStep s(named_config("tiny-llama"), opt); }).find("batch 129"), std::string::npos);
   opt.batch = 2;
   opt.max_seq_len = 3;
   DecodeStep st(named_config("tiny-llama"), opt);

@@ -16,6 +16,7 @@
 
 #include "tileweave/graph/attention_graph.hpp"
 #include "tileweave/graph/tile_graph.hpp"
+#include "tileweave/kernels/sm90/tile_shape.hpp"
 #include "tileweave/llm/config.hpp"
 #include "tileweave/runtime/exec_plan.hpp"
 
@@ -34,6 +35,12 @@ struct DecodeStepShape {
   DecodeAttentionShape attention(const ModelConfig& c) const;
 };
 
+// The step's largest batch and its weight tiles' activation rows R: a norm consumer's stage (qkv,
+// gate/up, LM head) receives the fp32 rows of the residual stream in its activation bytes (R rows of
+// bf16) and converts them in place, so R >= 2B.
+constexpr int kMaxStepBatch = sm90::kMaxActRows / 2;
+constexpr int step_act_rows(int batch) { return sm90::act_rows_for(2 * int64_t(batch)); }
+
 // The tilings of the step's ops, the same in every layer.
 struct StepTiling {
   Tiling qkv, o_proj, gate_up, down, lm_head;
@@ -41,7 +48,7 @@ struct StepTiling {
   int64_t embed_cols = 0;   // columns per embedding tile
 };
 
-// The planner: sm90 weight tiles (128 weight rows x all batch rows), each op's K cut into the fewest
+// The planner: sm90 weight tiles (128 weight rows x step_act_rows), each op's K cut into the fewest
 // slices that give every SM a tile (no slice under two pipeline stages, none whose fp32 partial
 // outweighs half its weights, at most 4: step_graph.cpp says why), one attention tile per SM (the
 // kernel uses fewer at short contexts: DecodeStepOptions::attention_min_tile_bytes).
