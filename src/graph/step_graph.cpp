@@ -123,13 +123,14 @@ StepGraph build_step_graph(const ModelConfig& c, const DecodeStepShape& s, const
 
   g.tokens = G.add_tensor("tokens", B, 1, 4, TensorRole::Input);
   g.embed_table = G.add_tensor("embed_tokens", V, d, 2, TensorRole::Weight);
-  int x = G.add_tensor("x0", B, d, 2, TensorRole::Intermediate);
-  int x_stats = G.add_tensor("x0.sumsq", B, 1, 4, TensorRole::Intermediate);
-  g.op_embed = G.add_embed("embed", g.tokens, g.embed_table, x, x_stats, t.embed_cols);
+  // The residual stream is fp32; its norm consumers sum its rows' squares as they read whole rows
+  // (decode_step_sm90.hpp), so the graph has no sums-of-squares tensors.
+  int x = G.add_tensor("x0", B, d, 4, TensorRole::Intermediate);
+  g.op_embed = G.add_embed("embed", g.tokens, g.embed_table, x, -1, t.embed_cols);
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
     StepGraph::Layer L;
-    L.x = x, L.x_stats = x_stats;
+    L.x = x;
     L.w_qkv = G.add_tensor(p + "w_qkv", qd + 2 * kvd, d, 2, TensorRole::Weight);
     if (c.qkv_bias) L.b_qkv = G.add_tensor(p + "b_qkv", 1, qd + 2 * kvd, 2, TensorRole::Weight);
     L.qkv = G.add_tensor(p + "qkv", B, qd + 2 * kvd, 2, TensorRole::Intermediate);
@@ -137,16 +138,13 @@ StepGraph build_step_graph(const ModelConfig& c, const DecodeStepShape& s, const
     L.v_cache = G.add_tensor(p + "v_cache", cache_rows, D, 2, TensorRole::Input);
     L.attn = G.add_tensor(p + "attn", B, qd, 2, TensorRole::Intermediate);
     L.w_o = G.add_tensor(p + "w_o", d, qd, 2, TensorRole::Weight);
-    L.x_mid = G.add_tensor(p + "x_mid", B, d, 2, TensorRole::Intermediate);
-    L.mid_stats = G.add_tensor(p + "x_mid.sumsq", B, 1, 4, TensorRole::Intermediate);
+    L.x_mid = G.add_tensor(p + "x_mid", B, d, 4, TensorRole::Intermediate);
     L.w_gate_up = G.add_tensor(p + "w_gate_up", 2 * f, d, 2, TensorRole::Weight);
     L.h = G.add_tensor(p + "h", B, f, 2, TensorRole::Intermediate);
     L.w_down = G.add_tensor(p + "w_down", d, f, 2, TensorRole::Weight);
-    const int x_out = G.add_tensor("x" + std::to_string(l + 1), B, d, 2, TensorRole::Intermediate);
-    const int out_stats = G.add_tensor("x" + std::to_string(l + 1) + ".sumsq", B, 1, 4, TensorRole::Intermediate);
+    const int x_out = G.add_tensor("x" + std::to_string(l + 1), B, d, 4, TensorRole::Intermediate);
 
     GemmExtras qx;
-    qx.row_stats = L.x_stats;
     qx.bias = L.b_qkv;
     // A QKV tile writes the roped k and v of its columns' KV heads into the caches at each sequence's
     // new position (the attention then reads that row like any other).
@@ -170,25 +168,21 @@ StepGraph build_step_graph(const ModelConfig& c, const DecodeStepShape& s, const
 
     GemmExtras ox;
     ox.residual = L.x;
-    ox.out_stats = L.mid_stats;
     L.op_o_proj = G.add_gemm_ex(p + "o_proj", OpKind::Gemm, L.attn, L.w_o, L.x_mid, t.o_proj, ox);
     GemmExtras gx;
-    gx.row_stats = L.mid_stats;
     L.op_gate_up = G.add_gemm_ex(p + "gate_up", OpKind::GemmSiluMul, L.x_mid, L.w_gate_up, L.h, t.gate_up, gx);
     GemmExtras dx;
     dx.residual = L.x_mid;
-    dx.out_stats = out_stats;
     L.op_down = G.add_gemm_ex(p + "down", OpKind::Gemm, L.h, L.w_down, x_out, t.down, dx);
     g.layers.push_back(L);
-    x = x_out, x_stats = out_stats;
+    x = x_out;
   }
-  g.x_final = x, g.final_stats = x_stats;
+  g.x_final = x;
   g.w_lm = G.add_tensor("lm_head", V, d, 2, TensorRole::Weight);
   g.logits = G.add_tensor("logits", B, V, 4, TensorRole::Output);
   // Running maxima of the logits, one 64-bit (value, index) key per row.
   g.maxima = G.add_tensor("logits.max", B, 2, 4, TensorRole::Intermediate);
   GemmExtras lx;
-  lx.row_stats = g.final_stats;
   g.op_lm_head = G.add_gemm_ex("lm_head", OpKind::Gemm, g.x_final, g.w_lm, g.logits, t.lm_head, lx, {g.maxima},
                                [&](Tile& tile) { tile.writes.push_back({g.maxima, 0, B, 0, 2}); });
   g.next = G.add_tensor("next_tokens", B, 1, 4, TensorRole::Output);

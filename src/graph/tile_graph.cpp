@@ -271,17 +271,18 @@ int TileGraph::add_embed(std::string name, int tokens, int table, int out, int s
   check_tensor(tokens, "tokens");
   check_tensor(table, "table");
   check_tensor(out, "out");
-  check_tensor(stats, "stats");
+  if (stats >= 0) check_tensor(stats, "stats");
   check_positive(cols, "columns per tile of op '" + name + "'");
   const Tensor &T = tensors_[tokens], &E = tensors_[table], &C = tensors_[out];
-  if (T.rows != C.rows || T.cols != 1 || E.cols != C.cols || tensors_[stats].rows != C.rows || tensors_[stats].cols != 1)
+  if (T.rows != C.rows || T.cols != 1 || E.cols != C.cols ||
+      (stats >= 0 && (tensors_[stats].rows != C.rows || tensors_[stats].cols != 1)))
     throw InvalidArgument("op '" + name + "': tokens [M, 1], table [V, N], out [M, N] and stats [M, 1] do not fit");
   Op o;
   o.name = std::move(name);
   o.kind = OpKind::Embed;
   o.m = C.rows, o.n = C.cols, o.k = 0;
   o.a = tokens, o.b = table, o.c = out;
-  o.side_outputs = {stats};
+  if (stats >= 0) o.side_outputs = {stats};
   o.tiling = {C.rows, cols, cols, 1, {}};
   o.grid_m = 1, o.grid_n = ceil_div(o.n, cols);
   o.first_tile = num_tiles();
@@ -294,7 +295,7 @@ int TileGraph::add_embed(std::string name, int tokens, int table, int out, int s
     // Which table rows depends on the tokens: the model charges M rows' worth (rows 0..M-1).
     tile.reads.push_back({table, 0, std::min(o.m, E.rows), c0, c1});
     tile.writes.push_back({out, 0, o.m, c0, c1});
-    tile.writes.push_back({stats, 0, o.m, 0, 1});
+    if (stats >= 0) tile.writes.push_back({stats, 0, o.m, 0, 1});
     tiles_.push_back(std::move(tile));
   }
   return finish_op(std::move(o));

@@ -172,8 +172,8 @@ TEST(Fusion, DecodeStep) {
     EXPECT_EQ(edge(es, L.op_qkv, L.op_attention, L.k_cache).cls, EdgeClass::Reorganize);
     EXPECT_EQ(edge(es, L.op_qkv, L.op_attention, L.k_cache).fan_in_max, 1);
     EXPECT_EQ(edge(es, L.op_attention, L.op_o_proj, L.attn).cls, EdgeClass::ManyToMany);
-    // RMSNorm folded into gate/up needs whole rows' sums of squares: a barrier on o_proj.
-    EXPECT_TRUE(edge(es, L.op_o_proj, L.op_gate_up, L.mid_stats).barrier);
+    // gate/up reads whole rows of the stream (its norm needs their sums of squares): a barrier on o_proj.
+    EXPECT_TRUE(edge(es, L.op_o_proj, L.op_gate_up, L.x_mid).barrier);
     EXPECT_EQ(edge(es, L.op_gate_up, L.op_down, L.h).cls, EdgeClass::ManyToMany);
   }
   // The embedding is one tile whose rows every QKV tile reads.

@@ -58,13 +58,13 @@ StepTiling plan_step_tiling(const ModelConfig& c, int batch, int sms, int max_sp
 struct StepGraph {
   TileGraph graph;
   struct Layer {
-    int x = -1, x_stats = -1;  // the layer's input (residual stream) and its rows' sums of squares
+    int x = -1;  // the layer's input: the residual stream (fp32)
     int w_qkv = -1, b_qkv = -1, qkv = -1, k_cache = -1, v_cache = -1, attn = -1;
-    int w_o = -1, x_mid = -1, mid_stats = -1, w_gate_up = -1, h = -1, w_down = -1;
+    int w_o = -1, x_mid = -1, w_gate_up = -1, h = -1, w_down = -1;
     int op_qkv = -1, op_attention = -1, op_o_proj = -1, op_gate_up = -1, op_down = -1;
   };
   std::vector<Layer> layers;
-  int tokens = -1, embed_table = -1, x_final = -1, final_stats = -1, w_lm = -1, logits = -1, maxima = -1, next = -1;
+  int tokens = -1, embed_table = -1, x_final = -1, w_lm = -1, logits = -1, maxima = -1, next = -1;
   int op_embed = -1, op_lm_head = -1, op_sample = -1;
 };
 

@@ -125,7 +125,7 @@ class TileGraph {
   int add_gemm_ex(std::string name, OpKind kind, int a, int b, int c, Tiling t, const GemmExtras& x,
                   const std::vector<int>& side_outputs = {}, const std::function<void(Tile&)>& per_tile = {});
   // Embedding rows: tile c copies columns [c * cols, (c + 1) * cols) of table[token[m]] into out for all
-  // rows m, and adds the rows' sums of squares into stats (out_stats of GemmExtras).
+  // rows m, and (stats >= 0) adds the rows' sums of squares into stats (out_stats of GemmExtras).
   int add_embed(std::string name, int tokens, int table, int out, int stats, int64_t cols);
   // One tile: the greedy token of every row from `maxima` (written by an earlier op's tiles) into out.
   int add_sample(std::string name, int maxima, int out);
