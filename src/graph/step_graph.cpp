@@ -203,4 +203,17 @@ int64_t step_floor_bytes(const ModelConfig& c, const std::vector<int>& seq_lens)
   return c.decode_weight_bytes() + c.kv_bytes(after);
 }
 
+StepCollectives step_collectives(const ModelConfig& c, int tp, int batch) {
+  tensor_parallel_shard(c, tp);  // the same checks
+  if (batch < 1) bad("batch " + std::to_string(batch) + " must be >= 1");
+  StepCollectives k;
+  if (tp == 1) return k;
+  k.all_reduces = 2 * c.num_layers;
+  k.all_reduce_bytes = int64_t(batch) * c.hidden_size * 4;
+  k.all_gathers = 1;
+  k.all_gather_bytes = int64_t(batch) * 8 * tp;
+  k.link_bytes = k.all_reduces * (2 * (tp - 1) * k.all_reduce_bytes / tp) + k.all_gathers * ((tp - 1) * k.all_gather_bytes / tp);
+  return k;
+}
+
 }  // namespace tw

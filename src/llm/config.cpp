@@ -289,7 +289,7 @@ ModelConfig named_config(const std::string& name) {
     c.rope_high_freq_factor = 4;
     c.rope_original_max_pos = original;
   };
-  if (name == "llama-3.2-1b" || name == "llama-3-8b" || name == "llama-3.1-8b") {
+  if (name == "llama-3.2-1b" || name == "llama-3-8b" || name == "llama-3.1-8b" || name == "llama-3-70b") {
     c.family = ModelFamily::Llama;
     c.vocab_size = 128256;
     c.rms_norm_eps = 1e-5;
@@ -303,6 +303,10 @@ ModelConfig named_config(const std::string& name) {
       llama3(32, 8192);
       c.max_position_embeddings = 131072;
       c.tie_word_embeddings = true;
+    } else if (name == "llama-3-70b") {
+      c.hidden_size = 8192, c.intermediate_size = 28672, c.num_layers = 80, c.head_dim = 128;
+      c.num_q_heads = 64;
+      c.max_position_embeddings = 8192;
     } else {
       c.hidden_size = 4096, c.intermediate_size = 14336, c.num_layers = 32, c.head_dim = 128;
       c.max_position_embeddings = 8192;
@@ -355,7 +359,29 @@ ModelConfig named_config(const std::string& name) {
 }
 
 std::vector<std::string> named_config_names() {
-  return {"llama-3.2-1b", "llama-3-8b", "llama-3.1-8b", "qwen2-0.5b", "qwen2-7b", "tiny-llama", "tiny-qwen2"};
+  return {"llama-3.2-1b", "llama-3-8b", "llama-3.1-8b", "llama-3-70b", "qwen2-0.5b", "qwen2-7b", "tiny-llama", "tiny-qwen2"};
+}
+
+ModelConfig tensor_parallel_shard(const ModelConfig& c, int tp) {
+  c.validate();
+  if (tp < 1) throw InvalidArgument("tensor-parallel ranks " + std::to_string(tp) + " must be >= 1");
+  auto need = [&](int64_t v, const char* what) {
+    if (v % tp)
+      throw InvalidArgument(std::string(what) + " " + std::to_string(v) + " is not divisible by " + std::to_string(tp) +
+                            " tensor-parallel ranks");
+  };
+  need(c.num_kv_heads, "num_kv_heads");
+  need(c.num_q_heads, "num_q_heads");
+  need(c.intermediate_size, "intermediate_size");
+  need(c.vocab_size, "vocab_size");
+  ModelConfig s = c;
+  if (tp == 1) return s;
+  s.name = c.name + "/tp" + std::to_string(tp);
+  s.num_q_heads /= tp, s.num_kv_heads /= tp;
+  s.intermediate_size /= tp;
+  s.vocab_size /= tp;
+  s.validate();
+  return s;
 }
 
 std::string hf_config_json(const ModelConfig& c) {

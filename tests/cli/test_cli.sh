@@ -41,6 +41,8 @@ expect_ok "model:  DRAM read" step --model tiny-qwen2 --batch 3 --kv 40 --layout
 expect_json step --model tiny-llama --json
 expect_error "unknown model config 'nope'" step --model nope
 expect_error "batch 0" step --model tiny-llama --batch 0
+expect_ok "all-reduces of 32.8 KB" step --model llama-3-70b --tp 2
+expect_error "num_kv_heads 8 is not divisible by 3" step --model llama-3-70b --tp 3
 expect_ok "grouped:8" orders
 expect_ok "ticket of each output tile" orders --gemm 64x64x64 --tile 16x16x16 --show hilbert
 expect_ok "x bound" sim --model llama3-70b --m 1

@@ -138,6 +138,27 @@ TEST(LlmConfig, NamedConfigValues) {
   EXPECT_EQ(named_config("tiny-llama").rope_original_max_pos, 64);
 }
 
+// One rank's shard under tensor parallelism: heads, FFN columns and vocabulary split, norms whole (so
+// the ranks' weight bytes add up to the model's plus tp - 1 copies of the norms); counts that tp does
+// not divide are named.
+TEST(LlmConfig, TensorParallelShard) {
+  const ModelConfig c = named_config("llama-3-70b");
+  EXPECT_EQ(c.parameter_count(), 70553706496);  // published: 70,553,706,496
+  const ModelConfig s = tensor_parallel_shard(c, 2);
+  EXPECT_EQ(s.name, "llama-3-70b/tp2");
+  EXPECT_EQ(s.num_q_heads, 32);
+  EXPECT_EQ(s.num_kv_heads, 4);
+  EXPECT_EQ(s.intermediate_size, 14336);
+  EXPECT_EQ(s.vocab_size, 64128);
+  EXPECT_EQ(s.hidden_size, c.hidden_size);
+  const int64_t norms = (2 * int64_t(c.num_layers) + 1) * c.hidden_size * 2;
+  EXPECT_EQ(2 * s.decode_weight_bytes() - c.decode_weight_bytes(), norms);
+  EXPECT_EQ(2 * s.kv_bytes({100}), c.kv_bytes({100}));
+  EXPECT_EQ(tensor_parallel_shard(c, 1).num_q_heads, 64);
+  EXPECT_NE(error_of([&] { tensor_parallel_shard(c, 3); }).find("num_kv_heads 8 is not divisible by 3"), std::string::npos);
+  EXPECT_NE(error_of([&] { tensor_parallel_shard(c, 0); }).find("ranks 0"), std::string::npos);
+}
+
 // The published parameter counts: Llama-3.2-1B 1,235,814,400; Llama-3-8B 8,030,261,248; Qwen2-0.5B 494,032,768.
 TEST(LlmConfig, ParameterCountsAndBytes) {
   const ModelConfig l1 = named_config("llama-3.2-1b"), l8 = named_config("llama-3-8b");

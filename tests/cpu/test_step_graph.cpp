@@ -125,6 +125,26 @@ TEST(StepGraph, TrafficModelNearTheFloor) {
   }
 }
 
+// A tensor-parallel step's collectives, per rank: two all-reduces of the fp32 stream per layer and the
+// LM head's maxima gathered once; ring link bytes.
+TEST(StepGraph, TensorParallelCollectives) {
+  const ModelConfig c = named_config("llama-3-70b");
+  const StepCollectives k = step_collectives(c, 2, 1);
+  EXPECT_EQ(k.all_reduces, 160);
+  EXPECT_EQ(k.all_reduce_bytes, 8192 * 4);
+  EXPECT_EQ(k.all_gathers, 1);
+  EXPECT_EQ(k.all_gather_bytes, 16);
+  EXPECT_EQ(k.link_bytes, 160 * 32768 + 8);  // 2 (tp - 1) / tp of each message, (tp - 1) / tp of the gather
+  EXPECT_EQ(step_collectives(c, 1, 4).all_reduces, 0);
+  EXPECT_EQ(step_collectives(c, 4, 16).link_bytes, 160 * (6 * 16 * 8192 * 4 / 4) + 3 * 16 * 8 * 4 / 4);
+  // The shard is a step graph like any other.
+  DecodeStepShape s;
+  s.batch = 1;
+  s.max_seq_len = 64;
+  const ModelConfig shard = tensor_parallel_shard(named_config("tiny-llama"), 2);
+  EXPECT_NO_THROW(build_step_graph(shard, s, {10}, {}, plan_step_tiling(shard, 1, 132)));
+}
+
 TEST(StepGraph, BadInputNamesTheValue) {
   const ModelConfig c = named_config("tiny-llama");
   const StepTiling t = plan_step_tiling(c, 2, 132);

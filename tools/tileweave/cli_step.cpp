@@ -21,12 +21,16 @@ namespace {
 
 struct StepOptions {
   std::string model = "llama-3.2-1b", layout = "contiguous", gpu = "h200", order = "kslices/col_major";
-  int batch = 1, kv = 1024, page_size = 16;
+  int batch = 1, kv = 1024, page_size = 16, tp = 1;
+  double collective_us = 10;
   bool json = false;
 };
 
 void run_step(const StepOptions& o) {
-  const ModelConfig c = std::filesystem::exists(o.model) ? load_hf_config(o.model) : named_config(o.model);
+  const ModelConfig full = std::filesystem::exists(o.model) ? load_hf_config(o.model) : named_config(o.model);
+  const ModelConfig c = tensor_parallel_shard(full, o.tp);  // one rank's (the whole model at --tp 1)
+  const StepCollectives k = step_collectives(full, o.tp, o.batch);
+  if (o.collective_us < 0) throw InvalidArgument("--collective-us " + std::to_string(o.collective_us) + " must be >= 0");
   const GpuPreset gpu = gpu_preset(o.gpu);
   if (o.kv < 1) throw InvalidArgument("--kv " + std::to_string(o.kv) + " must be >= 1 (tokens after the append)");
   DecodeStepShape s;
@@ -58,7 +62,12 @@ void run_step(const StepOptions& o) {
                                 {"model_read_bytes", r.dram_read}, {"model_write_bytes", r.dram_write},
                                 {"model_us", model_us}, {"attention_tiles", t.attention_tiles},
                                 {"splits", {{"qkv", split(t.qkv)}, {"o_proj", split(t.o_proj)},
-                                            {"gate_up", split(t.gate_up)}, {"down", split(t.down)}}}}
+                                            {"gate_up", split(t.gate_up)}, {"down", split(t.down)}}},
+                                {"tp", o.tp},
+                                {"collectives", {{"all_reduces", k.all_reduces}, {"all_reduce_bytes", k.all_reduce_bytes},
+                                                 {"all_gathers", k.all_gathers}, {"all_gather_bytes", k.all_gather_bytes},
+                                                 {"link_bytes", k.link_bytes}, {"collective_us", o.collective_us},
+                                                 {"latency_us", (k.all_reduces + k.all_gathers) * o.collective_us}}}}
                      .dump(2)
               << "\n";
     return;
@@ -73,6 +82,13 @@ void run_step(const StepOptions& o) {
              kvbytes / 1e6, (wbytes + kvbytes) / 1e6, floor_us, gpu.read_tbps);
   fmt::print("  model:  DRAM read {:.1f} MB, write {:.1f} MB ({:.2f}x the floor's bytes), {:.1f} us at that bandwidth\n",
              r.dram_read / 1e6, r.dram_write / 1e6, double(r.dram_read + r.dram_write) / double(wbytes + kvbytes), model_us);
+  if (o.tp > 1)
+    fmt::print("  tensor parallel: the lines above are one rank's of {} (heads {}/{}, ffn {}, vocab {} each); per step\n"
+               "    {} all-reduces of {:.1f} KB (the fp32 stream after o_proj and down) + {} all-gather of {} B, {:.2f} MB\n"
+               "    over each rank's link (ring); at {:.1f} us a collective, {:.0f} us of latency unless overlapped\n",
+               o.tp, c.num_q_heads, c.num_kv_heads, c.intermediate_size, c.vocab_size, k.all_reduces,
+               k.all_reduce_bytes / 1e3, k.all_gathers, k.all_gather_bytes, k.link_bytes / 1e6, o.collective_us,
+               (k.all_reduces + k.all_gathers) * o.collective_us);
   fmt::print("  (simulated in {:.1f} s; the GPU run: build-gpu/bench/bench_decode_step)\n", seconds);
 }
 
@@ -92,6 +108,10 @@ void register_step_command(CLI::App& app) {
   c->add_option("--page-size", o->page_size, "paged: tokens per page")->capture_default_str();
   c->add_option("--gpu", o->gpu, "GPU preset (L2, SMs, read bandwidth)")->capture_default_str();
   c->add_option("--order", o->order, "order spec")->capture_default_str();
+  c->add_option("--tp", o->tp, "tensor-parallel ranks: one rank's shard, and the step's collectives")->capture_default_str();
+  c->add_option("--collective-us", o->collective_us,
+                "latency of one collective for the estimate (an assumption until measured with NCCL on the GPUs)")
+      ->capture_default_str();
   c->add_flag("--json", o->json, "JSON output");
   c->callback([o] { run_step(*o); });
 }

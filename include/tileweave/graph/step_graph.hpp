@@ -82,4 +82,18 @@ std::map<int, SyncSpec> step_sync_policy(const StepGraph& g);
 // of every sequence after its append.
 int64_t step_floor_bytes(const ModelConfig& c, const std::vector<int>& seq_lens);
 
+// The collectives of one tensor-parallel decode step over tp ranks (each rank runs the step of
+// tensor_parallel_shard(c, tp)), per rank: an all-reduce of the fp32 stream [batch, hidden] after
+// every layer's o_proj and down, and one all-gather of the LM head's per-row (value, index) maxima
+// over the vocabulary shards. Ring algorithms: an all-reduce moves 2 (tp - 1) / tp of its message
+// over each rank's link, an all-gather (tp - 1) / tp of the gathered bytes.
+struct StepCollectives {
+  int all_reduces = 0;
+  int64_t all_reduce_bytes = 0;  // one message
+  int all_gathers = 0;
+  int64_t all_gather_bytes = 0;  // one gathered result
+  int64_t link_bytes = 0;        // per rank, the whole step
+};
+StepCollectives step_collectives(const ModelConfig& c, int tp, int batch);
+
 }  // namespace tw

@@ -57,6 +57,12 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& ori
 ModelConfig load_hf_config(const std::string& path);  // a config.json file, or a folder holding one
 ModelConfig named_config(const std::string& name);    // InvalidArgument listing the known names when unknown
 std::vector<std::string> named_config_names();
+// One rank's shard of the model under tensor parallelism over tp ranks, as a model of its own: the
+// query and KV heads (column-parallel q|k|v, row-parallel o_proj), the FFN columns (column-parallel
+// gate/up, row-parallel down) and the vocabulary (embedding and LM head) split tp ways; hidden size,
+// layers and norms whole. Every layer's o_proj and down then end in an all-reduce of the B x hidden
+// stream (step_collectives). InvalidArgument naming a count tp does not divide.
+ModelConfig tensor_parallel_shard(const ModelConfig& c, int tp);
 // A config.json that transformers (4.4x and 5.x) loads as the same model: architectures, model_type,
 // torch_dtype/dtype "bfloat16", hidden_act "silu", rope_theta + rope_scaling (+ rope_parameters for 5.x),
 // head_dim, bos/eos ids, ...
