@@ -95,6 +95,7 @@ StepGraph build_step_graph(const ModelConfig& c, const DecodeStepShape& s, const
   c.validate();
   if (s.batch < 1 || s.batch > kMaxStepBatch)
     bad("batch " + std::to_string(s.batch) + " is outside [1, " + std::to_string(kMaxStepBatch) + "]");
+  if (s.tp < 1) bad("tensor-parallel ranks " + std::to_string(s.tp) + " must be >= 1");
   if (int64_t(seq_lens.size()) != s.batch)
     bad("seq_lens has " + std::to_string(seq_lens.size()) + " entries for batch " + std::to_string(s.batch));
   std::vector<int> after(seq_lens);
@@ -166,14 +167,23 @@ StepGraph build_step_graph(const ModelConfig& c, const DecodeStepShape& s, const
     at.q = L.qkv, at.k_cache = L.k_cache, at.v_cache = L.v_cache, at.out = L.attn;
     L.op_attention = G.add_decode_attention(p + "attention", as, after, page_table, plan, at, kUnit);
 
+    // Under tensor parallelism o_proj and down write the rank's part of the stream (rank 0's with the
+    // residual), and an all-reduce per 128 columns sums the parts into the stream.
+    auto part_of = [&](int x_full, const std::string& name) {
+      return s.tp > 1 ? G.add_tensor(name + ".part", B, d, 4, TensorRole::Intermediate) : x_full;
+    };
     GemmExtras ox;
     ox.residual = L.x;
-    L.op_o_proj = G.add_gemm_ex(p + "o_proj", OpKind::Gemm, L.attn, L.w_o, L.x_mid, t.o_proj, ox);
+    const int mid_part = part_of(L.x_mid, p + "x_mid");
+    L.op_o_proj = G.add_gemm_ex(p + "o_proj", OpKind::Gemm, L.attn, L.w_o, mid_part, t.o_proj, ox);
+    if (s.tp > 1) L.op_o_proj_reduce = G.add_all_reduce(p + "o_proj.all_reduce", mid_part, L.x_mid, s.tp, sm90::kTileRows);
     GemmExtras gx;
     L.op_gate_up = G.add_gemm_ex(p + "gate_up", OpKind::GemmSiluMul, L.x_mid, L.w_gate_up, L.h, t.gate_up, gx);
     GemmExtras dx;
     dx.residual = L.x_mid;
-    L.op_down = G.add_gemm_ex(p + "down", OpKind::Gemm, L.h, L.w_down, x_out, t.down, dx);
+    const int out_part = part_of(x_out, "x" + std::to_string(l + 1));
+    L.op_down = G.add_gemm_ex(p + "down", OpKind::Gemm, L.h, L.w_down, out_part, t.down, dx);
+    if (s.tp > 1) L.op_down_reduce = G.add_all_reduce(p + "down.all_reduce", out_part, x_out, s.tp, sm90::kTileRows);
     g.layers.push_back(L);
     x = x_out;
   }

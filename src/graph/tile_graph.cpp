@@ -30,6 +30,7 @@ const char* to_string(OpKind k) {
     case OpKind::DecodeAttention: return "decode_attention";
     case OpKind::Embed: return "embed";
     case OpKind::Sample: return "sample";
+    case OpKind::AllReduce: return "all_reduce";
   }
   return "?";
 }
@@ -321,6 +322,42 @@ int TileGraph::add_sample(std::string name, int maxima, int out) {
   tile.writes.push_back({out, 0, o.m, 0, 1});
   tiles_.push_back(std::move(tile));
   return finish_op(std::move(o));
+}
+
+int TileGraph::add_all_reduce(std::string name, int a, int c, int ranks, int64_t cols) {
+  check_tensor(a, "a");
+  check_tensor(c, "c");
+  check_positive(cols, "columns per tile of op '" + name + "'");
+  if (ranks < 2) throw InvalidArgument("op '" + name + "': an all-reduce over " + std::to_string(ranks) + " ranks");
+  const Tensor &A = tensors_[a], &C = tensors_[c];
+  if (A.rows != C.rows || A.cols != C.cols)
+    throw InvalidArgument("op '" + name + "': a [M, N] and c [M, N] do not fit");
+  Op o;
+  o.name = std::move(name);
+  o.kind = OpKind::AllReduce;
+  o.m = C.rows, o.n = C.cols, o.k = 0;
+  o.a = a, o.c = c;
+  o.ranks = ranks;
+  o.tiling = {C.rows, cols, cols, 1, {}};
+  o.grid_m = 1, o.grid_n = ceil_div(o.n, cols);
+  o.first_tile = num_tiles();
+  for (int64_t tn = 0; tn < o.grid_n; ++tn) {
+    Tile tile;
+    tile.op = static_cast<int>(ops_.size());
+    tile.tn = tn;
+    const int64_t c0 = tn * cols, c1 = std::min(o.n, c0 + cols);
+    tile.reads.push_back({a, 0, o.m, c0, c1});
+    tile.writes.push_back({c, 0, o.m, c0, c1});
+    tiles_.push_back(std::move(tile));
+  }
+  return finish_op(std::move(o));
+}
+
+int64_t TileGraph::link_bytes() const {
+  int64_t bytes = 0;
+  for (const Op& o : ops_)
+    if (o.kind == OpKind::AllReduce) bytes += 2 * (o.ranks - 1) * (o.m * o.n * tensors_[o.c].elem_bytes) / o.ranks;
+  return bytes;
 }
 
 // A tile depends on every earlier tile whose write overlaps one of its reads (read-after-write).

@@ -137,12 +137,33 @@ TEST(StepGraph, TensorParallelCollectives) {
   EXPECT_EQ(k.link_bytes, 160 * 32768 + 8);  // 2 (tp - 1) / tp of each message, (tp - 1) / tp of the gather
   EXPECT_EQ(step_collectives(c, 1, 4).all_reduces, 0);
   EXPECT_EQ(step_collectives(c, 4, 16).link_bytes, 160 * (6 * 16 * 8192 * 4 / 4) + 3 * 16 * 8 * 4 / 4);
-  // The shard is a step graph like any other.
+  // A rank's graph: the shard's step with an all-reduce after every o_proj and down, between them and
+  // their consumers, moving what step_collectives counts for them.
+  const ModelConfig tiny = named_config("tiny-llama");
+  const ModelConfig shard = tensor_parallel_shard(tiny, 2);
   DecodeStepShape s;
-  s.batch = 1;
+  s.batch = 3;
   s.max_seq_len = 64;
-  const ModelConfig shard = tensor_parallel_shard(named_config("tiny-llama"), 2);
-  EXPECT_NO_THROW(build_step_graph(shard, s, {10}, {}, plan_step_tiling(shard, 1, 132)));
+  s.tp = 2;
+  const StepGraph g = build_step_graph(shard, s, {10, 20, 30}, {}, plan_step_tiling(shard, 3, 132));
+  const StepCollectives want = step_collectives(tiny, 2, 3);
+  EXPECT_EQ(g.graph.link_bytes(), want.all_reduces * (2 * want.all_reduce_bytes / 2));
+  for (const auto& L : g.layers) {
+    ASSERT_GE(L.op_o_proj_reduce, 0);
+    const Op& r = g.graph.op(L.op_o_proj_reduce);
+    EXPECT_EQ(r.kind, OpKind::AllReduce);
+    EXPECT_EQ(r.c, L.x_mid);
+    // gate/up waits for the reduction, which waits for o_proj.
+    const Tile& gu = g.graph.tile(g.graph.op(L.op_gate_up).first_tile);
+    for (int d : gu.deps) EXPECT_NE(g.graph.tile(d).op, L.op_o_proj);
+    bool on_reduce = false;
+    for (int d : gu.deps) on_reduce |= g.graph.tile(d).op == L.op_o_proj_reduce;
+    EXPECT_TRUE(on_reduce);
+    EXPECT_GE(L.op_down_reduce, 0);
+  }
+  s.tp = 0;
+  EXPECT_NE(error_of([&] { build_step_graph(shard, s, {10, 20, 30}, {}, plan_step_tiling(shard, 3, 132)); }).find("ranks 0"),
+            std::string::npos);
 }
 
 TEST(StepGraph, BadInputNamesTheValue) {

@@ -37,6 +37,7 @@ void run_step(const StepOptions& o) {
   s.batch = o.batch;
   s.max_seq_len = (int64_t(o.kv) + 15) / 16 * 16;  // whole 16-token units: the model's blocks of the cache
   s.page_size = o.page_size;
+  s.tp = o.tp;
   s.layout = o.layout == "paged" ? KvLayout::Paged : KvLayout::Contiguous;
   if (o.layout != "paged" && o.layout != "contiguous") throw InvalidArgument("--layout '" + o.layout + "' is not contiguous or paged");
   std::vector<int> table;
@@ -66,7 +67,8 @@ void run_step(const StepOptions& o) {
                                 {"tp", o.tp},
                                 {"collectives", {{"all_reduces", k.all_reduces}, {"all_reduce_bytes", k.all_reduce_bytes},
                                                  {"all_gathers", k.all_gathers}, {"all_gather_bytes", k.all_gather_bytes},
-                                                 {"link_bytes", k.link_bytes}, {"collective_us", o.collective_us},
+                                                 {"link_bytes", k.link_bytes}, {"graph_link_bytes", g.graph.link_bytes()},
+                                                 {"collective_us", o.collective_us},
                                                  {"latency_us", (k.all_reduces + k.all_gathers) * o.collective_us}}}}
                      .dump(2)
               << "\n";
@@ -84,11 +86,12 @@ void run_step(const StepOptions& o) {
              r.dram_read / 1e6, r.dram_write / 1e6, double(r.dram_read + r.dram_write) / double(wbytes + kvbytes), model_us);
   if (o.tp > 1)
     fmt::print("  tensor parallel: the lines above are one rank's of {} (heads {}/{}, ffn {}, vocab {} each); per step\n"
-               "    {} all-reduces of {:.1f} KB (the fp32 stream after o_proj and down) + {} all-gather of {} B, {:.2f} MB\n"
-               "    over each rank's link (ring); at {:.1f} us a collective, {:.0f} us of latency unless overlapped\n",
+               "    {} all-reduces of {:.1f} KB (the fp32 stream after o_proj and down; in the graph as ops of\n"
+               "    128-column tiles, {:.2f} MB over each rank's link) + {} all-gather of {} B, {:.2f} MB in all\n"
+               "    (ring); at {:.1f} us a collective, {:.0f} us of latency unless overlapped\n",
                o.tp, c.num_q_heads, c.num_kv_heads, c.intermediate_size, c.vocab_size, k.all_reduces,
-               k.all_reduce_bytes / 1e3, k.all_gathers, k.all_gather_bytes, k.link_bytes / 1e6, o.collective_us,
-               (k.all_reduces + k.all_gathers) * o.collective_us);
+               k.all_reduce_bytes / 1e3, g.graph.link_bytes() / 1e6, k.all_gathers, k.all_gather_bytes,
+               k.link_bytes / 1e6, o.collective_us, (k.all_reduces + k.all_gathers) * o.collective_us);
   fmt::print("  (simulated in {:.1f} s; the GPU run: build-gpu/bench/bench_decode_step)\n", seconds);
 }
 

@@ -29,6 +29,10 @@ struct DecodeStepShape {
   int64_t max_seq_len = 4096;  // tokens one sequence's cache holds (paged: pages per sequence * page size)
   int page_size = 16;          // paged: tokens per page, a multiple of 16
   int num_pages = 0;           // paged: pages in each layer's pool (0: batch * pages per sequence)
+  // Tensor-parallel ranks: > 1, the graph is one rank's (its config is the rank's shard,
+  // tensor_parallel_shard) and o_proj and down write the rank's part of the stream, which an
+  // all-reduce op sums into the stream.
+  int tp = 1;
   int pages_per_seq() const { return static_cast<int>((max_seq_len + page_size - 1) / page_size); }
   int pool_pages() const { return num_pages > 0 ? num_pages : batch * pages_per_seq(); }
   // The attention op's shape for config c (RoPE is not its business: the QKV epilogue applies it).
@@ -62,6 +66,7 @@ struct StepGraph {
     int w_qkv = -1, b_qkv = -1, qkv = -1, k_cache = -1, v_cache = -1, attn = -1;
     int w_o = -1, x_mid = -1, w_gate_up = -1, h = -1, w_down = -1;
     int op_qkv = -1, op_attention = -1, op_o_proj = -1, op_gate_up = -1, op_down = -1;
+    int op_o_proj_reduce = -1, op_down_reduce = -1;  // tp > 1: the all-reduces after o_proj and down
   };
   std::vector<Layer> layers;
   int tokens = -1, embed_table = -1, x_final = -1, w_lm = -1, logits = -1, maxima = -1, next = -1;

@@ -50,6 +50,8 @@ enum class OpKind {
                     // of a range of (sequence, KV head) pairs, so the writes are not a regular grid
   Embed,            // C[M, N] = table[token[m], :] (column blocks), the rows' sums of squares in stats
   Sample,           // C[M, 1] = the greedy token of each row, from the LM head's running maxima
+  AllReduce,        // C[M, N] = the sum of A[M, N] over `ranks` tensor-parallel ranks (column blocks); a
+                    // ring moves 2 (ranks - 1) / ranks of each block over every rank's link
 };
 const char* to_string(OpKind k);
 
@@ -77,6 +79,7 @@ struct Op {
   int row_stats = -1;          // [M, 1] fp32 sums of squares of A's rows: A is RMS-normalised (the norm's
                                // weight folded into B), rows scaled by rsqrt(stats / K + eps) (-1: none)
   int bias = -1;               // [1, N] added to C (-1: none)
+  int ranks = 1;               // AllReduce: the ranks summed
   // Tensors the op's tiles write besides C, at places no grid describes (a consumer of them depends on
   // every tile whose write overlaps its read): sums of squares accumulated by every tile (stats), the
   // KV-cache rows a QKV projection appends.
@@ -129,6 +132,13 @@ class TileGraph {
   int add_embed(std::string name, int tokens, int table, int out, int stats, int64_t cols);
   // One tile: the greedy token of every row from `maxima` (written by an earlier op's tiles) into out.
   int add_sample(std::string name, int maxima, int out);
+  // The all-reduce of a tensor-parallel rank's part `a` into `c` (both [M, N]) over `ranks` ranks, in
+  // tiles of `cols` columns: tile j reads and writes column block j, so a consumer of a block waits only
+  // for the producers of that block (and their reduction).
+  int add_all_reduce(std::string name, int a, int c, int ranks, int64_t cols);
+  // Bytes the graph's all-reduces move over each rank's link (ring: 2 (ranks - 1) / ranks of each
+  // block's bytes).
+  int64_t link_bytes() const;
   int add_silu_mul(std::string name, int a, int c, int64_t bm, int64_t bn);
   // The P work tiles of a decode-attention plan (defined in attention_graph.cpp). Tile c reads q,
   // k_new, v_new of its pairs and the K/V rows of its units, and writes the output of its whole
