@@ -284,19 +284,25 @@ int TileGraph::add_embed(std::string name, int tokens, int table, int out, int s
   o.m = C.rows, o.n = C.cols, o.k = 0;
   o.a = tokens, o.b = table, o.c = out;
   if (stats >= 0) o.side_outputs = {stats};
-  o.tiling = {C.rows, cols, cols, 1, {}};
+  const int64_t m = o.m, table_rows = std::min(o.m, E.rows);
+  return add_column_op(std::move(o), cols, [&](Tile& tile, int64_t c0, int64_t c1) {
+    tile.reads.push_back({tokens, 0, m, 0, 1});
+    // Which table rows depends on the tokens: the model charges M rows' worth (rows 0..M-1).
+    tile.reads.push_back({table, 0, table_rows, c0, c1});
+    tile.writes.push_back({out, 0, m, c0, c1});
+    if (stats >= 0) tile.writes.push_back({stats, 0, m, 0, 1});
+  });
+}
+
+int TileGraph::add_column_op(Op o, int64_t cols, const std::function<void(Tile&, int64_t, int64_t)>& fill) {
+  o.tiling = {o.m, cols, cols, 1, {}};
   o.grid_m = 1, o.grid_n = ceil_div(o.n, cols);
   o.first_tile = num_tiles();
   for (int64_t tn = 0; tn < o.grid_n; ++tn) {
     Tile tile;
     tile.op = static_cast<int>(ops_.size());
     tile.tn = tn;
-    const int64_t c0 = tn * cols, c1 = std::min(o.n, c0 + cols);
-    tile.reads.push_back({tokens, 0, o.m, 0, 1});
-    // Which table rows depends on the tokens: the model charges M rows' worth (rows 0..M-1).
-    tile.reads.push_back({table, 0, std::min(o.m, E.rows), c0, c1});
-    tile.writes.push_back({out, 0, o.m, c0, c1});
-    if (stats >= 0) tile.writes.push_back({stats, 0, o.m, 0, 1});
+    fill(tile, tn * cols, std::min(o.n, (tn + 1) * cols));
     tiles_.push_back(std::move(tile));
   }
   return finish_op(std::move(o));
@@ -338,19 +344,11 @@ int TileGraph::add_all_reduce(std::string name, int a, int c, int ranks, int64_t
   o.m = C.rows, o.n = C.cols, o.k = 0;
   o.a = a, o.c = c;
   o.ranks = ranks;
-  o.tiling = {C.rows, cols, cols, 1, {}};
-  o.grid_m = 1, o.grid_n = ceil_div(o.n, cols);
-  o.first_tile = num_tiles();
-  for (int64_t tn = 0; tn < o.grid_n; ++tn) {
-    Tile tile;
-    tile.op = static_cast<int>(ops_.size());
-    tile.tn = tn;
-    const int64_t c0 = tn * cols, c1 = std::min(o.n, c0 + cols);
-    tile.reads.push_back({a, 0, o.m, c0, c1});
-    tile.writes.push_back({c, 0, o.m, c0, c1});
-    tiles_.push_back(std::move(tile));
-  }
-  return finish_op(std::move(o));
+  const int64_t m = o.m;
+  return add_column_op(std::move(o), cols, [&](Tile& tile, int64_t c0, int64_t c1) {
+    tile.reads.push_back({a, 0, m, c0, c1});
+    tile.writes.push_back({c, 0, m, c0, c1});
+  });
 }
 
 int64_t TileGraph::link_bytes() const {

@@ -170,6 +170,9 @@ class TileGraph {
   void check_tensor(int id, const char* what) const;
   int add_gemm_op(Op o, const std::function<void(Tile&)>& per_tile = {});  // tiles of a Gemm or GemmSiluMul op
   int finish_op(Op o);  // registers o, whose tiles were just appended, and derives their dependencies
+  // An op of column blocks (all M rows, `cols` columns a tile: embed, all-reduce): o's tiling and grid
+  // set, tile tn given its reads and writes by fill(tile, c0, c1), then finish_op.
+  int add_column_op(Op o, int64_t cols, const std::function<void(Tile&, int64_t, int64_t)>& fill);
   void derive_deps(int first_new_tile);
   std::vector<Tensor> tensors_;
   std::vector<Op> ops_;
