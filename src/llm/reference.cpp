@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 namespace tw {
 
@@ -256,6 +257,59 @@ std::vector<float> reference_forward(const ModelConfig& c, const HostWeights& w,
   for (int64_t t = 0; t < T; ++t) reference_rms_norm(&x[t * d], norm, d, c.rms_norm_eps, &xn[t * d]);
   std::vector<float> logits(T * V);
   linear(w.lm_head().data(), nullptr, V, d, xn.data(), T, logits.data());
+  return logits;
+}
+
+std::vector<float> reference_forward_tp(const ModelConfig& c, const HostWeights& w, const std::vector<int32_t>& tokens,
+                                        int tp, ReferencePrecision precision) {
+  const ModelConfig s = tensor_parallel_shard(c, tp);
+  std::vector<HostWeights> ranks;
+  for (int r = 0; r < tp; ++r) ranks.push_back(tensor_parallel_weights(w, c, tp, r));
+  const PrecisionScope scope(precision);
+  if (tokens.empty()) throw InvalidArgument("reference_forward_tp: no tokens");
+  const int64_t T = static_cast<int64_t>(tokens.size()), d = c.hidden_size, V = c.vocab_size, Vs = s.vocab_size;
+  const int64_t qd = s.q_dim(), kvd = s.kv_dim();
+  const std::vector<float> inv_freq = c.rope_inv_freq();
+  std::vector<float> x(T * d), xn(T * d), q(T * qd), K(T * kvd), Vv(T * kvd), att(T * qd), o(T * d), sum(T * d), g, u;
+  for (int64_t t = 0; t < T; ++t) {
+    if (tokens[t] < 0 || tokens[t] >= V)
+      throw InvalidArgument("token " + std::to_string(tokens[t]) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
+    embed(s, ranks[tokens[t] / Vs], tokens[t] % Vs, &x[t * d]);
+  }
+  // Every rank's partial output of one row-parallel op, summed (the all-reduce).
+  auto all_reduce = [&](const std::function<void(int)>& partial) {
+    std::fill(sum.begin(), sum.end(), 0.0f);
+    for (int r = 0; r < tp; ++r) {
+      partial(r);
+      for (int64_t i = 0; i < T * d; ++i) sum[i] += o[i];
+    }
+  };
+  for (int l = 0; l < c.num_layers; ++l) {
+    const std::string p = layer_prefix(l);
+    const uint16_t* ln1 = w.at(p + "input_layernorm.weight").data();
+    for (int64_t t = 0; t < T; ++t) reference_rms_norm(&x[t * d], ln1, d, c.rms_norm_eps, &xn[t * d]);
+    all_reduce([&](int r) {
+      qkv(s, ranks[r], p, xn.data(), T, q.data(), K.data(), Vv.data());
+      for (int64_t t = 0; t < T; ++t) {
+        rope_heads(&q[t * qd], s.num_q_heads, s.head_dim, t, inv_freq);
+        rope_heads(&K[t * kvd], s.num_kv_heads, s.head_dim, t, inv_freq);
+      }
+      for (int64_t t = 0; t < T; ++t) attend(s, &q[t * qd], K.data(), Vv.data(), t + 1, &att[t * qd]);
+      linear(ranks[r].at(p + "self_attn.o_proj.weight").data(), nullptr, d, qd, att.data(), T, o.data());
+    });
+    add_residual(x.data(), sum.data(), T * d);
+    const uint16_t* ln2 = w.at(p + "post_attention_layernorm.weight").data();
+    for (int64_t t = 0; t < T; ++t) reference_rms_norm(&x[t * d], ln2, d, c.rms_norm_eps, &xn[t * d]);
+    all_reduce([&](int r) { mlp(s, ranks[r], p, xn.data(), T, o.data(), g, u); });
+    add_residual(x.data(), sum.data(), T * d);
+  }
+  const uint16_t* norm = w.at("model.norm.weight").data();
+  for (int64_t t = 0; t < T; ++t) reference_rms_norm(&x[t * d], norm, d, c.rms_norm_eps, &xn[t * d]);
+  std::vector<float> logits(T * V), part(T * Vs);
+  for (int r = 0; r < tp; ++r) {  // the all-gather of the vocabulary blocks
+    linear(ranks[r].lm_head().data(), nullptr, Vs, d, xn.data(), T, part.data());
+    for (int64_t t = 0; t < T; ++t) std::copy_n(&part[t * Vs], Vs, &logits[t * V + r * Vs]);
+  }
   return logits;
 }
 

@@ -111,6 +111,29 @@ HostWeights random_weights(const ModelConfig& c, uint64_t seed, float stddev) {
   return w;
 }
 
+HostWeights tensor_parallel_weights(const HostWeights& w, const ModelConfig& c, int tp, int rank) {
+  const ModelConfig s = tensor_parallel_shard(c, tp);
+  if (rank < 0 || rank >= tp)
+    throw InvalidArgument("rank " + std::to_string(rank) + " is outside [0, " + std::to_string(tp) + ")");
+  w.check(c);
+  std::map<std::string, std::vector<int64_t>> full;
+  for (const WeightSpec& f : expected_weights(c)) full[f.name] = f.shape;
+  HostWeights out;
+  // Every split is into tp equal blocks of whole heads, columns or vocabulary rows: the rank's block of a
+  // dimension the shard has smaller starts at rank x the shard's extent.
+  for (const WeightSpec& p : expected_weights(s)) {
+    const std::vector<uint16_t>& t = w.at(p.name);
+    const std::vector<int64_t>& fs = full.at(p.name);
+    std::vector<uint16_t> part(static_cast<size_t>(p.numel()));
+    const int64_t rows = p.shape[0], cols = p.shape.size() > 1 ? p.shape[1] : 1, full_cols = fs.size() > 1 ? fs[1] : 1;
+    const int64_t r0 = rows < fs[0] ? rank * rows : 0, c0 = cols < full_cols ? rank * cols : 0;
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy_n(t.begin() + (r0 + r) * full_cols + c0, cols, part.begin() + r * cols);
+    out.tensors.emplace(p.name, std::move(part));
+  }
+  return out;
+}
+
 HostWeights load_weights(const SafetensorsModel& m, const ModelConfig& c) {
   HostWeights w;
   for (const WeightSpec& s : expected_weights(c)) w.tensors.emplace(s.name, m.read_bf16(s.name, s.shape));

@@ -170,3 +170,46 @@ TEST(LlmWeights, LoadChecksEveryTensor) {
   e = error_of([&] { broken.check(c); });
   EXPECT_NE(e.find(turned), std::string::npos) << e;
 }
+
+// Tensor-parallel weights: each rank's shard checks against its config, the ranks' q/k/v rows (and
+// biases) stack back into the model's, norms are whole, and the row-parallel o_proj and down sum over
+// the ranks to the model's products (each rank fed its block of the attention output / h). tiny-qwen2
+// with 7 query heads on 1 KV head cannot be split in two; tiny-llama (8 / 2 heads) can.
+TEST(LlmWeights, TensorParallelWeights) {
+  const ModelConfig c = named_config("tiny-llama");
+  const HostWeights w = random_weights(c, 11);
+  const int tp = 2;
+  std::vector<HostWeights> ranks;
+  for (int r = 0; r < tp; ++r) {
+    ranks.push_back(tensor_parallel_weights(w, c, tp, r));
+    EXPECT_NO_THROW(ranks.back().check(tensor_parallel_shard(c, tp)));
+  }
+  const std::string p = "model.layers.1.";
+  for (const char* name : {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "mlp.gate_proj.weight"}) {
+    std::vector<uint16_t> stacked;
+    for (const HostWeights& h : ranks) stacked.insert(stacked.end(), h.at(p + name).begin(), h.at(p + name).end());
+    EXPECT_EQ(stacked, w.at(p + name)) << name;
+  }
+  EXPECT_EQ(ranks[1].at(p + "post_attention_layernorm.weight"), w.at(p + "post_attention_layernorm.weight"));
+  const int64_t d = c.hidden_size;
+  for (const auto& [name, k] : {std::pair<const char*, int64_t>{"self_attn.o_proj.weight", c.q_dim()},
+                                std::pair<const char*, int64_t>{"mlp.down_proj.weight", c.intermediate_size}}) {
+    std::vector<double> a(static_cast<size_t>(k));
+    for (int64_t i = 0; i < k; ++i) a[i] = std::sin(0.37 * double(i) + 1.0);
+    const std::vector<uint16_t>& full = w.at(p + name);
+    const int64_t ks = k / tp;
+    for (int64_t row = 0; row < d; row += 37) {
+      double want = 0, got = 0;
+      for (int64_t i = 0; i < k; ++i) want += double(bf16_to_float(full[row * k + i])) * a[i];
+      for (int r = 0; r < tp; ++r) {
+        const std::vector<uint16_t>& part = ranks[r].at(p + name);
+        for (int64_t i = 0; i < ks; ++i) got += double(bf16_to_float(part[row * ks + i])) * a[r * ks + i];
+      }
+      EXPECT_NEAR(got, want, 1e-9 * (1 + std::abs(want))) << name << " row " << row;
+    }
+  }
+  EXPECT_NE(error_of([&] { tensor_parallel_weights(w, c, tp, 2); }).find("rank 2"), std::string::npos);
+  EXPECT_NE(error_of([&] { tensor_parallel_weights(random_weights(named_config("tiny-qwen2"), 1), named_config("tiny-qwen2"), 2, 0); })
+                .find("num_kv_heads 1 is not divisible by 2"),
+            std::string::npos);
+}

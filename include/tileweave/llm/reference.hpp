@@ -63,6 +63,15 @@ class ReferenceDecoder {
 std::vector<float> reference_forward(const ModelConfig& c, const HostWeights& w, const std::vector<int32_t>& tokens,
                                      ReferencePrecision precision = ReferencePrecision::Bf16);
 
+// The same forward under tensor parallelism over tp ranks, one process standing in for all of them:
+// each rank runs its shard (tensor_parallel_shard, tensor_parallel_weights) and the all-reduces are sums
+// -- the embedding's (vocabulary-parallel: the rank holding a token's row gives it), o_proj's and
+// down's partial outputs before the residual adds -- and the LM head's vocabulary blocks are gathered.
+// At Fp32 it matches reference_forward to float rounding (the sums only change the order of additions);
+// at Bf16 each rank's partial output is rounded before the sum.
+std::vector<float> reference_forward_tp(const ModelConfig& c, const HostWeights& w, const std::vector<int32_t>& tokens,
+                                        int tp, ReferencePrecision precision = ReferencePrecision::Fp32);
+
 // The building blocks, exposed so tests can check them against textbook formulas.
 // RMSNorm of x[0, n) into out (may alias x), rounded as described above.
 void reference_rms_norm(const float* x, const uint16_t* weight, int64_t n, double eps, float* out);

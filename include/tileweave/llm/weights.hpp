@@ -37,6 +37,11 @@ struct HostWeights {
 // Deterministic for a seed on every platform (std::mt19937_64 and our own polar method, not std::normal_distribution,
 // whose algorithm the standard leaves open).
 HostWeights random_weights(const ModelConfig& c, uint64_t seed, float stddev = 0.02f);
+// Rank `rank`'s weights under tensor parallelism over tp ranks, for tensor_parallel_shard(c, tp): the
+// rank's block of rows of q/k/v (its heads), gate/up, the embedding and the LM head, its block of
+// columns of o_proj and down; norms whole. Summing the ranks' o_proj (down) outputs over their
+// blocks of the attention output (h) gives the whole model's.
+HostWeights tensor_parallel_weights(const HostWeights& w, const ModelConfig& c, int tp, int rank);
 HostWeights load_weights(const SafetensorsModel& m, const ModelConfig& c);  // every expected tensor, shapes checked
 // Writes folder/config.json (hf_config_json) and folder/model.safetensors (bf16, metadata format "pt"): a model
 // folder transformers loads. Creates the folder if needed.
