@@ -127,7 +127,7 @@ StepGraph build_step_graph(const ModelConfig& c, const DecodeStepShape& s, const
   // The residual stream is fp32; its norm consumers sum its rows' squares as they read whole rows
   // (decode_step_sm90.hpp), so the graph has no sums-of-squares tensors.
   int x = G.add_tensor("x0", B, d, 4, TensorRole::Intermediate);
-  g.op_embed = G.add_embed("embed", g.tokens, g.embed_table, x, -1, t.embed_cols);
+  g.op_embed = G.add_embed("embed", g.tokens, g.embed_table, x, t.embed_cols);
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
     StepGraph::Layer L;

@@ -168,23 +168,17 @@ int TileGraph::add_gemm_ex(std::string name, OpKind kind, int a, int b, int c, T
                             std::to_string(cols));
   };
   expect(x.residual, "residual", C.rows, C.cols);
-  expect(x.row_stats, "row_stats", A.rows, 1);
   expect(x.bias, "bias", 1, C.cols);
-  expect(x.out_stats, "out_stats", C.rows, 1);
   Op o;
   o.name = std::move(name);
   o.kind = kind;
   o.m = A.rows, o.n = C.cols, o.k = A.cols;
   o.a = a, o.b = b, o.c = c;
-  o.residual = x.residual, o.row_stats = x.row_stats, o.bias = x.bias;
+  o.residual = x.residual, o.bias = x.bias;
   o.side_outputs = side_outputs;
-  if (x.out_stats >= 0) o.side_outputs.push_back(x.out_stats);
   for (int id : o.side_outputs) check_tensor(id, "side output");
   o.tiling = t;
-  return add_gemm_op(std::move(o), [&, out_stats = x.out_stats](Tile& tile) {
-    if (out_stats >= 0) tile.writes.push_back({out_stats, tile.reads[0].r0, tile.reads[0].r1, 0, 1});
-    if (per_tile) per_tile(tile);
-  });
+  return add_gemm_op(std::move(o), per_tile);
 }
 
 // Cuts a GEMM-like op into (tm, tn, ks) tiles. A tile reads its A panel and the B rows of its
@@ -214,7 +208,6 @@ int TileGraph::add_gemm_op(Op o, const std::function<void(Tile&)>& per_tile) {
         tile.reads.push_back({o.b, c0, c1, tile.k0, tile.k1});
         if (gated) tile.reads.push_back({o.b, o.n + c0, o.n + c1, tile.k0, tile.k1});
         if (o.residual >= 0) tile.reads.push_back({o.residual, r0, r1, c0, c1});
-        if (o.row_stats >= 0) tile.reads.push_back({o.row_stats, r0, r1, 0, 1});
         if (o.bias >= 0) tile.reads.push_back({o.bias, 0, 1, c0, c1});
         if (t.split_k > 1) {
           tile.writes.push_back({o.workspace, r0, r1, c0, c1});
@@ -268,29 +261,25 @@ int TileGraph::add_silu_mul(std::string name, int a, int c, int64_t bm, int64_t 
   return finish_op(std::move(o));
 }
 
-int TileGraph::add_embed(std::string name, int tokens, int table, int out, int stats, int64_t cols) {
+int TileGraph::add_embed(std::string name, int tokens, int table, int out, int64_t cols) {
   check_tensor(tokens, "tokens");
   check_tensor(table, "table");
   check_tensor(out, "out");
-  if (stats >= 0) check_tensor(stats, "stats");
   check_positive(cols, "columns per tile of op '" + name + "'");
   const Tensor &T = tensors_[tokens], &E = tensors_[table], &C = tensors_[out];
-  if (T.rows != C.rows || T.cols != 1 || E.cols != C.cols ||
-      (stats >= 0 && (tensors_[stats].rows != C.rows || tensors_[stats].cols != 1)))
-    throw InvalidArgument("op '" + name + "': tokens [M, 1], table [V, N], out [M, N] and stats [M, 1] do not fit");
+  if (T.rows != C.rows || T.cols != 1 || E.cols != C.cols)
+    throw InvalidArgument("op '" + name + "': tokens [M, 1], table [V, N] and out [M, N] do not fit");
   Op o;
   o.name = std::move(name);
   o.kind = OpKind::Embed;
   o.m = C.rows, o.n = C.cols, o.k = 0;
   o.a = tokens, o.b = table, o.c = out;
-  if (stats >= 0) o.side_outputs = {stats};
   const int64_t m = o.m, table_rows = std::min(o.m, E.rows);
   return add_column_op(std::move(o), cols, [&](Tile& tile, int64_t c0, int64_t c1) {
     tile.reads.push_back({tokens, 0, m, 0, 1});
     // Which table rows depends on the tokens: the model charges M rows' worth (rows 0..M-1).
     tile.reads.push_back({table, 0, table_rows, c0, c1});
     tile.writes.push_back({out, 0, m, c0, c1});
-    if (stats >= 0) tile.writes.push_back({stats, 0, m, 0, 1});
   });
 }
 
@@ -362,7 +351,7 @@ int64_t TileGraph::link_bytes() const {
 // All writers of a tensor belong to one op. A GEMM-like producer's C has a regular output grid, so the
 // candidate producers of a region are found by index arithmetic and then confirmed by exact overlap:
 // linear in the number of edges, not quadratic in tiles. Writes on no grid (decode-attention tiles
-// write pair ranges; stats and KV-cache appends are an op's side outputs) test every writer.
+// write pair ranges; KV-cache appends and maxima are an op's side outputs) test every writer.
 void TileGraph::derive_deps(int first_new_tile) {
   const int op_id = tiles_[first_new_tile].op;
   auto overlapping = [&](int w, const Region& r) {

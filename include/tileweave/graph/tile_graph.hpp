@@ -48,7 +48,7 @@ enum class OpKind {
   DecodeAttention,  // split-KV decode attention (graph/attention_graph.hpp): C = out [B, Hq*D]; its
                     // tiles form a 1 x P grid (tile c at tm = 0, tn = c), each writing the output
                     // of a range of (sequence, KV head) pairs, so the writes are not a regular grid
-  Embed,            // C[M, N] = table[token[m], :] (column blocks), the rows' sums of squares in stats
+  Embed,            // C[M, N] = table[token[m], :] (column blocks)
   Sample,           // C[M, 1] = the greedy token of each row, from the LM head's running maxima
   AllReduce,        // C[M, N] = the sum of A[M, N] over `ranks` tensor-parallel ranks (column blocks); a
                     // ring moves 2 (ranks - 1) / ranks of each block over every rank's link
@@ -76,13 +76,11 @@ struct Op {
   Tiling tiling;
   int a = -1, b = -1, c = -1;  // tensor ids
   int residual = -1;           // Gemm: R [M, N] added to C in the epilogue (-1: none)
-  int row_stats = -1;          // [M, 1] fp32 sums of squares of A's rows: A is RMS-normalised (the norm's
-                               // weight folded into B), rows scaled by rsqrt(stats / K + eps) (-1: none)
   int bias = -1;               // [1, N] added to C (-1: none)
   int ranks = 1;               // AllReduce: the ranks summed
   // Tensors the op's tiles write besides C, at places no grid describes (a consumer of them depends on
-  // every tile whose write overlaps its read): sums of squares accumulated by every tile (stats), the
-  // KV-cache rows a QKV projection appends.
+  // every tile whose write overlaps its read): the KV-cache rows a QKV projection appends, the LM
+  // head's running maxima.
   std::vector<int> side_outputs;
   int workspace = -1;          // fp32 split-K accumulator [M, N] ([M, 2N] gate|up) when split_k > 1:
                                // every slice adds into it; the last slice to finish writes C
@@ -108,8 +106,7 @@ struct Tile {
 
 // The optional parts of a GEMM op (Op says what each is).
 struct GemmExtras {
-  int residual = -1, row_stats = -1, bias = -1;
-  int out_stats = -1;  // [M, 1] fp32: sums of squares of C's rows, accumulated by every tile
+  int residual = -1, bias = -1;
 };
 
 struct DecodeAttentionShape;
@@ -128,8 +125,8 @@ class TileGraph {
   int add_gemm_ex(std::string name, OpKind kind, int a, int b, int c, Tiling t, const GemmExtras& x,
                   const std::vector<int>& side_outputs = {}, const std::function<void(Tile&)>& per_tile = {});
   // Embedding rows: tile c copies columns [c * cols, (c + 1) * cols) of table[token[m]] into out for all
-  // rows m, and (stats >= 0) adds the rows' sums of squares into stats (out_stats of GemmExtras).
-  int add_embed(std::string name, int tokens, int table, int out, int stats, int64_t cols);
+  // rows m.
+  int add_embed(std::string name, int tokens, int table, int out, int64_t cols);
   // One tile: the greedy token of every row from `maxima` (written by an earlier op's tiles) into out.
   int add_sample(std::string name, int maxima, int out);
   // The all-reduce of a tensor-parallel rank's part `a` into `c` (both [M, N]) over `ranks` ranks, in
