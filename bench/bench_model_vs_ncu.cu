@@ -28,6 +28,7 @@
 #include "tileweave/model/l2_model.hpp"
 #include "tileweave/model/presets.hpp"
 #include "tileweave/model/time_model.hpp"
+#include "tileweave/model/validation.hpp"
 #include "tileweave/ops/decode_gemm.hpp"
 #include "tileweave/ops/ffn.hpp"
 #include "tileweave/order/orders.hpp"
@@ -39,16 +40,9 @@ using bf16 = __nv_bfloat16;
 
 namespace {
 
-struct Shape {
-  std::string op, name;  // op: "ffn" | "gemm"
-  int64_t d = 0, f = 0;  // ffn: hidden, intermediate; gemm: N = f, K = d
-};
-
-const std::vector<Shape> kShapes = {
-    {"ffn", "llama3-8b", 4096, 14336},     {"ffn", "qwen2-7b", 3584, 18944},
-    {"gemm", "8b-gate-up", 4096, 28672},   {"gemm", "8b-down", 14336, 4096},
-};
-const std::vector<std::string> kOrders = {"row_major", "col_major", "grouped:8", "hilbert", "kslices/col_major", "search"};
+// The grid (shapes, orders) and the model's columns come from model/validation.hpp, which
+// `tileweave validate` uses to recompute them on a CPU.
+using Shape = ValidationShape;
 
 // The executor object of one case, behind one interface.
 struct Runner {
@@ -94,7 +88,7 @@ int main(int argc, char** argv) {
     char* flush;
     TW_CUDA_CHECK(cudaMalloc(&flush, flush_bytes));
     int case_id = 0;
-    for (const Shape& s : kShapes)
+    for (const Shape& s : validation_shapes())
       for (int m : parse_counts(ms_arg, "--ms")) {
         // Operands for the largest use of this shape and M.
         const int64_t n1 = s.op == "ffn" ? 2 * s.f : s.f;
@@ -106,7 +100,7 @@ int main(int argc, char** argv) {
         fill_noise_bf16(w0, n1 * s.d, 17, 0.02f);
         if (w1) fill_noise_bf16(w1, s.d * s.f, 18, 0.02f);
         fill_noise_bf16(x, m * s.d, 19, 1.f);
-        for (const std::string& order : kOrders) {
+        for (const std::string& order : validation_orders()) {
           if (quick && order != "col_major" && order != "kslices/col_major") continue;
           Runner r;
           auto make = [&](const std::string& spec, const Schedule* sched) {
@@ -172,13 +166,23 @@ int main(int argc, char** argv) {
             std::printf("CASE %d %s %s m=%d %s\n", case_id++, s.op.c_str(), s.name.c_str(), m, order.c_str());
             continue;
           }
-          cc.in_flight = r.grid;
-          const TrafficReport simple = simulate(*r.graph, r.schedule, cc);
-          CacheConfig pc = cc;
-          pc.l2 = L2Kind::Partitioned;
-          pc.part = preset.l2;
-          const TrafficReport part = simulate(*r.graph, r.schedule, pc);
-          const TimePrediction t = predict_time(part, time_params(preset, r.grid));
+          // The host's rebuild of this case (what `tileweave validate` models) must be the graph the
+          // executor runs; say so where it is not.
+          std::string why;
+          try {
+            const ValidationCase host = make_validation_case(s, m, label, gpu.prop.multiProcessorCount);
+            if (!validation_graphs_match(*r.graph, host.graph, &why) || host.schedule.order != r.schedule.order)
+              std::printf("warning: %s M=%d %s: the host rebuild differs from the executor's graph or schedule (%s)\n",
+                          s.name.c_str(), m, label.c_str(), why.empty() ? "schedule" : why.c_str());
+          } catch (const InvalidArgument&) {  // an annealed search order ("search") is no spec to rebuild
+            std::printf("note: %s M=%d: order '%s' cannot be rebuilt on the host\n", s.name.c_str(), m, label.c_str());
+          }
+          GpuPreset model_gpu = preset;
+          model_gpu.l2_bytes = gpu.prop.l2CacheSize;
+          const ValidationModel vm = model_validation_case(*r.graph, r.schedule, r.grid, model_gpu);
+          const TrafficReport& simple = vm.simple;
+          const TrafficReport& part = vm.partitioned;
+          const TimePrediction& t = vm.time;
           // Measured: 5 cold launches, median.
           cudaEvent_t e0, e1;
           TW_CUDA_CHECK(cudaEventCreate(&e0));

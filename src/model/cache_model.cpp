@@ -42,6 +42,8 @@ void CacheConfig::validate() const {
     throw InvalidArgument("step jitter " + to_text(part.step_jitter) + " must be in [0, 1)");
   if (!(part.sm_skew >= 0 && part.sm_skew < 1))
     throw InvalidArgument("SM speed skew " + to_text(part.sm_skew) + " must be in [0, 1)");
+  if (!(part.weight_push >= 0 && part.weight_push <= 1))
+    throw InvalidArgument("L2 weight push " + to_text(part.weight_push) + " must be in [0, 1]");
 }
 
 namespace {

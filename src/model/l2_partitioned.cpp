@@ -60,6 +60,7 @@ class LruStack {
   }
   // Bytes of the entries used after time t.
   double after(int64_t t) const { return total_ - prefix(t + 1); }
+  double total() const { return total_; }
   // Moves entry e (size bytes, last use `last`, -1 if absent) to the front; returns its new time.
   template <class Renumber>
   int64_t touch(int64_t e, int64_t last, double bytes, Renumber&& renumber) {
@@ -123,7 +124,16 @@ class PartitionedCache {
     const int64_t n = dram_.num_blocks();
     last_.assign(n * kinds_, -1);
     dirty_.assign(n * kinds_, 0.0);
-    for (LruStack& s : lru_) s.init(n * kinds_ / parts_);
+    // Classes: 1 = streamed with the evict-first policy (weights, with L2Params::evict_first_weights), else 0.
+    cls_.assign(n, 0);
+    if (c.part.evict_first_weights)
+      for (int64_t b = 0; b < n; ++b) cls_[b] = g.tensor(dram_.block_tensor(b)).role == TensorRole::Weight;
+    two_classes_ = c.part.evict_first_weights;
+    for (int p = 0; p < 2; ++p) {
+      lru_[p][0].init(n * kinds_ / parts_);
+      if (two_classes_) lru_[p][1].init(n * kinds_ / parts_), all_[p].init(n * kinds_ / parts_);
+    }
+    if (two_classes_) last_all_.assign(n * kinds_, -1);
     per_tensor_.resize(g.tensors().size());
     per_op_.resize(g.ops().size());
   }
@@ -206,9 +216,20 @@ class PartitionedCache {
   int64_t entry(int64_t block, int kind) const { return block * kinds_ + kind; }
   // Kinds 0, 1: the halves homed in partitions 0, 1; 2, 3: copies held in partitions 0, 1.
   double occupancy(int64_t e) const { return double(occ_.block_bytes(e / kinds_)) * half_; }
+  // The fraction of entry e (held in partition `part`) evicted since its last use. With
+  // L2Params::evict_first_weights, weight lines (class 1) are chosen first as victims, so they never
+  // push the other lines out: a class-0 line's stack distance counts class-0 bytes only, while a
+  // weight line's counts everything touched since its last use (it is as exposed as under plain
+  // LRU). Without it every line's distance counts everything (all entries are class 0).
   double miss(int64_t e, int part) const {
     if (last_[e] < 0) return 1.0;
-    return 1.0 - l2_survival((lru_[part].after(last_[e]) + occupancy(e)) / cap_, c_.part.ways);
+    const bool weight = cls_[e / kinds_] != 0;
+    double d = weight ? 0.0 : lru_[part][0].after(last_[e]);
+    if (two_classes_) {
+      const double all = all_[part].after(last_all_[e]);
+      d = weight ? all : d + c_.part.weight_push * (all - d);
+    }
+    return 1.0 - l2_survival((d + occupancy(e)) / cap_, c_.part.ways);
   }
   // `bytes` of entry e's dirty data were evicted since its last use: they went to DRAM then.
   void write_back(int64_t e, double bytes, int op) {
@@ -219,15 +240,21 @@ class PartitionedCache {
     total_.write += w;
   }
   void touch(int64_t e, int part) {
-    last_[e] = lru_[part].touch(e, last_[e], occupancy(e), [&](int64_t x, int64_t t) {
+    last_[e] = lru_[part][cls_[e / kinds_]].touch(e, last_[e], occupancy(e), [&](int64_t x, int64_t t) {
       last_[x] = t;
+      return occupancy(x);
+    });
+    if (!two_classes_) return;
+    last_all_[e] = all_[part].touch(e, last_all_[e], occupancy(e), [&](int64_t x, int64_t t) {
+      last_all_[x] = t;
       return occupancy(x);
     });
   }
   void drop(int64_t e, int part) {
     if (last_[e] < 0) return;
-    lru_[part].remove(last_[e], occupancy(e));
+    lru_[part][cls_[e / kinds_]].remove(last_[e], occupancy(e));
     last_[e] = -1;
+    if (two_classes_) all_[part].remove(last_all_[e], occupancy(e)), last_all_[e] = -1;
     dirty_[e] = 0;
   }
 
@@ -238,7 +265,11 @@ class PartitionedCache {
   double half_, cap_;
   std::vector<int64_t> last_;
   std::vector<double> dirty_;  // fraction of the entry that is dirty
-  LruStack lru_[2];
+  std::vector<uint8_t> cls_;   // by block: 1 = evict-first (weights), 0 = the rest
+  LruStack lru_[2][2];         // by partition and class
+  LruStack all_[2];            // by partition, both classes (with evict_first_weights)
+  std::vector<int64_t> last_all_;
+  bool two_classes_ = false;
   std::vector<Counters> per_tensor_, per_op_;
   Counters total_;
 };

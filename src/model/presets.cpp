@@ -13,19 +13,23 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
-// The partitioned L2's parameters until bench/l2_probe measures them on the part (its JSON, given
-// as --gpu FILE.json, overrides these): two halves with far copies (the A100/H100 whitepapers:
-// "each L2 partition localizes and caches data for memory accesses from SMs in the GPCs directly
-// connected to the partition"), 128-byte lines of four sectors, 16 ways, and tiles drifting by 10%
-// per K-step on SMs 5% apart in speed.
+// The partitioned L2's parameters (a probe's JSON, given as --gpu FILE.json, overrides them): two
+// halves with far copies (the A100/H100 whitepapers: "each L2 partition localizes and caches data
+// for memory accesses from SMs in the GPCs directly connected to the partition"), 128-byte lines
+// of four sectors, 16 ways; tiles drifting by 15% per K-step on SMs 2% apart in speed (bench/l2_probe
+// on the H200: chunk times within an SM spread 8.8%, SM means 1.2%); weights read with the
+// evict-first policy the tile bodies give them, pushing other lines out with 0.7 of their bytes
+// (fitted to issue 17's validation grid on the H200: docs/model.md).
 L2Params hopper_l2() {
   L2Params p;
   p.partitions = 2;
   p.far_copies = true;
   p.line_bytes = 128;
   p.ways = 16;
-  p.step_jitter = 0.10;
-  p.sm_skew = 0.05;
+  p.step_jitter = 0.153;
+  p.sm_skew = 0.021;
+  p.evict_first_weights = true;
+  p.weight_push = 0.7;
   return p;
 }
 }  // namespace
@@ -89,10 +93,13 @@ GpuPreset gpu_preset_from_json(const std::string& text, const std::string& what)
     p.l2.ways = static_cast<int>(num(l, "ways", 0, 1024, p.l2.ways));
     p.l2.step_jitter = num(l, "step_jitter", 0, 0.99, p.l2.step_jitter);
     p.l2.sm_skew = num(l, "sm_skew", 0, 0.99, p.l2.sm_skew);
-    if (l.contains("far_copies")) {
-      if (!l["far_copies"].is_boolean()) throw InvalidArgument(what + ": 'far_copies' must be true or false");
-      p.l2.far_copies = l["far_copies"].get<bool>();
-    }
+    p.l2.weight_push = num(l, "weight_push", 0, 1, p.l2.weight_push);
+    for (auto [key, field] : {std::pair<const char*, bool*>{"far_copies", &p.l2.far_copies},
+                              {"evict_first_weights", &p.l2.evict_first_weights}})
+      if (l.contains(key)) {
+        if (!l[key].is_boolean()) throw InvalidArgument(what + ": '" + key + "' must be true or false");
+        *field = l[key].get<bool>();
+      }
   }
   return p;
 }

@@ -73,6 +73,15 @@ grep -q '"fused_us"' "$tmp/out" || fail "sim --json lacks the predicted time"
 echo '{"base": "h100", "name": "h100-probed", "l2": {"ways": 8, "far_copies": false}}' >"$tmp/preset.json"
 expect_ok "h100-probed" sim --gpu "$tmp/preset.json" --m 16 --order col_major --l2-model partitioned
 expect_ok "many-to-many" graph --m 256 --d 512 --ffn 1024
+# The validation grid on the CPU: model columns alone, then against a measured file of one case.
+expect_ok "8b-down      256 kslices/col_major" validate --only 8b-down --ms 256
+echo '{"cases": [{"op": "gemm", "shape": "8b-down", "m": 256, "order": "col_major", "schedule": "col_major",
+  "ncu_read_bytes": 129100000, "measured_us": 78.9}]}' >"$tmp/mvn.json"
+expect_ok "gemm 8b-down" validate --measured "$tmp/mvn.json"
+expect_json validate --measured "$tmp/mvn.json" --json
+echo '{"cases": [{"op": "ffn", "shape": "llama3-70b", "m": 256, "order": "col_major"}]}' >"$tmp/bad.json"
+expect_error "unknown validation shape 'llama3-70b'" validate --measured "$tmp/bad.json"
+expect_error "malformed JSON" validate --measured /dev/null
 expect_ok "reorganize" graph --decode-step tiny-llama --batch 2 --kv 40
 expect_json graph --attention 2x300 --json
 grep -q '"class"' "$tmp/out" || fail "graph --json lacks the edge classes"

@@ -34,6 +34,15 @@ struct L2Params {
   double step_jitter = 0.0;   // a K-step lasts its nominal time x (1 +- jitter), uniform
   double sm_skew = 0.0;       // each SM runs at 1 +- skew of the nominal speed, uniform, for the whole replay
   uint64_t seed = 1;          // of the jitter and skew draws (deterministic)
+  // Weights are streamed with an evict-first L2 policy (the sm90 tile body's TMA cache hint): weight
+  // lines are the victims of choice, so they never push activations, intermediates or outputs out
+  // (those lines' reuse distance counts no weight bytes), while a weight line is as exposed as under
+  // plain LRU (its distance counts everything touched since its last use).
+  bool evict_first_weights = false;
+  // With evict_first_weights: the share of the weight bytes touched since a non-weight line's last use
+  // that still count in its reuse distance (0: weights never push other lines out, strict priority;
+  // 1: plain LRU, as if there were no policy).
+  double weight_push = 0.0;
 };
 
 struct CacheConfig {

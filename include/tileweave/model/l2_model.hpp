@@ -18,6 +18,8 @@
 //   survives iff fewer than `ways` of them fell into its set -- probability P(Poisson(d/line/sets)
 //   <= ways - 1). ways = 0 is fully associative (hit iff d fits). Dirty data is carried as a
 //   fraction: the part that was evicted since the last touch was written back.
+// - Weights streamed evict-first (L2Params::evict_first_weights): a weight line's reuse distance
+//   counts everything, every other line's counts only weight_push of the weight bytes.
 // - Tiles do not advance in lockstep: an event-driven replay where a K-step lasts in proportion to
 //   the bytes it reads, scaled by a per-SM speed (1 +- sm_skew) and a per-step draw (1 +- jitter);
 //   a tile waiting on producers starts when the last of them finishes.

@@ -1,0 +1,67 @@
+// Issue 17's validation grid on the host: the cases bench/bench_model_vs_ncu.cu runs on the GPU
+// (fused FFN and plain GEMM on the tile executor's sm90 body, two shapes each, M in
+// {256, ..., 4096}, six orders), their tile graphs and schedules rebuilt without CUDA, and the
+// model's columns (simple and partitioned L2, predicted time) computed by ONE function that the
+// bench and `tileweave validate` share. The bench checks that the graphs rebuilt here are the ones
+// the executor runs (validation_graphs_match).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tileweave/graph/tile_graph.hpp"
+#include "tileweave/model/cache_model.hpp"
+#include "tileweave/model/presets.hpp"
+#include "tileweave/model/time_model.hpp"
+#include "tileweave/order/schedule.hpp"
+
+namespace tw {
+
+struct ValidationShape {
+  std::string op, name;  // op: "ffn" | "gemm"
+  int64_t d = 0, f = 0;  // ffn: hidden, intermediate; gemm: N = f, K = d
+};
+// llama3-8b / qwen2-7b FFN, 8b-gate-up (4096 -> 28672) and 8b-down (14336 -> 4096) GEMM.
+const std::vector<ValidationShape>& validation_shapes();
+// "row_major", "col_major", "grouped:8", "hilbert", "kslices/col_major", "search".
+const std::vector<std::string>& validation_orders();
+const ValidationShape& find_validation_shape(const std::string& name);  // InvalidArgument if unknown
+
+// The executor's tiling rules for the sm90 tile body, as host code (src/ops/ffn.cu and
+// decode_gemm.cu apply the same rules; the bench checks that the graphs agree). `sms`: the SM count
+// the tail slices and DecodeGemm's split are sized for.
+Tiling sm90_op_tiling(int64_t m, int64_t n, int64_t k, int64_t target_kib, int split, const std::string& slices, int sms);
+// FusedFfn's default options on sm90: gate/up in ~4 MiB slices, down in ~512 KiB x rows/128 with
+// "tail:1" slices.
+FfnTiling sm90_ffn_tiling(const FfnShape& s, int sms);
+// DecodeGemm's default options: Y[m, n] = X[m, k] W[n, k]^T, split to one wave of `sms` tiles.
+TileGraph decode_gemm_graph(int64_t m, int64_t n, int64_t k, int sms);
+
+// One case of the grid: the graph the executor runs, a schedule of it, the grid (tiles in flight).
+struct ValidationCase {
+  ValidationShape shape;
+  int64_t m = 0;
+  TileGraph graph;
+  Schedule schedule;
+  int grid = 0;
+};
+// `spec`: a make_order spec as the ops take it ("op_by_op"/"op_by_op_column" and FusedFfn's plain
+// "dataflow" included). The search's orders are specs too (the bench records their names).
+ValidationCase make_validation_case(const ValidationShape& shape, int64_t m, const std::string& spec, int sms = 132);
+
+// True iff the two graphs have the same tensors, ops, tilings and tiles (regions, K ranges and
+// dependencies); else false with the first difference in *why.
+bool validation_graphs_match(const TileGraph& a, const TileGraph& b, std::string* why = nullptr);
+
+// The model's columns of one case.
+struct ValidationModel {
+  TrafficReport simple;       // the simple LRU model
+  TrafficReport partitioned;  // the partitioned L2 model (preset.l2)
+  TimePrediction time;        // from the partitioned model's bytes (the simple one's with time_from_simple)
+};
+// Cache = preset.l2_bytes, sectors of 32 B, in flight = grid.
+ValidationModel model_validation_case(const TileGraph& g, const Schedule& s, int grid, const GpuPreset& preset,
+                                      bool time_from_simple = false);
+
+}  // namespace tw

@@ -1,0 +1,161 @@
+#include "tileweave/model/validation.hpp"
+
+#include <algorithm>
+
+#include "tileweave/kernels/sm90/tile_shape.hpp"
+#include "tileweave/order/orders.hpp"
+
+namespace tw {
+
+const std::vector<ValidationShape>& validation_shapes() {
+  static const std::vector<ValidationShape> v = {
+      {"ffn", "llama3-8b", 4096, 14336},
+      {"ffn", "qwen2-7b", 3584, 18944},
+      {"gemm", "8b-gate-up", 4096, 28672},
+      {"gemm", "8b-down", 14336, 4096},
+  };
+  return v;
+}
+
+const std::vector<std::string>& validation_orders() {
+  static const std::vector<std::string> v = {"row_major", "col_major", "grouped:8", "hilbert", "kslices/col_major", "search"};
+  return v;
+}
+
+const ValidationShape& find_validation_shape(const std::string& name) {
+  for (const ValidationShape& s : validation_shapes())
+    if (s.name == name) return s;
+  std::string known;
+  for (const ValidationShape& s : validation_shapes()) known += (known.empty() ? "" : ", ") + s.name;
+  throw InvalidArgument("unknown validation shape '" + name + "' (known: " + known + ")");
+}
+
+namespace {
+// Slices are whole `step`s; the count recomputed so that no slice is empty (src/ops/ffn.cu).
+int normalise_split(int64_t k, int split, int64_t step) {
+  const int64_t slice = ((k + split - 1) / split + step - 1) / step * step;
+  return static_cast<int>((k + slice - 1) / slice);
+}
+constexpr int kMaxSlices = 64;  // the sm90 body's slice table (src/ops/ffn_sm90.hpp)
+}  // namespace
+
+Tiling sm90_op_tiling(int64_t m, int64_t n, int64_t k, int64_t target_kib, int split, const std::string& slices, int sms) {
+  int levels = -1;
+  if (slices == "even") levels = 0;
+  if (slices.rfind("tail:", 0) == 0 && slices.size() == 6 && slices[5] >= '0' && slices[5] <= '4') levels = slices[5] - '0';
+  if (levels < 0) throw InvalidArgument("sm90 tiles: K slices must be 'even' or 'tail:<0..4>', got '" + slices + "'");
+  if (split < 0) throw InvalidArgument("sm90 tiles: split must be >= 0, got " + std::to_string(split));
+  if (split == 0 && target_kib <= 0) throw InvalidArgument("sm90 tiles: a split or a slice size is needed");
+  const int rows = sm90::act_rows_for(m), step = sm90::stage_cols_for(rows);
+  const int64_t target = (target_kib << 10) / (2 * sm90::kTileRows);  // K columns
+  Tiling t{rows, sm90::kTileRows, step,
+           normalise_split(k, split ? split : static_cast<int>(std::max<int64_t>(1, (k + target / 2) / target)), step), {}};
+  if (levels > 0) {
+    const int64_t tiles_per_slice = ((m + rows - 1) / rows) * ((n + sm90::kTileRows - 1) / sm90::kTileRows);
+    t.k_cuts = tail_k_cuts(k, step, (k + t.split_k - 1) / t.split_k, tiles_per_slice, sms, levels);
+    t.split_k = static_cast<int64_t>(t.k_cuts.size()) + 1;
+  }
+  if (t.split_k > kMaxSlices)
+    throw InvalidArgument("sm90 tiles: " + std::to_string(t.split_k) + " K slices in one op; the tile body takes at most " +
+                          std::to_string(kMaxSlices));
+  return t;
+}
+
+FfnTiling sm90_ffn_tiling(const FfnShape& s, int sms) {
+  const int rows = sm90::act_rows_for(s.m);
+  FfnTiling t;
+  t.gate_up = sm90_op_tiling(s.m, s.gated ? 2 * s.f : s.f, s.d, 4096, 0, "even", sms);
+  if (s.gated) t.gate_up.bn = sm90::kTileRows / 2;
+  t.down = sm90_op_tiling(s.m, s.d, s.f, int64_t(512) * std::max(1, rows / 128), 0, "tail:1", sms);
+  return t;
+}
+
+TileGraph decode_gemm_graph(int64_t m, int64_t n, int64_t k, int sms) {
+  const int64_t rows = sm90::act_rows_for(m), step = sm90::stage_cols_for(int(rows));
+  const int64_t out_tiles = ((m + rows - 1) / rows) * ((n + sm90::kTileRows - 1) / sm90::kTileRows);
+  const int64_t stages = (k + step - 1) / step;
+  const int split = int(std::clamp<int64_t>(sms / out_tiles, 1, std::min<int64_t>(stages, kMaxSlices)));
+  const Tiling t = sm90_op_tiling(m, n, k, 0, split, "even", sms);
+  TileGraph g;
+  const int x = g.add_tensor("x", m, k, 2, TensorRole::Input);
+  const int w = g.add_tensor("w", n, k, 2, TensorRole::Weight);
+  const int y = g.add_tensor("y", m, n, 2, TensorRole::Output);
+  g.add_gemm("gemm", x, w, y, t);
+  return g;
+}
+
+ValidationCase make_validation_case(const ValidationShape& shape, int64_t m, const std::string& spec, int sms) {
+  ValidationCase c;
+  c.shape = shape;
+  c.m = m;
+  c.grid = sms;  // one CTA per SM: the sm90 body takes over half an SM's shared memory
+  if (shape.op == "ffn") {
+    const FfnShape fs{m, shape.d, shape.f, true};
+    c.graph = build_ffn_graph(fs, sm90_ffn_tiling(fs, sms)).graph;
+    // As FusedFfn takes FfnOptions::order.
+    if (spec == "dataflow")
+      c.schedule = dataflow_order(c.graph, make_order(c.graph, "col_major"), c.grid);
+    else
+      c.schedule = make_order(c.graph, spec == "op_by_op_column" ? "col_major" : spec == "op_by_op" ? "row_major" : spec);
+  } else if (shape.op == "gemm") {
+    c.graph = decode_gemm_graph(m, shape.f, shape.d, sms);
+    c.schedule = make_order(c.graph, spec);
+  } else {
+    throw InvalidArgument("validation case: op must be ffn or gemm, got '" + shape.op + "'");
+  }
+  return c;
+}
+
+bool validation_graphs_match(const TileGraph& a, const TileGraph& b, std::string* why) {
+  auto fail = [&](const std::string& w) {
+    if (why) *why = w;
+    return false;
+  };
+  if (a.tensors().size() != b.tensors().size()) return fail("tensor count");
+  for (size_t i = 0; i < a.tensors().size(); ++i) {
+    const Tensor &x = a.tensors()[i], &y = b.tensors()[i];
+    if (x.rows != y.rows || x.cols != y.cols || x.elem_bytes != y.elem_bytes || x.role != y.role)
+      return fail("tensor " + x.name);
+  }
+  if (a.ops().size() != b.ops().size()) return fail("op count");
+  for (size_t i = 0; i < a.ops().size(); ++i) {
+    const Op &x = a.ops()[i], &y = b.ops()[i];
+    if (x.kind != y.kind || x.m != y.m || x.n != y.n || x.k != y.k || x.tiling.bm != y.tiling.bm ||
+        x.tiling.bn != y.tiling.bn || x.tiling.bk != y.tiling.bk || x.tiling.split_k != y.tiling.split_k ||
+        x.tiling.k_cuts != y.tiling.k_cuts || x.num_tiles != y.num_tiles)
+      return fail("op " + x.name + " (tiling)");
+  }
+  if (a.num_tiles() != b.num_tiles()) return fail("tile count");
+  for (int t = 0; t < a.num_tiles(); ++t) {
+    const Tile &x = a.tile(t), &y = b.tile(t);
+    auto same = [](const std::vector<Region>& p, const std::vector<Region>& q) {
+      if (p.size() != q.size()) return false;
+      for (size_t i = 0; i < p.size(); ++i)
+        if (p[i].tensor != q[i].tensor || p[i].r0 != q[i].r0 || p[i].r1 != q[i].r1 || p[i].c0 != q[i].c0 || p[i].c1 != q[i].c1)
+          return false;
+      return true;
+    };
+    if (x.op != y.op || x.k0 != y.k0 || x.k1 != y.k1 || x.step_cols != y.step_cols || !same(x.reads, y.reads) ||
+        !same(x.writes, y.writes) || x.deps != y.deps)
+      return fail("tile " + std::to_string(t));
+  }
+  return true;
+}
+
+ValidationModel model_validation_case(const TileGraph& g, const Schedule& s, int grid, const GpuPreset& preset,
+                                      bool time_from_simple) {
+  CacheConfig cc;
+  cc.capacity_bytes = preset.l2_bytes;
+  cc.line_bytes = 32;
+  cc.in_flight = grid;
+  ValidationModel r;
+  r.simple = simulate(g, s, cc);
+  CacheConfig pc = cc;
+  pc.l2 = L2Kind::Partitioned;
+  pc.part = preset.l2;
+  r.partitioned = simulate(g, s, pc);
+  r.time = predict_time(time_from_simple ? r.simple : r.partitioned, time_params(preset, grid));
+  return r;
+}
+
+}  // namespace tw
