@@ -267,10 +267,11 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : cfg
   p.pages_per_seq = opt.layout == KvLayout::Paged ? pps : 0;
   p.page_table = b.page_table;
   p.attn_tiles = P;
-  {  // 16-token units of K and V per tile, at least
+  {  // 16-token units of K and V per tile, at least (attention_tiles_for)
     const int64_t unit_bytes = int64_t(kernels::kDecodeStageTokens) * D * 2 * 2;
-    const int64_t want = opt.attention_min_tile_bytes > 0 ? opt.attention_min_tile_bytes : int64_t(32) << 10;
-    p.attn_min_units = int32_t(std::max<int64_t>(1, want / unit_bytes));
+    p.attn_min_units = opt.attention_min_tile_bytes > 0
+                           ? int32_t(std::max<int64_t>(1, opt.attention_min_tile_bytes / unit_bytes))
+                           : step::kMinAttentionUnits;
   }
   p.o_part = b.o_part;
   p.lse_part = b.lse_part;

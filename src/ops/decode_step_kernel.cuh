@@ -193,11 +193,8 @@ __device__ __forceinline__ void load_lengths(const StepParams& p, StepShared& sh
 }
 
 // The attention tiles that take units this launch, for `total` units: at most P (the plan's), and no
-// fewer than attn_min_units per tile. At short contexts the attention is latency-bound: a pair cut over
-// many tiles pays for many partials and a long merge, a pair on one tile for its units one after
-// another (H200, Llama-3.2-1B shape, B = 1, KV 1024: 8 units per tile best, 1 or 64 per tile 4-8%
-// slower end to end). Tiles then hold units in a row with no empty tile in between (a pair's merge
-// counts the tiles holding its parts).
+// fewer than attn_min_units per tile (kMinAttentionUnits). Tiles then hold units in a row with no
+// empty tile in between (a pair's merge counts the tiles holding its parts).
 __device__ __forceinline__ int attention_tiles_for(const StepParams& p, int total) {
   return max(1, min(p.attn_tiles, (total + p.attn_min_units - 1) / p.attn_min_units));
 }

@@ -35,6 +35,13 @@ enum StepKind : int32_t {
 // writer g + 2 runs after writer g's release through the chain of counters between them.
 constexpr int kResidualBuffers = 4;
 
+// 16-token units an attention tile takes at least, by default. At short contexts the attention is
+// latency-bound: a pair cut over many tiles pays for many partials and a long merge, a pair on one
+// tile for its units one after another. H200, B = 1, KV 1024, end to end (K/V bytes per tile at
+// least 32 / 64 / 128 / 256 KiB): Llama-3.2-1B (D = 64: 8 / 16 / 32 / 64 units) 962.7 / 973.8 /
+// 985.6 / 990.5 us; Llama-3-8B (D = 128: 4 / 8 / 16 / 32 units) 4529.7 / 4475.7 / 4499.1 / 4606.4 us.
+// Counted in units, not bytes: 8 is best at both head dims.
+constexpr int kMinAttentionUnits = 8;
 constexpr int kMaxSlices = 64;  // split-K slices per op (the slice table travels with the op)
 constexpr int kThreads = 384;   // one producer warpgroup + two consumer warpgroups
 constexpr int kMaxRows = sm90::kMaxActRows;  // activation rows R (the per-row tables' size)

@@ -39,8 +39,9 @@ struct DecodeStepOptions {
   uint32_t spin_limit = 0;                // > 0: waits abort after this many polls (tests)
   uint32_t delay_ns = 0;                  // > 0: tiles sleep up to this long before signalling (stress)
   bool trace = false;                     // record every tile's timeline (plan().read_trace())
-  // K/V bytes an attention tile takes at least (fewer tiles at short contexts; 0: 32 KiB, measured
-  // best on the H200 at B = 1, KV 1024 among 4 KiB .. 256 KiB). Tests set 1 to cut pairs over many tiles.
+  // K/V bytes an attention tile takes at least (fewer tiles at short contexts; 0: 8 units of 16 tokens,
+  // 32 KiB at head_dim 64, 64 KiB at 128: measured best on the H200 at B = 1, KV 1024). Tests set 1 to
+  // cut pairs over many tiles.
   int64_t attention_min_tile_bytes = 0;
   int max_split = 0;                      // caps every op's K slices (0: the planner's)
 };
