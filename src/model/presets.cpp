@@ -38,7 +38,24 @@ L2Params hopper_l2() {
 // Read floors measured (H200 4.68 TB/s, H100 3.13); GEMM peak measured on the H200 (716 TFLOP/s,
 // torch 8192^3) and assumed the same on the H100 (same SMs and clocks); one SM streams ~74 GB/s when
 // a third of the SMs or fewer read (bench/results/h200/stream_patterns.json, fewer_sms); the launch
-// cost is an assumption until the validation grid fits it.
+// cost (3 us) is an assumption.
+//
+// The time replay's constants (model/time_model.hpp), fitted on issue 17's validation grid on the
+// H200 (bench/results/h200/model_vs_ncu.json, measured_us; docs/model.md "Predicted time"), each on
+// the cases that isolate it:
+// - tile_tflops 830, tile_fixed_us 5.5: the sm90 tile's K-step rate (128 weight rows x 256 activation
+//   rows x 64 K in 0.67 us per SM) and its per-tile latency not hidden by the weight ring (first
+//   stages, epilogue stores, the dependency poll); least squares over the unsplit plain GEMMs
+//   (8b-gate-up at every M, 8b-down at M >= 1024: 48 cases), together with overlap_power.
+// - overlap_power 3: a K-step takes (compute^3 + memory^3)^(1/3), memory = its DRAM bytes at its
+//   share of the floor: with the same FLOPs, gate-up M = 4096 row_major (3.8 GB of DRAM reads) runs
+//   6% slower than the orders that read 0.6-1.4 GB, and the max of the roofline says 0%.
+// - reduce_tbps 0.65, reduce_block_gbps 35: split-K partial sums (fp32) are added at L2 at 0.65 TB/s
+//   for the whole GPU, and the slices adding into one output block one after another at 35 GB/s;
+//   fitted on the one-wave split GEMMs (8b-down M = 256 / 512: 128 slices ending together, +25-35 us)
+//   and the fused FFN (slices of one block adjacent in row/col orders vs kslices: 8B M = 256 runs
+//   205-211 us vs 181).
+// The H100 takes the H200's (same SMs and L2 design; not measured); the A100 none (roofline only).
 GpuPreset gpu_preset(const std::string& name) {
   GpuPreset p;
   p.name = name;
@@ -46,9 +63,11 @@ GpuPreset gpu_preset(const std::string& name) {
   if (name == "h200") {
     p.l2_bytes = int64_t{60} << 20, p.sms = 132, p.read_tbps = 4.68, p.gemm_tflops = 716;
     p.sm_stream_gbps = 74, p.launch_us = 3;
+    p.tile_tflops = 830, p.tile_fixed_us = 5.5, p.overlap_power = 3, p.reduce_tbps = 0.65, p.reduce_block_gbps = 35;
   } else if (name == "h100") {
     p.l2_bytes = int64_t{50} << 20, p.sms = 132, p.read_tbps = 3.13, p.gemm_tflops = 716;
     p.sm_stream_gbps = 74, p.launch_us = 3;
+    p.tile_tflops = 830, p.tile_fixed_us = 5.5, p.overlap_power = 3, p.reduce_tbps = 0.65, p.reduce_block_gbps = 35;
   } else if (name == "a100") {
     p.l2_bytes = int64_t{40} << 20, p.sms = 108, p.read_tbps = 1.90, p.gemm_tflops = 280;
     p.sm_stream_gbps = 40, p.launch_us = 4;
@@ -85,6 +104,11 @@ GpuPreset gpu_preset_from_json(const std::string& text, const std::string& what)
   p.gemm_tflops = num(j, "gemm_tflops", 1e-3, 1e6, p.gemm_tflops);
   p.sm_stream_gbps = num(j, "sm_stream_gbps", 1e-3, 1e6, p.sm_stream_gbps);
   p.launch_us = num(j, "launch_us", 0, 1e6, p.launch_us);
+  p.tile_tflops = num(j, "tile_tflops", 0, 1e6, p.tile_tflops);
+  p.tile_fixed_us = num(j, "tile_fixed_us", 0, 1e6, p.tile_fixed_us);
+  p.reduce_tbps = num(j, "reduce_tbps", 0, 1e3, p.reduce_tbps);
+  p.reduce_block_gbps = num(j, "reduce_block_gbps", 0, 1e6, p.reduce_block_gbps);
+  p.overlap_power = num(j, "overlap_power", 0, 1e3, p.overlap_power);
   if (j.contains("l2")) {
     const nlohmann::json& l = j["l2"];
     if (!l.is_object()) throw InvalidArgument(what + ": 'l2' must be an object");

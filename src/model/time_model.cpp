@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <sstream>
+#include <limits>
 
 namespace tw {
 
@@ -12,10 +12,26 @@ void TimeParams::validate() const {
   if (!(sm_stream_gbps > 0)) throw InvalidArgument("per-SM streaming rate must be positive, got " + to_text(sm_stream_gbps) + " GB/s");
   if (!(launch_us >= 0)) throw InvalidArgument("launch cost must be >= 0, got " + to_text(launch_us) + " us");
   if (slots < 1) throw InvalidArgument("tiles in flight must be at least 1, got " + std::to_string(slots));
+  if (!(tile_tflops >= 0)) throw InvalidArgument("tile mainloop rate must be >= 0, got " + to_text(tile_tflops) + " TFLOP/s");
+  if (!(tile_fixed_us >= 0)) throw InvalidArgument("per-tile fixed latency must be >= 0, got " + to_text(tile_fixed_us) + " us");
+  if (!(overlap_power >= 0)) throw InvalidArgument("compute/memory overlap power must be >= 0, got " + to_text(overlap_power));
+  if (!(reduce_block_gbps >= 0)) throw InvalidArgument("same-block reduction rate must be >= 0, got " + to_text(reduce_block_gbps) + " GB/s");
+  if (!(reduce_tbps >= 0)) throw InvalidArgument("split-K reduction rate must be >= 0, got " + to_text(reduce_tbps) + " TB/s");
 }
 
 TimeParams time_params(const GpuPreset& gpu, int slots) {
-  return {gpu.read_tbps, gpu.gemm_tflops, gpu.sm_stream_gbps, gpu.launch_us, slots};
+  TimeParams p;
+  p.read_tbps = gpu.read_tbps;
+  p.gemm_tflops = gpu.gemm_tflops;
+  p.sm_stream_gbps = gpu.sm_stream_gbps;
+  p.launch_us = gpu.launch_us;
+  p.slots = slots;
+  p.tile_tflops = gpu.tile_tflops;
+  p.tile_fixed_us = gpu.tile_fixed_us;
+  p.reduce_tbps = gpu.reduce_tbps;
+  p.overlap_power = gpu.overlap_power;
+  p.reduce_block_gbps = gpu.reduce_block_gbps;
+  return p;
 }
 
 // Times in microseconds: bytes / (TB/s * 1e6), FLOPs / (TFLOP/s * 1e6).
@@ -42,26 +58,240 @@ OpTime op_time(const std::string& name, int tiles, double bytes, double flops, c
     const double comp = flops * r / tiles / (p.gemm_tflops * 1e6 * r / p.slots);
     return std::max(mem, comp);
   };
-  o.us = full * wave_us(p.slots) + (rest > 0 ? wave_us(rest) : 0.0);
+  o.roofline_us = full * wave_us(p.slots) + (rest > 0 ? wave_us(rest) : 0.0);
   return o;
 }
 
-TimePrediction predict_time(const TrafficReport& r, const TimeParams& p) {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// What the replay needs of every tile (by tile id).
+struct TileCost {
+  int64_t steps = 1;
+  double step_us = 0;     // one K-step at the mainloop's rate (compute)
+  double step_bytes = 0;  // DRAM bytes per K-step (the op's bytes spread over its K-steps)
+  double reduce_bytes = 0;
+  int group = -1;         // split-K output block (index into the group table), -1 if unsplit
+};
+
+struct Costs {
+  std::vector<TileCost> tile;
+  std::vector<int> group_slices;  // slices per split-K output block
+  std::vector<double> op_reduce_bytes;
+};
+
+Costs tile_costs(const TileGraph& g, const TrafficReport& r, const TimeParams& p) {
+  Costs c;
+  c.tile.resize(g.num_tiles());
+  c.op_reduce_bytes.assign(g.ops().size(), 0.0);
+  const double tflops = p.tile_tflops > 0 ? p.tile_tflops : p.gemm_tflops;
+  const double sm_flops_per_us = tflops * 1e6 / p.slots;
+  std::vector<double> op_steps(g.ops().size(), 0.0);
+  for (int id = 0; id < g.num_tiles(); ++id) {
+    const Tile& t = g.tile(id);
+    TileCost& tc = c.tile[id];
+    tc.steps = t.step_cols > 0 ? std::max<int64_t>(1, (t.k1 - t.k0 + t.step_cols - 1) / t.step_cols) : 1;
+    tc.step_us = t.flops / tc.steps / sm_flops_per_us;
+    op_steps[t.op] += double(tc.steps);
+  }
+  // Split-K groups: the slices of one output block, keyed by (op, tm, tn).
+  for (size_t op = 0; op < g.ops().size(); ++op) {
+    const Op& o = g.ops()[op];
+    const double bytes = op < r.per_op.size() ? double(r.per_op[op].dram_read + r.per_op[op].dram_write) : 0.0;
+    const bool split = o.workspace >= 0 && o.tiling.split_k > 1;
+    const int first_group = static_cast<int>(c.group_slices.size());
+    if (split) c.group_slices.resize(c.group_slices.size() + size_t(o.grid_m * o.grid_n), 0);
+    for (int id = o.first_tile; id < o.first_tile + o.num_tiles; ++id) {
+      const Tile& t = g.tile(id);
+      TileCost& tc = c.tile[id];
+      tc.step_bytes = op_steps[op] > 0 ? bytes / op_steps[op] : 0.0;
+      if (!split) continue;
+      for (const Region& w : t.writes)
+        if (w.tensor == o.workspace) tc.reduce_bytes += double(w.rows() * w.cols()) * g.tensor(w.tensor).elem_bytes;
+      tc.group = first_group + static_cast<int>(t.tm * o.grid_n + t.tn);
+      ++c.group_slices[tc.group];
+      c.op_reduce_bytes[op] += tc.reduce_bytes;
+    }
+  }
+  return c;
+}
+
+// The replay of the tiles `order` (ticket i runs order[i]); dependencies on tiles outside `order` count
+// as met at time 0. Fills take/start/end of the tiles in `order`; returns the time the last one ends.
+double replay(const TileGraph& g, const std::vector<int>& order, const Costs& c, const TimeParams& p, TileTimes& out) {
+  const int n = static_cast<int>(order.size());
+  const double floor_bpus = p.read_tbps * 1e6;          // bytes per us
+  const double sm_bpus = p.sm_stream_gbps * 1e3;        // bytes per us
+  const double reduce_bpus = p.reduce_tbps * 1e6;
+  const double block_bpus = p.reduce_block_gbps * 1e3;
+  std::vector<double> block_free(c.group_slices.size(), 0.0);
+  std::vector<char> in_set(g.num_tiles(), 0);
+  for (int id : order) in_set[id] = 1;
+  std::vector<double> done(g.num_tiles(), -1.0);        // output complete (-1: not yet)
+  for (int id = 0; id < g.num_tiles(); ++id)
+    if (!in_set[id]) done[id] = 0.0;
+  std::vector<int> group_left = c.group_slices;
+  for (int id = 0; id < g.num_tiles(); ++id)
+    if (!in_set[id] && c.tile[id].group >= 0) --group_left[c.tile[id].group];
+
+  enum Phase { Wait, Main, Epi };
+  struct Run {
+    int id;
+    Phase phase;
+    double ready;  // Wait: the fixed latency's end
+    double left;   // Main: K-steps left
+    double rate;   // Main: K-steps per us now
+    double end;    // Epi: when the output is complete
+  };
+  std::vector<Run> active;
+  active.reserve(p.slots);
+  double now = 0, reduce_free = 0, makespan = 0;
+  int next = 0, free_slots = p.slots;
+
+  auto deps_done = [&](int id, double& when) {
+    when = 0;
+    for (int d : g.tile(id).deps) {
+      if (done[d] < 0) return false;
+      when = std::max(when, done[d]);
+    }
+    return true;
+  };
+  const double eps = 1e-9;
+  while (next < n || !active.empty()) {
+    while (free_slots > 0 && next < n) {
+      const int id = order[next++];
+      out.take[id] = now;
+      active.push_back({id, Wait, now + p.tile_fixed_us, 0, 0, 0});
+      --free_slots;
+    }
+    // Wait -> Main once the fixed latency is over and the producers are done.
+    for (Run& a : active) {
+      double dep = 0;
+      if (a.phase == Wait && a.ready <= now + eps && deps_done(a.id, dep) && dep <= now + eps) {
+        a.phase = Main;
+        a.left = double(c.tile[a.id].steps);
+        out.start[a.id] = now;
+      }
+    }
+    // Rates. A K-step computes for step_us and moves step_bytes at the tile's share of the floor (the
+    // floor split evenly over the tiles streaming now, at most one SM's streaming rate); the two
+    // overlap imperfectly: step time = (compute^n + memory^n)^(1/n), n = overlap_power (the
+    // roofline's max as n grows; their sum at n = 1).
+    int streaming = 0;
+    for (const Run& a : active) streaming += a.phase == Main && c.tile[a.id].step_bytes > 0;
+    const double share = streaming ? std::min(sm_bpus, floor_bpus / streaming) : sm_bpus;
+    for (Run& a : active) {
+      if (a.phase != Main) continue;
+      const TileCost& tc = c.tile[a.id];
+      const double mem = tc.step_bytes / share, comp = tc.step_us;
+      double step;
+      if (p.overlap_power <= 0 || mem <= 0 || comp <= 0) {
+        step = std::max(mem, comp);
+      } else {
+        const double hi = std::max(mem, comp), lo = std::min(mem, comp);
+        step = hi * std::pow(1.0 + std::pow(lo / hi, p.overlap_power), 1.0 / p.overlap_power);
+      }
+      a.rate = step > 0 ? 1.0 / step : kInf;
+    }
+    // The next event.
+    double t_ev = kInf;
+    for (const Run& a : active) {
+      if (a.phase == Wait) {
+        double dep = 0;
+        if (deps_done(a.id, dep)) t_ev = std::min(t_ev, std::max(a.ready, dep));
+      } else if (a.phase == Main) {
+        t_ev = std::min(t_ev, a.rate == kInf ? now : now + a.left / a.rate);
+      } else {
+        t_ev = std::min(t_ev, a.end);
+      }
+    }
+    if (t_ev == kInf) throw InvalidArgument("time replay: no tile can make progress (a dependency outside the schedule?)");
+    t_ev = std::max(t_ev, now);
+    const double dt = t_ev - now;
+    now = t_ev;
+    for (Run& a : active) {
+      if (a.phase != Main) continue;
+      a.left = a.rate == kInf ? 0.0 : a.left - a.rate * dt;
+      if (a.left > eps * double(c.tile[a.id].steps)) continue;
+      // K-steps done: the epilogue. A split-K slice adds its partial sums at the L2 (shared by the
+      // launch); the last slice of its block to arrive then reads the sums back and re-zeroes them.
+      const TileCost& tc = c.tile[a.id];
+      a.phase = Epi;
+      a.end = now;
+      if (tc.reduce_bytes > 0) {
+        if (reduce_bpus > 0) {
+          reduce_free = std::max(reduce_free, now) + tc.reduce_bytes / reduce_bpus;
+          a.end = reduce_free;
+        }
+        if (block_bpus > 0) {
+          double& b = block_free[tc.group];
+          b = std::max(b, now) + tc.reduce_bytes / block_bpus;
+          a.end = std::max(a.end, b);
+        }
+        if (--group_left[tc.group] == 0) a.end += 2 * tc.reduce_bytes / sm_bpus;
+      }
+    }
+    for (size_t i = 0; i < active.size();) {
+      Run& a = active[i];
+      if (a.phase == Epi && a.end <= now + eps) {
+        done[a.id] = out.end[a.id] = a.end;
+        makespan = std::max(makespan, a.end);
+        ++free_slots;
+        active[i] = active.back();
+        active.pop_back();
+      } else {
+        ++i;
+      }
+    }
+  }
+  return makespan;
+}
+
+}  // namespace
+
+TileTimes replay_tiles(const TileGraph& g, const Schedule& s, const TrafficReport& r, const TimeParams& p) {
   p.validate();
+  validate(g, s);
+  const Costs c = tile_costs(g, r, p);
+  TileTimes t;
+  t.take.assign(g.num_tiles(), 0.0);
+  t.start.assign(g.num_tiles(), 0.0);
+  t.end.assign(g.num_tiles(), 0.0);
+  t.makespan = replay(g, s.order, c, p, t);
+  return t;
+}
+
+TimePrediction predict_time(const TileGraph& g, const Schedule& s, const TrafficReport& r, const TimeParams& p) {
+  p.validate();
+  validate(g, s);
+  if (r.per_op.size() != g.ops().size())
+    throw InvalidArgument("predict_time: the traffic report has " + std::to_string(r.per_op.size()) + " ops, the graph " +
+                          std::to_string(g.ops().size()));
+  const Costs c = tile_costs(g, r, p);
   TimePrediction t;
   t.ridge = p.gemm_tflops / p.read_tbps;
-  double bytes = 0, flops = 0;
-  for (const OpTraffic& o : r.per_op) {
-    t.ops.push_back(op_time(o.name, o.tiles, double(o.dram_read + o.dram_write), o.flops, p));
-    bytes += double(o.dram_read + o.dram_write);
-    flops += o.flops;
-    t.separate_us += t.ops.back().us + p.launch_us;
+  TileTimes all;
+  all.take.assign(g.num_tiles(), 0.0);
+  all.start.assign(g.num_tiles(), 0.0);
+  all.end.assign(g.num_tiles(), 0.0);
+  t.fused_us = replay(g, s.order, c, p, all) + p.launch_us;
+  for (size_t op = 0; op < g.ops().size(); ++op) {
+    const OpTraffic& o = r.per_op[op];
+    OpTime ot = op_time(o.name, o.tiles, double(o.dram_read + o.dram_write), o.flops, p);
+    ot.reduce_bytes = c.op_reduce_bytes[op];
+    std::vector<int> mine;
+    for (int id : s.order)
+      if (g.tile(id).op == static_cast<int>(op)) mine.push_back(id);
+    if (!mine.empty()) {
+      ot.start_us = kInf;
+      for (int id : mine) ot.start_us = std::min(ot.start_us, all.take[id]), ot.end_us = std::max(ot.end_us, all.end[id]);
+      TileTimes alone = all;
+      ot.us = replay(g, mine, c, p, alone);
+    }
+    t.separate_us += ot.us + p.launch_us;
+    t.ops.push_back(ot);
   }
-  // One launch: the ops' tiles overlap (a consumer starts while its producer's last wave runs), so
-  // the whole chain is one roofline and only the last op's partial wave is exposed.
-  const double roof = std::max(bytes / (p.read_tbps * 1e6), flops / (p.gemm_tflops * 1e6));
-  const double tail = t.ops.empty() ? 0.0 : t.ops.back().us - std::max(t.ops.back().memory_us, t.ops.back().compute_us);
-  t.fused_us = roof + std::max(tail, 0.0) + p.launch_us;
   return t;
 }
 

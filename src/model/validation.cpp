@@ -154,7 +154,7 @@ ValidationModel model_validation_case(const TileGraph& g, const Schedule& s, int
   pc.l2 = L2Kind::Partitioned;
   pc.part = preset.l2;
   r.partitioned = simulate(g, s, pc);
-  r.time = predict_time(time_from_simple ? r.simple : r.partitioned, time_params(preset, grid));
+  r.time = predict_time(g, s, time_from_simple ? r.simple : r.partitioned, time_params(preset, grid));
   return r;
 }
 

@@ -55,7 +55,8 @@ json time_json(const TimePrediction& t) {
     ops.push_back({{"op", o.name}, {"tiles", o.tiles}, {"dram_bytes", o.bytes}, {"flops", o.flops},
                    {"flop_per_byte", o.intensity}, {"bound", o.compute_bound ? "compute" : "memory"},
                    {"waves", o.waves}, {"tail_efficiency", o.tail_efficiency}, {"memory_us", o.memory_us},
-                   {"compute_us", o.compute_us}, {"us", o.us}});
+                   {"compute_us", o.compute_us}, {"roofline_us", o.roofline_us}, {"reduce_bytes", o.reduce_bytes},
+                   {"us", o.us}, {"start_us", o.start_us}, {"end_us", o.end_us}});
   return {{"ridge_flop_per_byte", t.ridge}, {"fused_us", t.fused_us}, {"separate_us", t.separate_us}, {"ops", ops}};
 }
 
@@ -89,13 +90,19 @@ void print_time(const TrafficReport& r, const TimePrediction& t, const TimeParam
   fmt::print("  predicted time ({}): {:.2f} TB/s floor, {:.0f} TFLOP/s peak, ridge {:.0f} FLOP/B, P = {}, "
              "{:.0f} GB/s per SM in a tail, {:.1f} us per launch\n",
              r.order, p.read_tbps, p.gemm_tflops, t.ridge, p.slots, p.sm_stream_gbps, p.launch_us);
-  fmt::print("  {:<14} {:>7} {:>7} {:>6} {:>12} {:>10} {:>8} {:<8} {:>9} {:>9} {:>9}\n", "op", "tiles", "waves", "tail",
-             "DRAM bytes", "GFLOP", "FLOP/B", "bound", "mem us", "comp us", "time us");
+  fmt::print("  replay: tile K-steps at {:.0f} TFLOP/s over P, {:.1f} us fixed per tile, compute/memory overlap power {}, "
+             "split-K sums at {:.2f} TB/s ({:.0f} GB/s into one block)\n",
+             p.tile_tflops > 0 ? p.tile_tflops : p.gemm_tflops, p.tile_fixed_us, p.overlap_power, p.reduce_tbps,
+             p.reduce_block_gbps);
+  fmt::print("  {:<14} {:>7} {:>7} {:>6} {:>12} {:>10} {:>8} {:<8} {:>9} {:>9} {:>9} {:>10} {:>9} {:>17}\n", "op", "tiles",
+             "waves", "tail", "DRAM bytes", "GFLOP", "FLOP/B", "bound", "mem us", "comp us", "roof us", "split-K", "alone us",
+             "in launch us");
   for (const OpTime& o : t.ops)
-    fmt::print("  {:<14} {:>7} {:>7.2f} {:>5.0f}% {:>12} {:>10.2f} {:>8.1f} {:<8} {:>9.1f} {:>9.1f} {:>9.1f}\n", o.name,
-               o.tiles, o.waves, 100 * o.tail_efficiency, human_bytes(static_cast<int64_t>(o.bytes)), o.flops / 1e9,
-               o.intensity, o.compute_bound ? "compute" : "memory", o.memory_us, o.compute_us, o.us);
-  fmt::print("  chain: {:.1f} us in one launch (ops overlap; the last op's tail exposed), {:.1f} us op by op\n",
+    fmt::print("  {:<14} {:>7} {:>7.2f} {:>5.0f}% {:>12} {:>10.2f} {:>8.1f} {:<8} {:>9.1f} {:>9.1f} {:>9.1f} {:>10} {:>9.1f} {:>8.1f}-{:<8.1f}\n",
+               o.name, o.tiles, o.waves, 100 * o.tail_efficiency, human_bytes(static_cast<int64_t>(o.bytes)), o.flops / 1e9,
+               o.intensity, o.compute_bound ? "compute" : "memory", o.memory_us, o.compute_us, o.roofline_us,
+               o.reduce_bytes > 0 ? human_bytes(static_cast<int64_t>(o.reduce_bytes)) : "-", o.us, o.start_us, o.end_us);
+  fmt::print("  chain: {:.1f} us in one launch (the tiles replayed in ticket order; ops overlap), {:.1f} us op by op\n",
              t.fused_us, t.separate_us);
 }
 
@@ -156,8 +163,8 @@ void run_sim(const SimOptions& o) {
   }
   std::vector<TimePrediction> times;
   std::vector<double> fused;
-  for (const auto& r : reports) {
-    times.push_back(predict_time(r, p.time));
+  for (size_t i = 0; i < reports.size(); ++i) {
+    times.push_back(predict_time(p.graph, schedules[i], reports[i], p.time));
     fused.push_back(times.back().fused_us);
   }
   if (o.json) {

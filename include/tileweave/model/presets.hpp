@@ -19,6 +19,12 @@ struct GpuPreset {
   double gemm_tflops = 0;     // bf16 dense GEMM peak, as measured (not the datasheet's)
   double sm_stream_gbps = 0;  // what one SM streams when few do (a wave's tail cannot use the whole floor)
   double launch_us = 0;       // fixed cost of one launch (start, first loads, drain)
+  // The time replay's constants (model/time_model.hpp; fitted on the H200, src/model/presets.cpp):
+  double tile_tflops = 0;     // the tile mainloop's K-step rate over all SMs (0: gemm_tflops)
+  double tile_fixed_us = 0;   // per tile: first stages' latency + epilogue, not hidden by the weight ring
+  double reduce_tbps = 0;     // split-K fp32 reductions at L2, the whole GPU (0: free)
+  double reduce_block_gbps = 0;  // split-K slices adding into the same block serialise at this rate (0: no limit)
+  double overlap_power = 0;   // K-step = (compute^n + memory^n)^(1/n) (0: the roofline's max)
   L2Params l2;                // the partitioned L2 model's parameters (--l2-model partitioned)
 };
 // "h100" | "h200" | "a100"; unknown -> InvalidArgument naming it.
