@@ -209,6 +209,8 @@ struct ChunkWalk {
   int seg_u0, seg_u1;        // the segment's units
   int tok, tok_end;          // next token of the segment, its end
   int seg_units;             // units of the segment already walked
+  int first_tile, ntiles;    // the tiles holding the pair's units (set at the segment's first stage)
+  bool shift;
 };
 __device__ __forceinline__ void walk_segment(const StepShared& sh, ChunkWalk& w, int num_kv_heads) {
   const int units = kernels::decode_units(sh.seq_len[w.b] + 1);
@@ -247,6 +249,14 @@ __device__ __forceinline__ bool walk_next(const StepParams& p, const StepShared&
     if (++w.h == p.num_kv_heads) w.h = 0, ++w.b;
     walk_segment(sh, w, p.num_kv_heads);
   }
+  if (w.seg_units == 0) {
+    // Once per segment: the producer is one thread, and these 64-bit divisions per stage (with a
+    // second walk of every stage to count them) held it to one attention stage per 1.3 us at B = 16
+    // (timestamps per stage, H200), slower than the consumers and the memory.
+    w.first_tile = tile_of(w.pu0, w.tiles, w.total);
+    w.ntiles = tile_of(w.pu1 - 1, w.tiles, w.total) - w.first_tile + 1;
+    w.shift = tile_start(w.first_tile, w.tiles, w.total) < w.pu0;
+  }
   const int n = min(stage_tokens, w.tok_end - w.tok);
   c.pair = w.b * p.num_kv_heads + w.h;
   c.tok0 = w.tok;
@@ -255,15 +265,25 @@ __device__ __forceinline__ bool walk_next(const StepParams& p, const StepShared&
   c.pu0 = w.pu0;
   c.pu1 = w.pu1;
   c.unit0 = w.seg_units;
-  c.first_tile = tile_of(w.pu0, w.tiles, w.total);
-  c.tiles = tile_of(w.pu1 - 1, w.tiles, w.total) - c.first_tile + 1;
-  const bool shift = tile_start(c.first_tile, w.tiles, w.total) < w.pu0;
+  c.first_tile = w.first_tile;
+  c.tiles = w.ntiles;
+  const bool shift = w.shift;
   c.flags = (w.seg_units == 0 ? kSegFirst : 0) | (w.tok + n >= w.tok_end ? kSegLast : 0) |
             (w.seg_u0 == w.pu0 && w.seg_u1 == w.pu1 ? kWhole : 0) | (w.seg_u0 > w.tile_u0 ? kWhich : 0) |
             (shift ? kShift : 0);
   w.tok += n;
   w.seg_units += kernels::decode_units(n);
   return true;
+}
+
+// The tile's stages, counted segment by segment (walk_next's cut without building the chunks).
+__device__ __forceinline__ int walk_count(const StepParams& p, const StepShared& sh, ChunkWalk w, int stage_tokens) {
+  for (int n = 0;;) {
+    if (w.tok_end > w.tok) n += (w.tok_end - w.tok + stage_tokens - 1) / stage_tokens;
+    if (w.seg_u1 >= w.u_hi) return n;
+    if (++w.h == p.num_kv_heads) w.h = 0, ++w.b;
+    walk_segment(sh, w, p.num_kv_heads);
+  }
 }
 
 // ---- producer (warp 0) ----
@@ -380,9 +400,7 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
       if (!lengths_loaded) load_lengths(p, sh), lengths_loaded = true;
       if (lane == 0) {
         walk = walk_begin(p, sh, t.tn);
-        ChunkWalk probe = walk;
-        AttnChunk c;
-        for (count = 0; walk_next(p, sh, probe, kStageTokens, c);) ++count;
+        count = walk_count(p, sh, walk, kStageTokens);
       }
     }
     if (lane == 0) {
