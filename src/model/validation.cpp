@@ -1,6 +1,7 @@
 #include "tileweave/model/validation.hpp"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "tileweave/kernels/sm90/tile_shape.hpp"
 #include "tileweave/order/orders.hpp"
@@ -58,24 +59,26 @@ Tiling sm90_op_tiling(int64_t m, int64_t n, int64_t k, int64_t target_kib, int s
   if (t.split_k > kMaxSlices)
     throw InvalidArgument("sm90 tiles: " + std::to_string(t.split_k) + " K slices in one op; the tile body takes at most " +
                           std::to_string(kMaxSlices));
+  if (k / step > INT16_MAX)  // the slice table holds int16 stage numbers (src/ops/ffn_sm90.hpp)
+    throw InvalidArgument("sm90 tiles: K = " + std::to_string(k) + " is too long for the tile body's slice table");
   return t;
 }
 
-FfnTiling sm90_ffn_tiling(const FfnShape& s, int sms) {
+FfnTiling sm90_ffn_tiling(const FfnShape& s, int sms, int split_gate_up, int split_down, const std::string& down_slices) {
   const int rows = sm90::act_rows_for(s.m);
   FfnTiling t;
-  t.gate_up = sm90_op_tiling(s.m, s.gated ? 2 * s.f : s.f, s.d, 4096, 0, "even", sms);
+  t.gate_up = sm90_op_tiling(s.m, s.gated ? 2 * s.f : s.f, s.d, 4096, split_gate_up, "even", sms);
   if (s.gated) t.gate_up.bn = sm90::kTileRows / 2;
-  t.down = sm90_op_tiling(s.m, s.d, s.f, int64_t(512) * std::max(1, rows / 128), 0, "tail:1", sms);
+  t.down = sm90_op_tiling(s.m, s.d, s.f, int64_t(512) * std::max(1, rows / 128), split_down, down_slices, sms);
   return t;
 }
 
-TileGraph decode_gemm_graph(int64_t m, int64_t n, int64_t k, int sms) {
+TileGraph decode_gemm_graph(int64_t m, int64_t n, int64_t k, int sms, int split_k, const std::string& k_slices) {
   const int64_t rows = sm90::act_rows_for(m), step = sm90::stage_cols_for(int(rows));
   const int64_t out_tiles = ((m + rows - 1) / rows) * ((n + sm90::kTileRows - 1) / sm90::kTileRows);
   const int64_t stages = (k + step - 1) / step;
-  const int split = int(std::clamp<int64_t>(sms / out_tiles, 1, std::min<int64_t>(stages, kMaxSlices)));
-  const Tiling t = sm90_op_tiling(m, n, k, 0, split, "even", sms);
+  const int split = split_k ? split_k : int(std::clamp<int64_t>(sms / out_tiles, 1, std::min<int64_t>(stages, kMaxSlices)));
+  const Tiling t = sm90_op_tiling(m, n, k, 0, split, k_slices, sms);
   TileGraph g;
   const int x = g.add_tensor("x", m, k, 2, TensorRole::Input);
   const int w = g.add_tensor("w", n, k, 2, TensorRole::Weight);

@@ -132,6 +132,23 @@ echo '{"l2": {"ways": -3}}' >"$tmp/badpreset.json"
 expect_error "'ways' = -3" sim --gpu "$tmp/badpreset.json"
 expect_error "exact search replays the simple" search --gemm 48x48x16 --tile 16x16x16 --p 1 --method exact --l2-model partitioned
 expect_error "unknown model config 'nope'" graph --decode-step nope
+# plan: the executor's plan and the ranked candidates (ffn gated and plain, gemm, --json), bad values.
+expect_ok "Executor's plan (FusedFfn's default options)" plan ffn --m 16 --d 1024 --f 2048
+grep -q "<- executor" "$tmp/out" || fail "plan ffn lacks the executor's row"
+grep -q "model's best" "$tmp/out" || fail "plan ffn lacks the model's best"
+expect_ok "plain MLP M=37" plan ffn --m 37 --d 1024 --f 2048 --plain
+expect_ok "GEMM M=16 N=256 K=1024" plan gemm --m 16 --n 256 --k 1024
+grep -q "split=auto kslices/col_major" "$tmp/out" || fail "plan gemm lacks the executor's knobs"
+expect_json plan gemm --m 256 --n 1024 --k 2048 --json
+python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['executor']['executor'] and d['candidates'] and d['best']['ratio_to_executor'] <= 1.0 and sum(c['executor'] for c in d['candidates']) == 1" "$tmp/out" ||
+  fail "plan --json lacks the executor, the candidates or the best"
+expect_error "M must be positive, got 0" plan ffn --m 0 --d 4096 --f 14336
+expect_error "M must be positive, got -3" plan gemm --m -3 --n 256 --k 1024
+expect_error "M = 100000 is over" plan ffn --m 100000 --d 4096 --f 14336
+expect_error "K = 1001 must be a multiple of 8" plan gemm --m 16 --n 256 --k 1001
+expect_error "unknown op 'attention'" plan attention --m 16
+expect_error "--f is required" plan ffn --m 16 --d 4096
+expect_error "--n does not apply" plan ffn --m 16 --d 4096 --f 14336 --n 5
 expect_error "nosuch" nosuch
 expect_error "--bogus" sim --bogus
 

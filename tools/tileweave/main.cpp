@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   tw::cli::register_step_command(app);
   tw::cli::register_graph_command(app);
   tw::cli::register_validate_command(app);
+  tw::cli::register_plan_command(app);
   register_gui_command(app);
   try {
     app.parse(argc, argv);

@@ -32,11 +32,14 @@ const ValidationShape& find_validation_shape(const std::string& name);  // Inval
 // decode_gemm.cu apply the same rules; the bench checks that the graphs agree). `sms`: the SM count
 // the tail slices and DecodeGemm's split are sized for.
 Tiling sm90_op_tiling(int64_t m, int64_t n, int64_t k, int64_t target_kib, int split, const std::string& slices, int sms);
-// FusedFfn's default options on sm90: gate/up in ~4 MiB slices, down in ~512 KiB x rows/128 with
-// "tail:1" slices.
-FfnTiling sm90_ffn_tiling(const FfnShape& s, int sms);
-// DecodeGemm's default options: Y[m, n] = X[m, k] W[n, k]^T, split to one wave of `sms` tiles.
-TileGraph decode_gemm_graph(int64_t m, int64_t n, int64_t k, int sms);
+// FusedFfn's options on sm90 (the defaults are FfnOptions'): gate/up in ~4 MiB slices, down in
+// ~512 KiB x rows/128 with "tail:1" slices; split_gate_up / split_down > 0 and down_slices as
+// FfnOptions::split_gate_up / split_down / down_slices.
+FfnTiling sm90_ffn_tiling(const FfnShape& s, int sms, int split_gate_up = 0, int split_down = 0,
+                          const std::string& down_slices = "tail:1");
+// DecodeGemm's options (the defaults are DecodeGemmOptions'): Y[m, n] = X[m, k] W[n, k]^T, split to
+// one wave of `sms` tiles; split_k > 0 and k_slices as DecodeGemmOptions::split_k / k_slices.
+TileGraph decode_gemm_graph(int64_t m, int64_t n, int64_t k, int sms, int split_k = 0, const std::string& k_slices = "even");
 
 // One case of the grid: the graph the executor runs, a schedule of it, the grid (tiles in flight).
 struct ValidationCase {

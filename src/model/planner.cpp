@@ -1,0 +1,232 @@
+#include "tileweave/model/planner.hpp"
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+
+#include "tileweave/kernels/sm90/tile_shape.hpp"
+#include "tileweave/model/cache_model.hpp"
+#include "tileweave/model/time_model.hpp"
+#include "tileweave/model/validation.hpp"
+#include "tileweave/order/orders.hpp"
+
+namespace tw {
+
+namespace {
+
+constexpr int kMaxSlices = 64;  // the sm90 body's slice table (src/ops/ffn_sm90.hpp)
+
+void check_size(int64_t v, const std::string& what, int64_t max, int64_t multiple) {
+  if (v <= 0) throw InvalidArgument("plan: " + what + " must be positive, got " + std::to_string(v));
+  if (v > max) throw InvalidArgument("plan: " + what + " = " + std::to_string(v) + " is over the largest the planner takes (" +
+                                     std::to_string(max) + ")");
+  if (multiple > 1 && v % multiple)
+    throw InvalidArgument("plan: " + what + " = " + std::to_string(v) + " must be a multiple of " + std::to_string(multiple) +
+                          " (the executor's 16-byte rows)");
+}
+
+std::string split_name(int s) { return s ? std::to_string(s) : std::string("auto"); }
+
+std::string label_of(const PlanRequest& r, const PlanKnobs& k) {
+  const std::string order = k.order.empty() ? "" : " " + k.order;
+  if (r.op == "ffn") return "gate_up=" + split_name(k.split_gate_up) + " down=" + split_name(k.split_down) + order;
+  return "split=" + split_name(k.split_k) + order;
+}
+
+// The slices of an op as a key (two knob values giving the same slices are one candidate).
+std::vector<int64_t> slice_key(const Tiling& t) {
+  std::vector<int64_t> v{t.split_k};
+  v.insert(v.end(), t.k_cuts.begin(), t.k_cuts.end());
+  return v;
+}
+
+PlanOp op_summary(const Op& o) {
+  PlanOp p;
+  p.name = o.name;
+  p.bm = o.tiling.bm, p.bn = o.tiling.bn, p.bk = o.tiling.bk, p.split_k = o.tiling.split_k;
+  for (int64_t ks = 0; ks < o.tiling.split_k; ++ks)
+    p.slice_steps.push_back((o.k_begin(ks + 1) - o.k_begin(ks) + o.tiling.bk - 1) / o.tiling.bk);
+  p.tiles = o.num_tiles;
+  return p;
+}
+
+CacheConfig cache_config(const GpuPreset& preset, bool partitioned) {
+  CacheConfig cc;
+  cc.capacity_bytes = preset.l2_bytes;
+  cc.line_bytes = 32;
+  cc.in_flight = preset.sms;
+  if (partitioned) {
+    cc.l2 = L2Kind::Partitioned;
+    cc.part = preset.l2;
+  }
+  return cc;
+}
+
+void score(const PlanRequest& r, const GpuPreset& preset, PlanCandidate& c, bool partitioned) {
+  const TileGraph g = plan_graph(r, c.knobs, preset.sms);
+  const Schedule s = make_order(g, c.knobs.order);
+  const TrafficReport t = simulate(g, s, cache_config(preset, partitioned));
+  const double us = predict_time(g, s, t, time_params(preset, preset.sms)).fused_us;
+  if (partitioned) {
+    c.refined = true;
+    c.part_read = t.dram_read, c.part_write = t.dram_write, c.part_us = us;
+  } else {
+    c.simple_read = t.dram_read, c.simple_write = t.dram_write, c.simple_us = us;
+  }
+  if (c.ops.empty()) {
+    for (const Op& o : g.ops()) c.ops.push_back(op_summary(o));
+    c.tiles = g.num_tiles();
+    c.waves = double(c.tiles) / preset.sms;
+  }
+}
+
+}  // namespace
+
+void check_plan_request(const PlanRequest& r) {
+  if (r.op != "ffn" && r.op != "gemm") throw InvalidArgument("plan: unknown op '" + r.op + "' (known: ffn, gemm)");
+  check_size(r.m, "M", kPlanMaxM, 1);
+  if (r.op == "ffn") {
+    check_size(r.d, "d", kPlanMaxDim, 8);
+    check_size(r.f, "F", kPlanMaxDim, 8);
+  } else {
+    check_size(r.n, "N", kPlanMaxDim, 1);
+    check_size(r.k, "K", kPlanMaxDim, 8);
+  }
+}
+
+const std::vector<std::string>& plan_orders() {
+  static const std::vector<std::string> v = [] {
+    std::vector<std::string> o;
+    for (const std::string& s : validation_orders())
+      if (s != "search") o.push_back(s);
+    return o;
+  }();
+  return v;
+}
+
+std::vector<int> plan_splits(int64_t m, int64_t k, int64_t out_tiles, int grid, double max_waves) {
+  const int64_t step = sm90::stage_cols_for(sm90::act_rows_for(m));
+  const int64_t cap = std::min<int64_t>((k + step - 1) / step, kMaxSlices);
+  std::vector<int> v;
+  for (int64_t s = 1; s <= cap; s *= 2) {
+    if (s > 1 && max_waves > 0 && double(s * out_tiles) > max_waves * grid) break;
+    v.push_back(int(s));
+  }
+  return v;
+}
+
+TileGraph plan_graph(const PlanRequest& r, const PlanKnobs& k, int sms) {
+  if (r.op == "ffn") {
+    const FfnShape fs{r.m, r.d, r.f, r.gated};
+    return build_ffn_graph(fs, sm90_ffn_tiling(fs, sms, k.split_gate_up, k.split_down)).graph;
+  }
+  return decode_gemm_graph(r.m, r.n, r.k, sms, k.split_k);
+}
+
+std::vector<PlanKnobs> plan_candidate_knobs(const PlanRequest& r, int sms, std::vector<std::string>* rejected,
+                                            std::vector<std::string>* skipped) {
+  check_plan_request(r);
+  // Tilings: the executor's own (auto) first, then each op's K slices varied with the other's at
+  // the executor's rule (FFN), or the GEMM's. Output tiles per op from the executor's own graph.
+  const TileGraph base = plan_graph(r, PlanKnobs{}, sms);
+  auto splits = [&](int op, int64_t k) {
+    const Op& o = base.op(op);
+    const int64_t out = o.grid_m * o.grid_n;
+    std::vector<int> v = plan_splits(r.m, k, out, sms, r.max_split_waves);
+    const std::vector<int> all = plan_splits(r.m, k);
+    if (skipped && all.size() > v.size())
+      skipped->push_back(o.name + ": K slices " + std::to_string(all[v.size()]) +
+                         (all.size() > v.size() + 1 ? ".." + std::to_string(all.back()) : std::string()) + " (" +
+                         std::to_string(out) + " output tiles x slices over " +
+                         std::to_string(int64_t(r.max_split_waves * sms)) + " tiles = max_split_waves x grid)");
+    return v;
+  };
+  std::vector<PlanKnobs> tilings{PlanKnobs{}};
+  if (r.op == "ffn") {
+    for (int s : splits(1, r.f)) tilings.push_back({0, s, 0, ""});
+    for (int s : splits(0, r.d)) tilings.push_back({s, 0, 0, ""});
+  } else {
+    for (int s : splits(0, r.k)) tilings.push_back({0, 0, s, ""});
+  }
+  std::vector<PlanKnobs> out;
+  std::vector<std::vector<std::vector<int64_t>>> seen;
+  for (PlanKnobs t : tilings) {
+    std::vector<std::vector<int64_t>> key;
+    try {
+      if (r.op == "ffn") {
+        const FfnTiling ft = sm90_ffn_tiling({r.m, r.d, r.f, r.gated}, sms, t.split_gate_up, t.split_down);
+        key = {slice_key(ft.gate_up), slice_key(ft.down)};
+      } else {
+        key = {slice_key(decode_gemm_graph(r.m, r.n, r.k, sms, t.split_k).op(0).tiling)};
+      }
+    } catch (const InvalidArgument& e) {
+      // The executor itself refuses its own default only where the shape is out of its reach.
+      if (t == PlanKnobs{}) throw;
+      t.order = "";
+      if (rejected) rejected->push_back(label_of(r, t) + ": " + e.what());
+      continue;
+    }
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
+    seen.push_back(key);
+    for (const std::string& o : plan_orders()) {
+      t.order = o;
+      out.push_back(t);
+    }
+  }
+  // The executor's own plan first: its tiling with its default order.
+  const auto it = std::find(out.begin(), out.end(), PlanKnobs{});
+  if (it != out.end()) std::rotate(out.begin(), it, it + 1);
+  return out;
+}
+
+PlanResult make_plan(const PlanRequest& r, const GpuPreset& preset) {
+  PlanResult res;
+  res.request = r;
+  res.preset = preset.name;
+  res.grid = preset.sms;
+  const std::vector<PlanKnobs> knobs = plan_candidate_knobs(r, preset.sms, &res.rejected, &res.skipped);
+  std::vector<PlanCandidate> cs;
+  for (const PlanKnobs& k : knobs) {
+    PlanCandidate c;
+    c.knobs = k;
+    c.label = label_of(r, k);
+    c.executor = k == PlanKnobs{};
+    score(r, preset, c, false);
+    cs.push_back(std::move(c));
+  }
+  // Rank by the simple model (ties: fewer bytes, then the enumeration order), re-score the best
+  // `refine` and the executor's plan with the partitioned model, rank those first by it.
+  std::stable_sort(cs.begin(), cs.end(), [](const PlanCandidate& a, const PlanCandidate& b) {
+    if (a.simple_us != b.simple_us) return a.simple_us < b.simple_us;
+    return a.simple_read < b.simple_read;
+  });
+  const size_t refine = r.refine < 0 ? cs.size() : std::min<size_t>(cs.size(), size_t(r.refine));
+  for (size_t i = 0; i < cs.size(); ++i)
+    if (i < refine || cs[i].executor) score(r, preset, cs[i], true);
+  std::stable_sort(cs.begin(), cs.end(), [](const PlanCandidate& a, const PlanCandidate& b) {
+    if (a.refined != b.refined) return a.refined;
+    if (a.us() != b.us()) return a.us() < b.us();
+    return a.read() < b.read();
+  });
+  for (const PlanCandidate& c : cs)
+    if (c.executor) res.executor = c;
+  for (PlanCandidate& c : cs) {
+    const double base = c.refined ? res.executor.part_us : res.executor.simple_us;
+    c.ratio = base > 0 ? c.us() / base : 0;
+  }
+  res.executor.ratio = 1;
+  res.candidates = std::move(cs);
+  res.left_out = {
+      "tile shape: not a knob of the executor (the sm90 body takes its activation rows from M, 8..256, and "
+      "128 weight rows per tile)",
+      "tiles per SM and ring depth: one CTA per SM (the sm90 body takes over half the shared memory), its "
+      "ring fixed by the body",
+      r.op == "ffn" ? "down_slices other than tail:1 (even, tail:2..4), and both splits varied together: executor "
+                      "knobs the planner does not enumerate"
+                    : "k_slices other than even (tail:1..4): a DecodeGemm knob the planner does not enumerate",
+      "orders other than the validation grid's five (dataflow, chain orders, the search's): see tileweave search",
+  };
+  return res;
+}
+
+}  // namespace tw

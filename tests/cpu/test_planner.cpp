@@ -1,0 +1,136 @@
+// `tileweave plan` (model/planner.hpp): the candidate plans the executor can run for a shape, and
+// their ranking by the model.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "tileweave/model/planner.hpp"
+#include "tileweave/model/validation.hpp"
+
+using namespace tw;
+
+namespace {
+PlanRequest gemm(int64_t m, int64_t n, int64_t k) {
+  PlanRequest r;
+  r.op = "gemm", r.m = m, r.n = n, r.k = k;
+  return r;
+}
+PlanRequest ffn(int64_t m, int64_t d, int64_t f, bool gated = true) {
+  PlanRequest r;
+  r.op = "ffn", r.m = m, r.d = d, r.f = f, r.gated = gated;
+  return r;
+}
+}  // namespace
+
+// K slices: powers of two up to min(K-steps, 64). At M = 16 a K-step is 128 columns (K = 1024: 8
+// steps); at M = 256 it is 64 (K = 14336: 224 steps, capped at 64 slices). With a wave cap, 1 always
+// and then s while s x out_tiles <= waves x grid.
+TEST(Planner, Splits) {
+  EXPECT_EQ(plan_splits(16, 1024), (std::vector<int>{1, 2, 4, 8}));
+  EXPECT_EQ(plan_splits(256, 14336), (std::vector<int>{1, 2, 4, 8, 16, 32, 64}));
+  EXPECT_EQ(plan_splits(16, 128), (std::vector<int>{1}));
+  EXPECT_EQ(plan_splits(256, 14336, 32, 132, 1), (std::vector<int>{1, 2, 4}));  // 4 x 32 <= 132 < 8 x 32
+  EXPECT_EQ(plan_splits(256, 14336, 300, 132, 1), (std::vector<int>{1}));
+}
+
+// GEMM M = 16, N = 256, K = 1024: 2 output tiles (16 x 128), 8 K-steps of 128. DecodeGemm splits to
+// fill one wave: min(132 / 2, 8 steps) = 8 slices of one step (16 tiles). Candidates: auto (= 8), 1,
+// 2, 4 (8 is auto again) x the five orders = 20, the executor's (auto, kslices/col_major) first.
+TEST(Planner, GemmCandidates) {
+  const PlanRequest r = gemm(16, 256, 1024);
+  const std::vector<PlanKnobs> k = plan_candidate_knobs(r, 132);
+  ASSERT_EQ(k.size(), 20u);
+  EXPECT_EQ(k[0], PlanKnobs{});
+  for (int s : {0, 1, 2, 4})
+    for (const std::string& o : plan_orders())
+      EXPECT_EQ(std::count(k.begin(), k.end(), PlanKnobs{0, 0, s, o}), 1) << "split " << s << " " << o;
+  EXPECT_EQ(std::count_if(k.begin(), k.end(), [](const PlanKnobs& x) { return x.split_k == 8; }), 0);
+  const TileGraph g = plan_graph(r, k[0], 132);
+  EXPECT_EQ(g.op(0).tiling.split_k, 8);
+  EXPECT_EQ(g.num_tiles(), 16);
+  EXPECT_EQ(plan_orders(), (std::vector<std::string>{"row_major", "col_major", "grouped:8", "hilbert", "kslices/col_major"}));
+}
+
+// Ranking of that GEMM, worked by hand. Every plan reads W (256 x 1024 x 2 B = 512 KiB) and x
+// (16 x 1024 x 2 B = 32 KiB) once: 557056 B; split plans also the fp32 partial sums (16 x 256 x
+// 4 B = 16 KiB) once. Unsplit, 2 tiles stream alone, each at one SM's rate:
+// launch + fixed + (its 256 KiB of W + half of x) / sm_stream_gbps = 3 + 5.5 + 3.76 = 12.3 us, the
+// slowest; 4 slices (8 tiles) beat the executor's 8 slices (16 tiles of one K-step pay 16 slices'
+// reductions into 2 blocks).
+TEST(Planner, GemmRanking) {
+  PlanRequest r = gemm(16, 256, 1024);
+  r.refine = -1;
+  const GpuPreset p = find_gpu_preset("h200");
+  const PlanResult res = make_plan(r, p);
+  ASSERT_EQ(res.candidates.size(), 20u);
+  EXPECT_TRUE(res.executor.executor);
+  EXPECT_EQ(res.executor.knobs, PlanKnobs{});
+  EXPECT_DOUBLE_EQ(res.executor.ratio, 1.0);
+  for (size_t i = 0; i < res.candidates.size(); ++i) {
+    const PlanCandidate& c = res.candidates[i];
+    EXPECT_TRUE(c.refined);
+    EXPECT_EQ(c.simple_read, c.knobs.split_k == 1 ? 557056 : 557056 + 16384) << c.label;
+    if (i) EXPECT_LE(res.candidates[i - 1].us(), c.us());
+    EXPECT_NEAR(c.ratio, c.us() / res.executor.part_us, 1e-12);
+  }
+  const double unsplit = p.launch_us + p.tile_fixed_us + (262144 + 16384) / (p.sm_stream_gbps * 1e3);
+  for (size_t i = 15; i < 20; ++i) {
+    EXPECT_EQ(res.candidates[i].knobs.split_k, 1);
+    EXPECT_NEAR(res.candidates[i].simple_us, unsplit, 0.05 * unsplit);
+  }
+  EXPECT_EQ(res.candidates[0].knobs.split_k, 4);
+  EXPECT_LT(res.candidates[0].us(), res.executor.us());
+}
+
+// Only the best `refine` by the simple model (and the executor's plan) get the partitioned model;
+// they rank first.
+TEST(Planner, RefineTop) {
+  PlanRequest r = gemm(16, 256, 1024);
+  r.refine = 2;
+  const PlanResult res = make_plan(r, find_gpu_preset("h200"));
+  const auto refined = std::count_if(res.candidates.begin(), res.candidates.end(), [](const PlanCandidate& c) { return c.refined; });
+  EXPECT_GE(refined, 2);
+  EXPECT_LE(refined, 3);
+  for (size_t i = 0; i < size_t(refined); ++i) EXPECT_TRUE(res.candidates[i].refined);
+  EXPECT_TRUE(res.executor.refined);
+}
+
+// The FFN's candidates: the executor's graph is the one the validation grid (and so the bench,
+// which checks it against FusedFfn) builds; each op's K slices varied with the other's at auto;
+// the plain MLP too.
+TEST(Planner, FfnCandidates) {
+  const PlanRequest r = ffn(256, 4096, 14336);
+  std::string why;
+  const ValidationCase vc = make_validation_case(find_validation_shape("llama3-8b"), 256, "kslices/col_major", 132);
+  EXPECT_TRUE(validation_graphs_match(plan_graph(r, PlanKnobs{}, 132), vc.graph, &why)) << why;
+  std::vector<std::string> rejected, skipped;
+  const std::vector<PlanKnobs> k = plan_candidate_knobs(r, 132, &rejected, &skipped);
+  EXPECT_EQ(k[0], PlanKnobs{});
+  EXPECT_EQ(k.size() % plan_orders().size(), 0u);
+  for (const PlanKnobs& x : k) EXPECT_TRUE(x.split_gate_up == 0 || x.split_down == 0);
+  // Down at M = 256: 1 x 32 output tiles; 8 waves of 132 allow up to 32 slices; 64 is skipped.
+  EXPECT_EQ(std::count(k.begin(), k.end(), PlanKnobs{0, 32, 0, "row_major"}), 1);
+  EXPECT_EQ(std::count(k.begin(), k.end(), PlanKnobs{0, 64, 0, "row_major"}), 0);
+  EXPECT_FALSE(skipped.empty());
+  const PlanRequest plain = ffn(37, 2048, 4096, false);
+  const TileGraph g = plan_graph(plain, PlanKnobs{}, 132);
+  EXPECT_EQ(g.ops().size(), 2u);
+  EXPECT_EQ(g.op(0).tiling.bn, 128);  // no gate/up pairs
+}
+
+TEST(Planner, BadRequests) {
+  EXPECT_THROW(check_plan_request(gemm(0, 256, 1024)), InvalidArgument);
+  EXPECT_THROW(check_plan_request(gemm(-4, 256, 1024)), InvalidArgument);
+  EXPECT_THROW(check_plan_request(gemm(kPlanMaxM + 1, 256, 1024)), InvalidArgument);
+  EXPECT_THROW(check_plan_request(gemm(16, 256, 1000 + 4)), InvalidArgument);  // K % 8
+  EXPECT_THROW(check_plan_request(ffn(16, 4096, 0)), InvalidArgument);
+  PlanRequest bad = ffn(16, 4096, 14336);
+  bad.op = "attention";
+  EXPECT_THROW(check_plan_request(bad), InvalidArgument);
+  try {
+    check_plan_request(gemm(kPlanMaxM + 1, 256, 1024));
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(std::to_string(kPlanMaxM + 1)), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(check_plan_request(gemm(kPlanMaxM, 256, 1024)));
+}

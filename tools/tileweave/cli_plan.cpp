@@ -1,0 +1,186 @@
+// `tileweave plan ffn|gemm`: the executor's own plan for a shape (tile shape, K slices, tiles,
+// waves, order: the host copy of its sm90 tiling rules, model/validation.hpp) with the model's
+// predicted DRAM bytes and time, then the candidate plans the model considers beside it, ranked
+// (model/planner.hpp).
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <iostream>
+#include <limits>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "cli_commands.hpp"
+#include "tileweave/model/planner.hpp"
+
+namespace tw::cli {
+
+namespace {
+
+using nlohmann::json;
+
+constexpr int64_t kUnset = std::numeric_limits<int64_t>::min();
+
+struct PlanOptions {
+  std::string op;
+  int64_t m = kUnset, d = kUnset, f = kUnset, n = kUnset, k = kUnset;
+  bool plain = false, json_out = false;
+  std::string gpu = "h200";
+  int refine = 4;
+  int top = 20;
+  double max_split_waves = 8;
+};
+
+std::string slices_text(const PlanOp& o) {
+  // Run-length: "7x16+2x8" K-steps per slice.
+  std::string s;
+  for (size_t i = 0; i < o.slice_steps.size();) {
+    size_t j = i;
+    while (j < o.slice_steps.size() && o.slice_steps[j] == o.slice_steps[i]) ++j;
+    s += (s.empty() ? "" : "+") + (j - i > 1 ? fmt::format("{}x{}", j - i, o.slice_steps[i]) : fmt::format("{}", o.slice_steps[i]));
+    i = j;
+  }
+  return s;
+}
+
+std::string ops_text(const PlanCandidate& c) {
+  std::string s;
+  for (const PlanOp& o : c.ops) s += fmt::format("{}{} {}", s.empty() ? "" : ", ", o.name, o.split_k);
+  return s;
+}
+
+json candidate_json(const PlanCandidate& c) {
+  json ops = json::array();
+  for (const PlanOp& o : c.ops)
+    ops.push_back({{"name", o.name}, {"tile", {o.bm, o.bn, o.bk}}, {"k_slices", o.split_k}, {"slice_k_steps", o.slice_steps},
+                   {"tiles", o.tiles}});
+  json j{{"label", c.label},
+         {"executor", c.executor},
+         {"order", c.knobs.order},
+         {"ops", ops},
+         {"tiles", c.tiles},
+         {"waves", c.waves},
+         {"simple", {{"dram_read", c.simple_read}, {"dram_write", c.simple_write}, {"us", c.simple_us}}},
+         {"model", c.refined ? "partitioned" : "simple"},
+         {"dram_read", c.read()},
+         {"us", c.us()},
+         {"ratio_to_executor", c.ratio}};
+  if (c.refined) j["partitioned"] = {{"dram_read", c.part_read}, {"dram_write", c.part_write}, {"us", c.part_us}};
+  if (c.ops.size() == 2)
+    j["knobs"] = {{"split_gate_up", c.knobs.split_gate_up}, {"split_down", c.knobs.split_down}, {"down_slices", "tail:1"}};
+  else
+    j["knobs"] = {{"split_k", c.knobs.split_k}, {"k_slices", "even"}};
+  return j;
+}
+
+void run_plan(const PlanOptions& o) {
+  PlanRequest r;
+  r.op = o.op;
+  if (r.op != "ffn" && r.op != "gemm") throw InvalidArgument("plan: unknown op '" + r.op + "' (known: ffn, gemm)");
+  auto need = [&](int64_t v, const char* opt) {
+    if (v == kUnset) throw InvalidArgument(fmt::format("plan {}: {} is required", r.op, opt));
+    return v;
+  };
+  auto refuse = [&](int64_t v, const char* opt) {
+    if (v != kUnset) throw InvalidArgument(fmt::format("plan {}: {} does not apply (ffn takes --d/--f, gemm --n/--k)", r.op, opt));
+  };
+  r.m = need(o.m, "--m");
+  if (r.op == "ffn") {
+    r.d = need(o.d, "--d"), r.f = need(o.f, "--f");
+    refuse(o.n, "--n"), refuse(o.k, "--k");
+    r.gated = !o.plain;
+  } else {
+    r.n = need(o.n, "--n"), r.k = need(o.k, "--k");
+    refuse(o.d, "--d"), refuse(o.f, "--f");
+    if (o.plain) throw InvalidArgument("plan gemm: --plain applies to ffn only");
+  }
+  if (o.refine < -1) throw InvalidArgument("plan: --refine must be >= 0 (or -1: all), got " + std::to_string(o.refine));
+  if (o.top < 1) throw InvalidArgument("plan: --top must be >= 1, got " + std::to_string(o.top));
+  if (!(o.max_split_waves >= 0))
+    throw InvalidArgument(fmt::format("plan: --max-split-waves must be >= 0, got {}", o.max_split_waves));
+  r.refine = o.refine;
+  r.max_split_waves = o.max_split_waves;
+  check_plan_request(r);
+  const GpuPreset preset = find_gpu_preset(o.gpu);
+  const PlanResult p = make_plan(r, preset);
+  const PlanCandidate& e = p.executor;
+  const std::string shape = r.op == "ffn" ? fmt::format("{} M={} d={} F={}", r.gated ? "gated FFN" : "plain MLP", r.m, r.d, r.f)
+                                          : fmt::format("GEMM M={} N={} K={}", r.m, r.n, r.k);
+  const std::string ranking =
+      r.refine < 0 ? std::string("every candidate scored with the partitioned L2 model and the tile replay")
+                   : fmt::format("every candidate scored with the simple L2 model and the tile replay; its best {} and the "
+                                 "executor's plan re-scored with the partitioned L2 model, which ranks them first",
+                                 r.refine);
+  if (o.json_out) {
+    json cands = json::array();
+    for (const PlanCandidate& c : p.candidates) cands.push_back(candidate_json(c));
+    json req{{"op", r.op}, {"m", r.m}};
+    if (r.op == "ffn")
+      req["d"] = r.d, req["f"] = r.f, req["gated"] = r.gated;
+    else
+      req["n"] = r.n, req["k"] = r.k;
+    std::cout << json{{"request", req},        {"preset", p.preset},         {"grid", p.grid},
+                      {"ranking", ranking},    {"executor", candidate_json(e)}, {"best", candidate_json(p.candidates.front())},
+                      {"candidates", cands},   {"rejected", p.rejected},     {"skipped", p.skipped},
+                      {"max_split_waves", r.max_split_waves}, {"left_out", p.left_out}}
+                     .dump(2)
+              << "\n";
+    return;
+  }
+  fmt::print("{} on {} ({} SMs, one tile per SM)\n\n", shape, p.preset, p.grid);
+  fmt::print("Executor's plan ({}):\n", r.op == "ffn" ? "FusedFfn's default options" : "DecodeGemm's default options");
+  for (const PlanOp& op : e.ops)
+    fmt::print("  {:<8} tile {}x{}x{} (act rows x weight rows x K-step), {} K slice{} ({} K-steps), {} tiles\n", op.name, op.bm,
+               op.bn, op.bk, op.split_k, op.split_k > 1 ? "s" : "", slices_text(op), op.tiles);
+  fmt::print("  {} tiles, {:.2f} waves of {}, order {}\n", e.tiles, e.waves, p.grid, e.knobs.order);
+  fmt::print("  model: {:.1f} MB read, {:.1f} MB written, {:.1f} us (partitioned L2 + tile replay); simple L2: {:.1f} MB, {:.1f} us\n\n",
+             e.part_read / 1e6, e.part_write / 1e6, e.part_us, e.simple_read / 1e6, e.simple_us);
+  fmt::print("Candidates ({} scored; {}):\n", p.candidates.size(), ranking);
+  fmt::print("  {:>4}  {:<40} {:<19} {:>6} {:>6}  {:<5} {:>9} {:>9} {:>7}\n", "rank", "knobs (K slices; auto: the rule)", "slices", "tiles",
+             "waves", "model", "read MB", "us", "vs exec");
+  const size_t shown = std::min<size_t>(p.candidates.size(), size_t(o.top));
+  bool exec_shown = false;
+  auto row = [&](size_t i, const PlanCandidate& c) {
+    fmt::print("  {:>4}{} {:<40} {:<19} {:>6} {:>6.2f}  {:<5} {:>9.1f} {:>9.1f} {:>6.3f}x{}\n", i + 1, i == 0 ? '*' : ' ', c.label,
+               ops_text(c), c.tiles, c.waves, c.refined ? "part" : "simpl", c.read() / 1e6, c.us(), c.ratio,
+               c.executor ? "  <- executor" : "");
+  };
+  for (size_t i = 0; i < shown; ++i) {
+    row(i, p.candidates[i]);
+    exec_shown |= p.candidates[i].executor;
+  }
+  if (!exec_shown)
+    for (size_t i = shown; i < p.candidates.size(); ++i)
+      if (p.candidates[i].executor) fmt::print("  ...\n"), row(i, p.candidates[i]);
+  if (shown < p.candidates.size()) fmt::print("  ({} more: --top N)\n", p.candidates.size() - shown);
+  const PlanCandidate& b = p.candidates.front();
+  fmt::print("\n* model's best: {} -- {:.1f} us, {:.3f}x the executor's plan ({:+.1f} us)\n", b.label, b.us(), b.ratio,
+             b.us() - e.part_us);
+  for (const std::string& s : p.rejected) fmt::print("rejected by the executor's rules: {}\n", s);
+  for (const std::string& s : p.skipped) fmt::print("not scored (--max-split-waves {}): {}\n", r.max_split_waves, s);
+  for (const std::string& s : p.left_out) fmt::print("left out: {}\n", s);
+}
+
+}  // namespace
+
+void register_plan_command(CLI::App& app) {
+  auto o = std::make_shared<PlanOptions>();
+  CLI::App* c = app.add_subcommand("plan", "the executor's plan for an op and shape, and the candidate plans the model ranks beside it");
+  c->add_option("op", o->op, "ffn (fused FFN: gated, or --plain) or gemm (DecodeGemm)")->required();
+  c->add_option("--m", o->m, "activation rows (tokens)");
+  c->add_option("--d", o->d, "ffn: hidden size");
+  c->add_option("--f", o->f, "ffn: intermediate size");
+  c->add_option("--n", o->n, "gemm: output columns (W's rows)");
+  c->add_option("--k", o->k, "gemm: inner size");
+  c->add_flag("--plain", o->plain, "ffn: a plain two-GEMM MLP (no gate)");
+  c->add_option("--gpu", o->gpu, "GPU preset: h200, h100, a100 or a preset JSON")->capture_default_str();
+  c->add_option("--refine", o->refine, "the simple model's best N re-scored with the partitioned model (-1: all)")
+      ->capture_default_str();
+  c->add_option("--max-split-waves", o->max_split_waves,
+                "K slices tried while slices x output tiles <= this many waves of the grid (0: all the executor allows)")
+      ->capture_default_str();
+  c->add_option("--top", o->top, "candidates printed (--json lists all)")->capture_default_str();
+  c->add_flag("--json", o->json_out, "JSON output");
+  c->callback([o] { run_plan(*o); });
+}
+
+}  // namespace tw::cli
