@@ -50,22 +50,10 @@ PlanOp op_summary(const Op& o) {
   return p;
 }
 
-CacheConfig cache_config(const GpuPreset& preset, bool partitioned) {
-  CacheConfig cc;
-  cc.capacity_bytes = preset.l2_bytes;
-  cc.line_bytes = 32;
-  cc.in_flight = preset.sms;
-  if (partitioned) {
-    cc.l2 = L2Kind::Partitioned;
-    cc.part = preset.l2;
-  }
-  return cc;
-}
-
 void score(const PlanRequest& r, const GpuPreset& preset, PlanCandidate& c, bool partitioned) {
   const TileGraph g = plan_graph(r, c.knobs, preset.sms);
   const Schedule s = make_order(g, c.knobs.order);
-  const TrafficReport t = simulate(g, s, cache_config(preset, partitioned));
+  const TrafficReport t = simulate(g, s, validation_cache_config(preset, preset.sms, partitioned));
   const double us = predict_time(g, s, t, time_params(preset, preset.sms)).fused_us;
   if (partitioned) {
     c.refined = true;

@@ -145,18 +145,23 @@ bool validation_graphs_match(const TileGraph& a, const TileGraph& b, std::string
   return true;
 }
 
-ValidationModel model_validation_case(const TileGraph& g, const Schedule& s, int grid, const GpuPreset& preset,
-                                      bool time_from_simple) {
+CacheConfig validation_cache_config(const GpuPreset& preset, int grid, bool partitioned) {
   CacheConfig cc;
   cc.capacity_bytes = preset.l2_bytes;
   cc.line_bytes = 32;
   cc.in_flight = grid;
+  if (partitioned) {
+    cc.l2 = L2Kind::Partitioned;
+    cc.part = preset.l2;
+  }
+  return cc;
+}
+
+ValidationModel model_validation_case(const TileGraph& g, const Schedule& s, int grid, const GpuPreset& preset,
+                                      bool time_from_simple) {
   ValidationModel r;
-  r.simple = simulate(g, s, cc);
-  CacheConfig pc = cc;
-  pc.l2 = L2Kind::Partitioned;
-  pc.part = preset.l2;
-  r.partitioned = simulate(g, s, pc);
+  r.simple = simulate(g, s, validation_cache_config(preset, grid, false));
+  r.partitioned = simulate(g, s, validation_cache_config(preset, grid, true));
   r.time = predict_time(g, s, time_from_simple ? r.simple : r.partitioned, time_params(preset, grid));
   return r;
 }

@@ -63,7 +63,10 @@ struct ValidationModel {
   TrafficReport partitioned;  // the partitioned L2 model (preset.l2)
   TimePrediction time;        // from the partitioned model's bytes (the simple one's with time_from_simple)
 };
-// Cache = preset.l2_bytes, sectors of 32 B, in flight = grid.
+// The cache the model runs for a launch of `grid` tiles in flight on `preset`: preset.l2_bytes,
+// sectors of 32 B, the simple LRU model or the partitioned one (preset.l2).
+CacheConfig validation_cache_config(const GpuPreset& preset, int grid, bool partitioned);
+// Both caches of validation_cache_config.
 ValidationModel model_validation_case(const TileGraph& g, const Schedule& s, int grid, const GpuPreset& preset,
                                       bool time_from_simple = false);
 
