@@ -3,6 +3,8 @@
 // sync policy, the planner's splits, and the traffic model against the step's byte floor.
 #include <gtest/gtest.h>
 
+#include "llm_test_util.hpp"
+
 #include <algorithm>
 #include <set>
 #include <string>
@@ -20,14 +22,7 @@ std::set<int> ops_of(const TileGraph& g, const std::vector<int>& tiles) {
   return s;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InvalidArgument& e) {
-    return e.what();
-  }
-  return "";
-}
+using tw::test::error_of;
 
 TEST(StepGraph, OpsDependenciesAndPlan) {
   const ModelConfig c = named_config("tiny-llama");

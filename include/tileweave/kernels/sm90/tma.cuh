@@ -46,6 +46,17 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
       : "memory");
 }
 
+// Box at coordinates (c0, c1, c2) of a 3-D map (make_head_rows_map_bf16: column, head, row).
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, uint64_t* bar,
+                                           uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2),
+      "r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar))), "l"(policy)
+      : "memory");
+}
+
 // Box at coordinates (c0, c1, c2, c3) of a 4-D map (make_paired_rows_map_bf16).
 __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
                                            uint64_t* bar, uint64_t policy) {
@@ -129,6 +140,20 @@ inline CUtensorMap make_paired_rows_map_bf16(const void* base, uint64_t half_row
   const cuuint32_t box[4] = {64, 8, 2, groups};
   return detail::encode_bf16_sw128(base, 4, dims, strides, box, false,
                                    "paired halves of " + std::to_string(half_rows) + "x" + std::to_string(cols) + " rows");
+}
+
+// One head of packed activations [rows][heads][cols] bf16 (the "THD" layout of attention's q, k, v)
+// read in boxes of box_rows rows x 64 columns of one head (box coordinates {col, head, row}): each
+// box lands as box_rows rows of 128 B, like make_tensor_map_bf16's. Requires cols % 64 == 0 and a
+// 16-B aligned base; rows past `rows` are zero-filled.
+inline CUtensorMap make_head_rows_map_bf16(const void* base, uint64_t rows, uint64_t heads, uint64_t cols,
+                                           uint32_t box_rows) {
+  const cuuint64_t dims[3] = {cols, heads, rows};
+  const cuuint64_t strides[2] = {cols * 2, heads * cols * 2};
+  const cuuint32_t box[3] = {64, 1, box_rows};
+  return detail::encode_bf16_sw128(base, 3, dims, strides, box, true,
+                                   std::to_string(rows) + " rows x " + std::to_string(heads) + " heads x " +
+                                       std::to_string(cols) + " bf16, box rows " + std::to_string(box_rows));
 }
 
 }  // namespace tw::sm90

@@ -1,0 +1,238 @@
+// Prefill attention for diffusion transformers (issue 20): tw::PrefillAttention on full self-attention
+// over one (or a few packed) sequences, bf16, against the bf16 GEMM peak measured in the same run
+// (cuBLASLt 8192^3, fp32 accumulate). TFLOP/s = flops() / time: 4 L^2 d H non-causal, the exact
+// masked count causal. bench/dit_attention_torch.py times the peers (torch SDPA backends,
+// FlashInfer fa2/fa3) on the same cases and merges them into the same file.
+//   bench_dit_attention [--cases H:d:L[:c][:bN],...] [--reps N] [--out DIR] [--quick]
+//     c: causal; bN: N packed sequences of length L (default 1)
+//     JSON -> DIR/dit_attention.json (DIR: $TW_RESULTS_DIR/<gpu> or bench/results/<gpu>); a re-run
+//     replaces the measured fields of a matching case and keeps the rest (the peers' fields).
+#include <cuda_bf16.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "cublas_baseline.cuh"
+#include "harness.cuh"
+#include "tileweave/ops/prefill_attention.hpp"
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+using json = nlohmann::ordered_json;  // keeps the fields in the order written (and the peer script's order)
+
+struct Case {
+  int H, d, L;
+  bool causal = false;
+  int batch = 1;
+};
+
+// The issue's peer table and bars first, then the spread of H, d and odd L the bars ask for.
+const std::vector<Case> kDefaultCases = {
+    {24, 128, 4608},  {24, 128, 8704},  {24, 128, 14034}, {24, 64, 4429},      {40, 128, 32760},
+    {8, 128, 1024},   {48, 128, 8192},  {24, 64, 16384},  {16, 128, 4097},     {24, 128, 8704, true},
+    {24, 64, 4429, true}};
+const std::vector<Case> kQuickCases = {{24, 128, 4608}, {24, 64, 4429}, {24, 128, 8704, true}};
+
+// "H:d:L[:c][:bN]" -> Case; anything else is an error naming the field.
+Case parse_case(const std::string& s) {
+  const auto f = tw::bench::split_list(s, ':');
+  if (f.size() < 3) throw std::invalid_argument("--cases: '" + s + "' is not H:d:L[:c][:bN]");
+  const auto hdl = tw::bench::parse_counts(f[0] + "," + f[1] + "," + f[2], "--cases");
+  if (hdl.size() != 3) throw std::invalid_argument("--cases: '" + s + "' is not H:d:L[:c][:bN]");
+  Case c{hdl[0], hdl[1], hdl[2]};
+  for (size_t i = 3; i < f.size(); ++i) {
+    if (f[i] == "c") c.causal = true;
+    else if (f[i][0] == 'b') c.batch = tw::bench::parse_counts(f[i].substr(1), "--cases batch")[0];
+    else throw std::invalid_argument("--cases: '" + f[i] + "' in '" + s + "' is neither c nor bN");
+  }
+  return c;
+}
+
+// The identity of a case across runs and across the two scripts (batch 1 when absent).
+bool same_case(const json& a, const json& b) {
+  for (const char* k : {"op", "dtype"})
+    if (a.value(k, std::string()) != b.value(k, std::string())) return false;
+  for (const char* k : {"H", "d", "L"})
+    if (a.value(k, 0) != b.value(k, 0)) return false;
+  return a.value("causal", false) == b.value("causal", false) && a.value("batch", 1) == b.value("batch", 1);
+}
+
+// bf16 GEMM peak (TFLOP/s): cuBLASLt's first heuristic choice on 8192^3, as bench_gemm measures it.
+double gemm_peak_tflops() {
+  constexpr int S = 8192;
+  const size_t n = size_t(S) * S;
+  bf16 *x, *w, *y;
+  void* ws;
+  const size_t ws_bytes = size_t(32) << 20;
+  TW_CUDA_CHECK(cudaMalloc(&x, n * sizeof(bf16)));
+  TW_CUDA_CHECK(cudaMalloc(&w, n * sizeof(bf16)));
+  TW_CUDA_CHECK(cudaMalloc(&y, n * sizeof(bf16)));
+  TW_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
+  tw::bench::fill_noise_bf16(x, n, 11);
+  tw::bench::fill_noise_bf16(w, n, 12);
+  cublasLtHandle_t lt;
+  tw::bench::cublas_check(cublasLtCreate(&lt), "cublasLtCreate");
+  double us;
+  {
+    const tw::bench::LtGemm g(lt, S, S, S, ws, ws_bytes);
+    // 20 warm-up replays (~30 ms) so the clocks have ramped up before the timed ones.
+    us = tw::bench::time_us([&](int, cudaStream_t st) { g.run(x, w, y, st); }, 1, 20, 30);
+  }
+  cublasLtDestroy(lt);
+  for (void* p : {(void*)x, (void*)w, (void*)y, ws}) TW_CUDA_CHECK(cudaFree(p));
+  return 2.0 * S * S * double(S) / us * 1e-6;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace tw::bench;
+  bool quick = false;
+  int reps = 0;
+  std::string out_dir, cases_arg;
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const bool has_value = i + 1 < argc;
+      if (!std::strcmp(argv[i], "--quick")) quick = true;
+      else if (!std::strcmp(argv[i], "--cases") && has_value) cases_arg = argv[++i];
+      else if (!std::strcmp(argv[i], "--reps") && has_value) reps = parse_counts(argv[++i], "--reps")[0];
+      else if (!std::strcmp(argv[i], "--out") && has_value) out_dir = argv[++i];
+      else throw std::invalid_argument(std::string("unknown or incomplete argument '") + argv[i] + "'");
+    }
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "bench_dit_attention: %s\nusage: %s [--cases H:d:L[:c][:bN],...] [--reps N] [--out DIR] [--quick]\n",
+                 e.what(), argv[0]);
+    return 2;
+  }
+  std::vector<Case> cases = quick ? kQuickCases : kDefaultCases;
+  if (!cases_arg.empty()) {
+    cases.clear();
+    try {
+      for (const auto& s : split_list(cases_arg)) cases.push_back(parse_case(s));
+    } catch (const std::invalid_argument& e) {
+      std::fprintf(stderr, "bench_dit_attention: %s\n", e.what());
+      return 2;
+    }
+  }
+  if (reps == 0) reps = quick ? 10 : 50;
+
+  const Gpu gpu = current_gpu();
+  if (gpu.prop.major != 9 || gpu.prop.minor != 0) {
+    std::printf("bench_dit_attention: needs an sm_90 GPU, found %s: skipped\n", gpu.prop.name);
+    return 0;
+  }
+  if (out_dir.empty()) {
+    const char* dir = std::getenv("TW_RESULTS_DIR");
+    out_dir = (std::filesystem::path(dir ? dir : "bench/results") / gpu.slug).string();
+  }
+  const double peak = gemm_peak_tflops();
+  std::printf("%s: bf16 GEMM peak (cuBLASLt 8192^3) %.0f TFLOP/s\n", gpu.prop.name, peak);
+
+  std::vector<json> rows;
+  for (const Case& c : cases) {
+    const int total = c.batch * c.L;
+    tw::PrefillAttentionShape shape;
+    shape.num_q_heads = shape.num_kv_heads = c.H;
+    shape.head_dim = c.d;
+    shape.causal = c.causal;
+    std::vector<int> cu(c.batch + 1);
+    for (int b = 0; b <= c.batch; ++b) cu[b] = b * c.L;
+    json row = {{"op", "attention"}, {"H", c.H}, {"d", c.d}, {"L", c.L}, {"causal", c.causal}, {"batch", c.batch},
+                {"dtype", "bf16"}};
+    const size_t elems = size_t(total) * c.H * c.d;
+    bf16 *q, *k, *v, *o;
+    for (bf16** p : {&q, &k, &v, &o}) TW_CUDA_CHECK(cudaMalloc(p, elems * sizeof(bf16)));
+    fill_noise_bf16(q, elems, 1);
+    fill_noise_bf16(k, elems, 2);
+    fill_noise_bf16(v, elems, 3);
+    TW_CUDA_CHECK(cudaDeviceSynchronize());
+    try {
+      const tw::PrefillAttention op(shape, cu);
+      const tw::PrefillAttentionTensors t{q, k, v, o};
+      // Once outside capture: the first run sets the kernel's shared-memory attribute, which a
+      // capture must not see, and surfaces a bad launch here rather than inside the graph.
+      op.run(t, nullptr);
+      TW_CUDA_CHECK(cudaDeviceSynchronize());
+      // One input set, no rotation: the kernel is compute-bound (each K/V tile is read by every
+      // query tile of its head, from L2), so whether a replay starts with its inputs in L2 moves
+      // the time by little; the peers are timed the same way.
+      const double us = time_us([&](int, cudaStream_t st) { op.run(t, st); }, 1, 5, reps);
+      const double tflops = op.flops() / us * 1e-6;
+      row.update({{"flops", op.flops()}, {"us", us}, {"tflops", tflops}, {"pct_gemm_peak", 100.0 * tflops / peak}});
+    } catch (const tw::InvalidArgument& e) {  // a shape the op does not take yet: recorded, not fatal
+      row["skipped"] = e.what();
+    }
+    for (bf16* p : {q, k, v, o}) TW_CUDA_CHECK(cudaFree(p));
+    if (row.contains("us"))
+      std::printf("H=%2d d=%3d L=%6d %-6s b=%d: %9.1f us %6.0f TFLOP/s (%.0f%% of GEMM peak)\n", c.H, c.d, c.L,
+                  c.causal ? "causal" : "full", c.batch, row["us"].get<double>(), row["tflops"].get<double>(),
+                  row["pct_gemm_peak"].get<double>());
+    else
+      std::printf("H=%2d d=%3d L=%6d %-6s b=%d: skipped (%s)\n", c.H, c.d, c.L, c.causal ? "causal" : "full", c.batch,
+                  row["skipped"].get<std::string>().c_str());
+    std::fflush(stdout);
+    rows.push_back(std::move(row));
+  }
+
+  // Merge into the existing file: a matching case keeps its other fields (the peers' from
+  // dit_attention_torch.py, whose speedup is recomputed against the new time), other cases stay.
+  std::filesystem::create_directories(out_dir);
+  const std::filesystem::path path = std::filesystem::path(out_dir) / "dit_attention.json";
+  json doc = json::object();
+  if (std::ifstream in(path); in) {
+    doc = json::parse(in, nullptr, false);
+    if (!doc.is_object()) doc = json::object();
+  }
+  if (!doc.contains("cases") || !doc["cases"].is_array()) doc["cases"] = json::array();
+  doc["gpu"] = gpu.prop.name;
+  doc["date"] = utc_now();
+  doc["gemm_peak_tflops"] = peak;
+  doc["method"] = "tw::PrefillAttention, bf16 q/k/v uniform noise (unit variance), packed THD layout, Hkv = H; one "
+                  "launch per CUDA-graph replay, median of " + std::to_string(reps) + " per-replay event pairs after 5 "
+                  "warm-up, one input set (compute-bound: not rotated); tflops = flops / us (4 L^2 d H, exact masked "
+                  "count when causal); gemm_peak_tflops: cuBLASLt bf16 8192^3, fp32 accumulate, same run";
+  for (json& r : rows) {
+    json* hit = nullptr;
+    for (json& c : doc["cases"])
+      if (same_case(c, r)) hit = &c;
+    if (!hit) {
+      doc["cases"].push_back(json::object());
+      hit = &doc["cases"].back();
+    }
+    for (const char* stale : {"us", "tflops", "pct_gemm_peak", "flops", "speedup", "skipped"}) hit->erase(stale);
+    hit->update(r);
+    json& c = *hit;
+    const json best = c.value("peers", json()).is_object() && c.value("peer_best", json()).is_string()
+                          ? c["peers"].value(c["peer_best"].get<std::string>(), json())
+                          : json();
+    if (c.contains("us") && best.is_object() && best.value("us", json()).is_number())
+      c["speedup"] = best["us"].get<double>() / c["us"].get<double>();
+    r = c;  // the table shows the merged row
+  }
+  std::ofstream(path) << doc.dump(2) << "\n";
+
+  std::printf("\n%s, %s: GEMM peak %.0f TFLOP/s -> %s\n", gpu.prop.name, doc["date"].get<std::string>().c_str(), peak,
+              path.string().c_str());
+  std::printf("%3s %4s %6s %-6s %2s %10s %7s %6s | %-16s %7s %7s\n", "H", "d", "L", "mask", "b", "us", "TFLOP/s", "%peak",
+              "peer_best", "TFLOP/s", "speedup");
+  for (const json& r : rows) {
+    std::printf("%3d %4d %6d %-6s %2d ", r["H"].get<int>(), r["d"].get<int>(), r["L"].get<int>(),
+                r["causal"].get<bool>() ? "causal" : "full", r["batch"].get<int>());
+    if (r.contains("us"))
+      std::printf("%10.1f %7.0f %5.1f%% | ", r["us"].get<double>(), r["tflops"].get<double>(), r["pct_gemm_peak"].get<double>());
+    else
+      std::printf("%10s %7s %6s | ", "skipped", "-", "-");
+    if (r.contains("peer_best_tflops") && r["peer_best_tflops"].is_number())
+      std::printf("%-16s %7.0f ", r.value("peer_best", std::string("?")).c_str(), r["peer_best_tflops"].get<double>());
+    else
+      std::printf("%-16s %7s ", "-", "-");
+    if (r.contains("speedup")) std::printf("%6.2fx\n", r["speedup"].get<double>());
+    else std::printf("%7s\n", "-");
+  }
+  return 0;
+}

@@ -1,0 +1,49 @@
+// Prefill (self-)attention on the host: the shape, its validation, the work tiles the sm90 kernel
+// runs (one per sequence and 128-row query tile, all query heads of it in the grid's second
+// dimension) and the FLOP count the benchmark divides by. No CUDA here: the GPU op
+// (ops/prefill_attention.hpp) plans with these functions.
+//
+// Packed ("THD") layout, as FlashAttention's varlen API: q [total_q, Hq, D], k and v
+// [total_k, Hkv, D], out [total_q, Hq, D]; sequence b holds rows cu_seqlens[b] .. cu_seqlens[b+1].
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tileweave/graph/tile_graph.hpp"  // tw::InvalidArgument
+
+namespace tw {
+
+struct PrefillAttentionShape {
+  int num_q_heads = 24, num_kv_heads = 24;  // num_q_heads a multiple of num_kv_heads (GQA)
+  int head_dim = 128;                       // 64 or 128
+  bool causal = false;                      // key j visible to query i iff j <= i + (len_k - len_q)
+  float scale = 0.f;                        // softmax scale; 0: 1/sqrt(head_dim)
+};
+
+// Query rows and keys per tile of the sm90 kernel.
+constexpr int kPrefillBlockM = 128;
+constexpr int kPrefillBlockN = 128;
+
+// Checks the heads, head_dim and scale, and the offsets: cu_seqlens_q has batch + 1 entries, starts
+// at 0 and never decreases; cu_seqlens_k is empty (keys = queries) or the same size with the same
+// rules. InvalidArgument "prefill attention: ..." naming the bad value.
+void validate_prefill_attention(const PrefillAttentionShape& s, const std::vector<int>& cu_seqlens_q,
+                                const std::vector<int>& cu_seqlens_k);
+
+// One block of the kernel: query rows [q_tile * 128, +128) of sequence `seq` against its first
+// `kv_tiles` key tiles of 128 (fewer under the causal mask; 0 when the rows see no key).
+struct PrefillTile {
+  int seq = 0, q_tile = 0, kv_tiles = 0;
+};
+// The tiles in launch order: most key tiles first (the longest blocks start in the first wave, the
+// short ones fill the tail), ties in sequence and query-tile order. Expects validated input;
+// cu_seqlens_k empty means the same as cu_seqlens_q.
+std::vector<PrefillTile> plan_prefill_tiles(const PrefillAttentionShape& s, const std::vector<int>& cu_seqlens_q,
+                                            const std::vector<int>& cu_seqlens_k);
+
+// 4 * D * Hq * (query, key) pairs the mask lets through: the FLOPs of S = QK^T and O = PV.
+double prefill_attention_flops(const PrefillAttentionShape& s, const std::vector<int>& cu_seqlens_q,
+                               const std::vector<int>& cu_seqlens_k);
+
+}  // namespace tw

@@ -1,0 +1,387 @@
+// Prefill attention tile body for sm_90a (ops/prefill_attention.hpp is the op; docs/attention.md the
+// design). Persistent blocks, one per SM, each taking (128-row query tile, query head) items; 384 threads:
+//   warpgroup 0: one thread streams Q once, then K and V tiles of 128 keys through TMA into rings of
+//     kStages stages each (K and V on barriers of their own: S = QK^T starts before V lands, and a
+//     K slot is refilled as soon as its S GEMM is done);
+//   warpgroups 1, 2: 64 query rows each. Per key tile j: S_j = Q K_j^T (wgmma, both operands in
+//     shared memory) is issued, then O += P_{j-1} V_{j-1} (wgmma with P in registers, V read
+//     MN-major); the softmax of S_j runs while the PV GEMM is in flight, O is rescaled once it
+//     completes. fp32 online softmax in exp2 units, the row sums kept per thread and reduced once.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "tileweave/kernels/sm90/arch.cuh"
+#include "tileweave/kernels/sm90/tma.cuh"
+#include "tileweave/kernels/sm90/wgmma.cuh"
+
+namespace tw::kernels {
+
+struct PrefillParams {
+  const int* cu_q = nullptr;   // [batch + 1]
+  const int* cu_k = nullptr;   // [batch + 1]
+  const int* tiles = nullptr;  // {seq, q_tile, kv_tiles} per query tile (graph/prefill_attention_graph.hpp)
+  int num_tiles = 0;           // query tiles per head
+  int num_work = 0;            // num_tiles * heads_q work items
+  int* work_counter = nullptr; // zero before a launch; the launch leaves it zero
+  int heads_q = 0;
+  int group = 1;               // query heads per KV head
+  int causal = 0;
+  int total_q = 0;
+  float scale_log2 = 0.f;      // softmax scale * log2(e)
+  __nv_bfloat16* out = nullptr;
+  float* lse = nullptr;
+};
+
+template <int kD>
+struct PrefillConfig {
+  static_assert(kD == 64 || kD == 128, "head_dim 64 or 128");
+  static constexpr int kBM = 128, kBN = 128;      // graph/prefill_attention_graph.hpp's kPrefillBlock*
+  static constexpr int kChunks = kD / 64;         // 128-B swizzle rows per operand row
+  // d = 128: Q 32 KiB + 2 x (K 32 + V 32) = 160 KiB (three stages would leave no room to grow);
+  // d = 64: 16 + 4 x 32 KiB.
+  static constexpr int kStages = kD == 128 ? 2 : 4;
+  static constexpr int kQBytes = kBM * kD * 2;
+  static constexpr int kTileBytes = kBN * kD * 2;  // one K or one V tile
+  static constexpr int kThreads = 384;
+  static constexpr int kConsumerWarps = 8;
+  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kTileBytes + 256 + 1024;  // + barriers, align slack
+  static_assert((2 + 4 * kStages) * 8 + 4 <= 256, "barriers and the item slot fit their 256 B");
+};
+
+#if TW_SM90_ENABLED
+namespace prefill_detail {
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ void fence_regs(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// Online-softmax state of the two rows a thread holds (row g and g + 8 of its warp's 16).
+struct RowState {
+  float m[2] = {-INFINITY, -INFINITY};  // running max of scale_log2 * s
+  float l[2] = {0.f, 0.f};              // this thread's share of the row sums, in units of 2^m
+};
+
+// S (m64n128 accumulators: s[4i + 2h + c] is row g + 8h, key 8i + 2(lane % 4) + c) -> P = 2^(S' - m)
+// in place, m and l updated; returns the factors the rows' earlier O must be scaled by.
+template <int kBN>
+__device__ __forceinline__ void softmax_tile(float (&s)[kBN / 2], RowState& st, float scale_log2, float (&alpha)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    // Four independent chains for the max and the sum: one chain of kBN / 4 dependent ops would
+    // leave the softmax latency-bound (one warp per scheduler runs it).
+    float mx4[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+#pragma unroll
+    for (int i = 0; i < kBN / 8; ++i) mx4[i % 4] = fmaxf(mx4[i % 4], fmaxf(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]));
+    const float mx = fmaxf(fmaxf(mx4[0], mx4[1]), fmaxf(mx4[2], mx4[3]));
+    const float m_new = fmaxf(st.m[h], quad_max(mx) * scale_log2);
+    // A row that has seen only masked keys keeps m = -inf: subtract 0 instead (no inf - inf).
+    const float base = m_new == -INFINITY ? 0.f : m_new;
+    alpha[h] = ex2(st.m[h] - base);
+    float sum4[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < kBN / 8; ++i)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float& x = s[4 * i + 2 * h + c];
+        x = ex2(fmaf(x, scale_log2, -base));
+        sum4[(2 * i + c) % 4] += x;
+      }
+    st.l[h] = st.l[h] * alpha[h] + ((sum4[0] + sum4[1]) + (sum4[2] + sum4[3]));
+    st.m[h] = m_new;
+  }
+}
+
+}  // namespace prefill_detail
+#endif
+
+template <int kD>
+__global__ void __launch_bounds__(384, 1)
+    prefill_attention_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
+                           const __grid_constant__ CUtensorMap map_v, const PrefillParams p) {
+#if TW_SM90_ENABLED
+  namespace ptx = cuda::ptx;
+  using namespace tw::sm90;
+  using namespace prefill_detail;
+  using C = PrefillConfig<kD>;
+  constexpr int kBM = C::kBM, kBN = C::kBN, kStages = C::kStages;
+
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* sq = smem;                                   // [chunk][128 rows][128 B]
+  uint8_t* sk = sq + C::kQBytes;                        // [stage][chunk][128 keys][128 B]
+  uint8_t* sv = sk + kStages * C::kTileBytes;           // same
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(sv + kStages * C::kTileBytes);
+  uint64_t* q_empty = q_full + 1;
+  uint64_t* k_full = q_empty + 1;
+  uint64_t* v_full = k_full + kStages;
+  uint64_t* k_empty = v_full + kStages;
+  uint64_t* v_empty = k_empty + kStages;
+  int* s_item = reinterpret_cast<int*>(v_empty + kStages);  // the item whose Q is in sq
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    mbar_init(q_full, 1);
+    mbar_init(q_empty, C::kConsumerWarps);  // one arrive per consumer warp
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&k_full[s], 1);
+      mbar_init(&v_full[s], 1);
+      mbar_init(&k_empty[s], C::kConsumerWarps);
+      mbar_init(&v_empty[s], C::kConsumerWarps);
+    }
+    ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);  // visible to the async proxy
+  }
+  __syncthreads();
+
+  // Persistent: the producer of each block takes the next work item from a global counter (items of
+  // unequal length under the causal mask balance themselves) and hands it to its consumers with
+  // the item's Q (q_full; an item whose rows see no key, and the end, with a plain arrive). Item w
+  // is query tile w % num_tiles of head w / num_tiles, the plan's longest tiles first within a
+  // head, so the blocks running side by side share a head's K/V in L2. The producer runs ahead into
+  // the next item (its Q and first K/V tiles) while the consumers finish the current one.
+  struct Item {
+    int head, q_tile, n_kv, q_begin, len_q, k_begin, len_k;
+  };
+  auto item = [&](int w) {
+    Item it;
+    const int t = w % p.num_tiles;
+    it.head = w / p.num_tiles;
+    const int seq = p.tiles[3 * t];
+    it.q_tile = p.tiles[3 * t + 1];
+    it.n_kv = p.tiles[3 * t + 2];
+    it.q_begin = p.cu_q[seq];
+    it.len_q = p.cu_q[seq + 1] - it.q_begin;
+    it.k_begin = p.cu_k[seq];
+    it.len_k = p.cu_k[seq + 1] - it.k_begin;
+    return it;
+  };
+
+  if (wg == 0) {
+    setmaxnreg_dec<56>();
+    if (threadIdx.x != 0) return;
+    // Q is read by one block alone; K/V by every query tile of the head (evict_last keeps them
+    // for the blocks of the same head that run beside this one).
+    const uint64_t pol_q = l2_evict_first(), pol_kv = l2_evict_last();
+    uint32_t k_it = 0, v_it = 0, q_count = 0;  // K/V tiles loaded, items handed over
+    auto load = [&](uint8_t* ring, const CUtensorMap* map, uint64_t* full, uint64_t* empty, uint32_t n, int kv_head,
+                    int row) {
+      const uint32_t s = n % kStages;
+      if (n >= kStages) mbar_wait(&empty[s], ((n / kStages) + 1) & 1, "kv_empty");
+      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &full[s], C::kTileBytes);
+#pragma unroll
+      for (int c = 0; c < C::kChunks; ++c)
+        tma_load_3d(ring + s * C::kTileBytes + c * kBN * 128, map, c * 64, kv_head, row, &full[s], pol_kv);
+    };
+    for (;;) {
+      const int w = atomicAdd(p.work_counter, 1);
+      // Every block fetches until it gets past the end: the launch fetches num_work + gridDim.x
+      // times, and the last fetch resets the counter for the next launch on the stream.
+      if (w == p.num_work + int(gridDim.x) - 1) *p.work_counter = 0;
+      if (q_count > 0) mbar_wait(q_empty, (q_count + 1) & 1, "q_empty");
+      ++q_count;
+      *s_item = w < p.num_work ? w : -1;
+      if (w >= p.num_work) {
+        mbar_arrive(q_full);
+        break;
+      }
+      const Item it = item(w);
+      if (it.n_kv == 0) {
+        mbar_arrive(q_full);
+        continue;
+      }
+      const int kv_head = it.head / p.group;
+      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, q_full, C::kQBytes);
+#pragma unroll
+      for (int c = 0; c < C::kChunks; ++c)
+        tma_load_3d(sq + c * kBM * 128, &map_q, c * 64, it.head, it.q_begin + it.q_tile * kBM, q_full, pol_q);
+      // K_j is freed when S_j is done, V_j only when O += P_j V_j is, half an iteration later: K
+      // goes one tile ahead of V (K_j, then V_{j-1}) so that a late V slot never holds up a K load.
+      for (int j = 0; j < it.n_kv; ++j) {
+        load(sk, &map_k, k_full, k_empty, k_it++, kv_head, it.k_begin + j * kBN);
+        if (j > 0) load(sv, &map_v, v_full, v_empty, v_it++, kv_head, it.k_begin + (j - 1) * kBN);
+      }
+      load(sv, &map_v, v_full, v_empty, v_it++, kv_head, it.k_begin + (it.n_kv - 1) * kBN);
+    }
+    return;
+  }
+
+  setmaxnreg_inc<224>();
+  const int cw = wg - 1;  // this warpgroup's 64 rows of the tile
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  // The two warpgroups take turns issuing their GEMMs (named barriers 1 and 2: a warpgroup waits
+  // on its own, then arrives on the other's), so the tensor cores run one warpgroup's GEMMs while
+  // the other computes its softmax. Warpgroup 1 lets warpgroup 0 go first; both take n_kv + 1
+  // turns per item, and warpgroup 0 takes one more wait at the very end to match warpgroup 1's
+  // opening arrive (no arrival left pending on a barrier when the block ends).
+  const uint32_t my_turn = 1 + cw, other_turn = 2 - cw;
+  if (cw == 1) named_bar_arrive(1, 256);
+  const uint64_t q_desc = make_desc_sw128(sq + cw * 64 * 128);
+  uint32_t k_it = 0, v_it = 0, q_count = 0;
+
+  for (;;) {
+    mbar_wait(q_full, q_count & 1, "q_full");
+    ++q_count;
+    const int w = *reinterpret_cast<volatile int*>(s_item);
+    if (w < 0) break;
+    const Item it = item(w);
+    const int r0 = it.q_tile * kBM + cw * 64 + warp * 16 + lane / 4;  // rows r0 and r0 + 8 of the sequence
+    const int diag = it.len_k - it.len_q;                              // causal: key <= row + diag
+    RowState st;
+    float o[kD / 2];
+    if (it.n_kv > 0) {
+      auto issue_s = [&](float (&s)[kBN / 2], uint32_t stage) {
+        const uint64_t k_desc = make_desc_sw128(sk + stage * C::kTileBytes);
+#pragma unroll
+        for (int kk = 0; kk < kD / 16; ++kk) {
+          const uint32_t off_q = (kk / 4) * kBM * 128 + (kk % 4) * 32, off_k = (kk / 4) * kBN * 128 + (kk % 4) * 32;
+          Wgmma<kBN>::mma(s, desc_add(q_desc, off_q), desc_add(k_desc, off_k), kk > 0);
+        }
+        wgmma_commit();
+      };
+      auto issue_pv = [&](const uint32_t (&pf)[kBN / 16][4], uint32_t stage, bool first) {
+        const uint64_t v_desc = make_desc_sw128_mn(sv + stage * C::kTileBytes, kBN * 128);
+#pragma unroll
+        for (int kk = 0; kk < kBN / 16; ++kk)
+          WgmmaRS<kD, 1>::mma(o, pf[kk], desc_add(v_desc, kk * 16 * 128), !first || kk > 0);
+        wgmma_commit();
+      };
+      // Keys of tile j that the mask hides from some row of this warpgroup: the last (ragged)
+      // tile, and under the causal mask the tiles crossing the diagonal.
+      auto mask = [&](float (&s)[kBN / 2], int j) {
+        const int first_row = it.q_tile * kBM + cw * 64;
+        const bool ragged = (j + 1) * kBN > it.len_k;
+        const bool diagonal = p.causal && (j + 1) * kBN - 1 > first_row + diag;
+        if (!ragged && !diagonal) return;
+#pragma unroll
+        for (int i = 0; i < kBN / 8; ++i)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              const int key = j * kBN + 8 * i + 2 * (lane % 4) + c;
+              const bool hidden = key >= it.len_k || (p.causal && key > r0 + 8 * h + diag);
+              if (hidden) s[4 * i + 2 * h + c] = -INFINITY;
+            }
+      };
+      auto to_p = [](const float (&s)[kBN / 2], uint32_t (&pf)[kBN / 16][4]) {
+#pragma unroll
+        for (int kk = 0; kk < kBN / 16; ++kk)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) pf[kk][r] = pack_bf16(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+      };
+
+      float s[kBN / 2];
+      uint32_t pf[kBN / 16][4];
+      float alpha[2];
+      {
+        const uint32_t sk0 = k_it % kStages;
+        mbar_wait(&k_full[sk0], (k_it / kStages) & 1, "k_full");
+        named_bar_sync(my_turn, 256);
+        wgmma_fence();
+        issue_s(s, sk0);
+        named_bar_arrive(other_turn, 256);
+        wgmma_wait<0>();
+        fence_operands(s);
+        if (lane == 0) {
+          mbar_arrive(&k_empty[sk0]);
+          if (it.n_kv == 1) mbar_arrive(q_empty);  // the item's last S GEMM has read Q
+        }
+        ++k_it;
+      }
+      mask(s, 0);
+      softmax_tile<kBN>(s, st, p.scale_log2, alpha);
+      to_p(s, pf);
+      for (int j = 1; j < it.n_kv; ++j) {
+        const uint32_t sj = k_it % kStages, sp = v_it % kStages;
+        mbar_wait(&k_full[sj], (k_it / kStages) & 1, "k_full");
+        mbar_wait(&v_full[sp], (v_it / kStages) & 1, "v_full");
+        named_bar_sync(my_turn, 256);
+        wgmma_fence();
+        issue_s(s, sj);
+        issue_pv(pf, sp, j == 1);
+        named_bar_arrive(other_turn, 256);
+        wgmma_wait<1>();  // S_j done; PV_{j-1} may still run
+        fence_operands(s);
+        if (lane == 0) {
+          mbar_arrive(&k_empty[sj]);
+          if (j == it.n_kv - 1) mbar_arrive(q_empty);
+        }
+        ++k_it;
+        mask(s, j);
+        softmax_tile<kBN>(s, st, p.scale_log2, alpha);
+        wgmma_wait<0>();
+        fence_operands(o);
+#pragma unroll
+        for (int kk = 0; kk < kBN / 16; ++kk)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) fence_regs(pf[kk][r]);  // P_{j-1} stays live until its GEMM is done
+        if (lane == 0) mbar_arrive(&v_empty[sp]);
+        ++v_it;
+#pragma unroll
+        for (int i = 0; i < kD / 8; ++i) {
+          o[4 * i + 0] *= alpha[0];
+          o[4 * i + 1] *= alpha[0];
+          o[4 * i + 2] *= alpha[1];
+          o[4 * i + 3] *= alpha[1];
+        }
+        to_p(s, pf);
+      }
+      const uint32_t sl = v_it % kStages;
+      mbar_wait(&v_full[sl], (v_it / kStages) & 1, "v_full");
+      named_bar_sync(my_turn, 256);
+      wgmma_fence();
+      issue_pv(pf, sl, it.n_kv == 1);
+      named_bar_arrive(other_turn, 256);
+      wgmma_wait<0>();
+      fence_operands(o);
+      if (lane == 0) mbar_arrive(&v_empty[sl]);
+      ++v_it;
+    } else {
+      __syncwarp();  // every lane has read s_item
+      if (lane == 0) mbar_arrive(q_empty);
+#pragma unroll
+      for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
+    }
+
+    // Epilogue: rows past the sequence (the tile's overhang into the next one, or past the
+    // tensor's end) are computed but not stored.
+    const int row_stride = p.heads_q * kD;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = r0 + 8 * h;
+      const float l = quad_sum(st.l[h]);
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      if (row >= it.len_q) continue;
+      __nv_bfloat16* dst = p.out + int64_t(it.q_begin + row) * row_stride + it.head * kD + 2 * (lane % 4);
+#pragma unroll
+      for (int i = 0; i < kD / 8; ++i)
+        *reinterpret_cast<uint32_t*>(dst + 8 * i) = pack_bf16(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
+      if (p.lse && lane % 4 == 0)
+        p.lse[int64_t(it.head) * p.total_q + it.q_begin + row] =
+            l > 0.f ? (st.m[h] + __log2f(l)) * 0.69314718f : -INFINITY;
+    }
+  }
+  if (cw == 0) named_bar_sync(my_turn, 256);
+#else
+  __trap();  // dispatched only on sm_90a (ops/prefill_attention.cu checks the device)
+#endif
+}
+
+}  // namespace tw::kernels

@@ -1,0 +1,62 @@
+// Prefill attention on Hopper (sm_90a): bf16 Q, K, V in the packed "THD" layout, fp32 online softmax,
+// non-causal or causal, GQA, packed sequences of any lengths, the log-sum-exp as an optional output.
+// Persistent blocks, one per SM, take (128-row query tile, query head) items from a counter: a
+// producer thread streams each item's Q once and K/V tiles of 128 keys through TMA into mbarrier
+// rings; two consumer warpgroups (64 query rows each) take turns on the tensor cores for
+// S = QK^T and O = PV (wgmma), the softmax of one key tile overlapping the PV GEMM of the one
+// before. The kernel is kernels/attention/prefill_sm90.cuh; docs/attention.md has the design.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <vector>
+
+#include "tileweave/graph/prefill_attention_graph.hpp"
+
+namespace tw {
+
+struct PrefillAttentionTensors {
+  const __nv_bfloat16* q = nullptr;  // [total_q, Hq, D]
+  const __nv_bfloat16* k = nullptr;  // [total_k, Hkv, D]
+  const __nv_bfloat16* v = nullptr;  // [total_k, Hkv, D]
+  __nv_bfloat16* out = nullptr;      // [total_q, Hq, D]
+  float* lse = nullptr;              // optional [Hq, total_q]: natural-log sum of exp(scale * q.k) per row
+};
+
+class PrefillAttention {
+ public:
+  // Validates (tw::InvalidArgument naming the bad value, before anything touches the GPU), plans
+  // the tiles and uploads the offsets and the tile list. cu_seqlens_k empty: keys = queries.
+  PrefillAttention(const PrefillAttentionShape& shape, std::vector<int> cu_seqlens_q,
+                   std::vector<int> cu_seqlens_k = {});
+  ~PrefillAttention();
+  PrefillAttention(const PrefillAttention&) = delete;
+  PrefillAttention& operator=(const PrefillAttention&) = delete;
+
+  // One launch on `stream`; capturable in a CUDA graph. Launches of one object run on one stream
+  // at a time (they share the work counter). Throws tw::InvalidArgument on a null or misaligned
+  // tensor (16 B; lse 4 B), tw::CudaError on a device without sm_90a.
+  void run(const PrefillAttentionTensors& t, cudaStream_t stream) const;
+
+  const PrefillAttentionShape& shape() const { return shape_; }
+  int batch() const { return int(cu_q_.size()) - 1; }
+  int total_q() const { return cu_q_.back(); }
+  int total_k() const { return cu_k_.back(); }
+  const std::vector<int>& cu_seqlens_q() const { return cu_q_; }
+  const std::vector<int>& cu_seqlens_k() const { return cu_k_; }
+  const std::vector<PrefillTile>& tiles() const { return tiles_; }
+  double flops() const { return flops_; }
+
+ private:
+  PrefillAttentionShape shape_;
+  std::vector<int> cu_q_, cu_k_;
+  std::vector<PrefillTile> tiles_;
+  double flops_ = 0;
+  int* d_cu_q_ = nullptr;
+  int* d_cu_k_ = nullptr;
+  int* d_tiles_ = nullptr;  // {seq, q_tile, kv_tiles} per tile
+  int* d_work_counter_ = nullptr;  // the persistent blocks' next work item; zero between launches
+};
+
+}  // namespace tw

@@ -1,0 +1,86 @@
+// Prefill attention on the host: validation, the kernel's work tiles and the FLOP count.
+#include "tileweave/graph/prefill_attention_graph.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+namespace tw {
+
+namespace {
+
+[[noreturn]] void bad(const std::string& what) { throw InvalidArgument("prefill attention: " + what); }
+
+void check_offsets(const std::vector<int>& cu, const char* name) {
+  if (cu.size() < 2) bad(std::string(name) + " needs batch + 1 >= 2 entries, got " + std::to_string(cu.size()));
+  if (cu[0] != 0) bad(std::string(name) + "[0] must be 0, got " + std::to_string(cu[0]));
+  for (size_t b = 1; b < cu.size(); ++b)
+    if (cu[b] < cu[b - 1])
+      bad(std::string(name) + " decreases at " + std::to_string(b) + ": " + std::to_string(cu[b - 1]) + " then " +
+          std::to_string(cu[b]));
+}
+
+const std::vector<int>& keys_of(const std::vector<int>& cu_q, const std::vector<int>& cu_k) {
+  return cu_k.empty() ? cu_q : cu_k;
+}
+
+// Key tiles query tile t of a sequence needs: all of them, or under the causal mask those holding a
+// key <= the tile's last row + (len_k - len_q).
+int kv_tiles_for(const PrefillAttentionShape& s, int len_q, int len_k, int t) {
+  const int all = (len_k + kPrefillBlockN - 1) / kPrefillBlockN;
+  if (!s.causal) return all;
+  const int64_t last_row = std::min<int64_t>(int64_t(t + 1) * kPrefillBlockM, len_q) - 1;
+  const int64_t last_key = last_row + (len_k - len_q);
+  if (last_key < 0) return 0;
+  return int(std::min<int64_t>(all, last_key / kPrefillBlockN + 1));
+}
+
+}  // namespace
+
+void validate_prefill_attention(const PrefillAttentionShape& s, const std::vector<int>& cu_q,
+                                const std::vector<int>& cu_k) {
+  if (s.head_dim != 64 && s.head_dim != 128) bad("head_dim must be 64 or 128, got " + std::to_string(s.head_dim));
+  if (s.num_kv_heads < 1) bad("num_kv_heads must be >= 1, got " + std::to_string(s.num_kv_heads));
+  if (s.num_q_heads < 1 || s.num_q_heads % s.num_kv_heads != 0)
+    bad("num_q_heads (" + std::to_string(s.num_q_heads) + ") must be a positive multiple of num_kv_heads (" +
+        std::to_string(s.num_kv_heads) + ")");
+  if (s.num_q_heads > 65535) bad("num_q_heads must be <= 65535, got " + std::to_string(s.num_q_heads));
+  if (!(s.scale >= 0.f) || !std::isfinite(s.scale)) bad("scale must be finite and >= 0 (0: 1/sqrt(head_dim)), got " + std::to_string(s.scale));
+  check_offsets(cu_q, "cu_seqlens_q");
+  if (!cu_k.empty()) {
+    check_offsets(cu_k, "cu_seqlens_k");
+    if (cu_k.size() != cu_q.size())
+      bad("cu_seqlens_k has " + std::to_string(cu_k.size()) + " entries, cu_seqlens_q " + std::to_string(cu_q.size()));
+  }
+}
+
+std::vector<PrefillTile> plan_prefill_tiles(const PrefillAttentionShape& s, const std::vector<int>& cu_q,
+                                            const std::vector<int>& cu_k_in) {
+  const auto& cu_k = keys_of(cu_q, cu_k_in);
+  std::vector<PrefillTile> tiles;
+  for (size_t b = 0; b + 1 < cu_q.size(); ++b) {
+    const int len_q = cu_q[b + 1] - cu_q[b], len_k = cu_k[b + 1] - cu_k[b];
+    for (int t = 0; t * kPrefillBlockM < len_q; ++t) tiles.push_back({int(b), t, kv_tiles_for(s, len_q, len_k, t)});
+  }
+  std::stable_sort(tiles.begin(), tiles.end(),
+                   [](const PrefillTile& a, const PrefillTile& b) { return a.kv_tiles > b.kv_tiles; });
+  return tiles;
+}
+
+double prefill_attention_flops(const PrefillAttentionShape& s, const std::vector<int>& cu_q,
+                               const std::vector<int>& cu_k_in) {
+  const auto& cu_k = keys_of(cu_q, cu_k_in);
+  double pairs = 0;
+  for (size_t b = 0; b + 1 < cu_q.size(); ++b) {
+    const int64_t lq = cu_q[b + 1] - cu_q[b], lk = cu_k[b + 1] - cu_k[b];
+    if (!s.causal) {
+      pairs += double(lq) * double(lk);
+      continue;
+    }
+    // Row i sees keys 0 .. min(lk - 1, i + lk - lq).
+    for (int64_t i = 0; i < lq; ++i) pairs += double(std::clamp<int64_t>(i + lk - lq + 1, 0, lk));
+  }
+  return 4.0 * s.head_dim * s.num_q_heads * pairs;
+}
+
+}  // namespace tw

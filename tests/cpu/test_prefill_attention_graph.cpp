@@ -1,0 +1,217 @@
+// Prefill attention on the host (graph/prefill_attention_graph.hpp): validation that names the bad
+// value, the sm90 kernel's work tiles (counts, key tiles under both masks, launch order) and the
+// FLOP count, each against a brute force over the bottom-right-aligned causal mask.
+#include <gtest/gtest.h>
+
+#include "llm_test_util.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tileweave/graph/prefill_attention_graph.hpp"
+
+using namespace tw;
+
+namespace {
+
+using tw::test::error_of;
+
+PrefillAttentionShape shape(bool causal, int hq = 8, int hkv = 2, int d = 128) {
+  PrefillAttentionShape s;
+  s.num_q_heads = hq;
+  s.num_kv_heads = hkv;
+  s.head_dim = d;
+  s.causal = causal;
+  return s;
+}
+
+std::vector<int> offsets(const std::vector<int>& lens) {
+  std::vector<int> cu{0};
+  for (int l : lens) cu.push_back(cu.back() + l);
+  return cu;
+}
+
+// Does query row i of a sequence see key j? The op's definition, written out once here.
+bool visible(bool causal, int i, int j, int len_q, int len_k) { return !causal || j <= i + (len_k - len_q); }
+
+// Key tiles a query tile needs, by brute force: one past the tile of the last key any of its rows sees.
+int brute_kv_tiles(bool causal, int len_q, int len_k, int t) {
+  int last = -1;
+  for (int i = t * kPrefillBlockM; i < std::min(len_q, (t + 1) * kPrefillBlockM); ++i)
+    for (int j = len_k - 1; j > last; --j)
+      if (visible(causal, i, j, len_q, len_k)) {
+        last = j;
+        break;
+      }
+  return last < 0 ? 0 : last / kPrefillBlockN + 1;
+}
+
+// Checks the plan of (cu_q, cu_k) against the brute force: every (seq, q_tile) once, the right
+// key tiles, and the launch order (most key tiles first, ties in (seq, q_tile) order).
+void check_plan(bool causal, const std::vector<int>& cu_q, const std::vector<int>& cu_k_in) {
+  const std::vector<int>& cu_k = cu_k_in.empty() ? cu_q : cu_k_in;
+  const auto tiles = plan_prefill_tiles(shape(causal), cu_q, cu_k_in);
+  std::vector<PrefillTile> want;
+  for (size_t b = 0; b + 1 < cu_q.size(); ++b) {
+    const int lq = cu_q[b + 1] - cu_q[b], lk = cu_k[b + 1] - cu_k[b];
+    for (int t = 0; t < (lq + kPrefillBlockM - 1) / kPrefillBlockM; ++t)
+      want.push_back({int(b), t, brute_kv_tiles(causal, lq, lk, t)});
+  }
+  ASSERT_EQ(tiles.size(), want.size());
+  for (size_t i = 1; i < tiles.size(); ++i) {
+    const PrefillTile &a = tiles[i - 1], &b = tiles[i];
+    ASSERT_GE(a.kv_tiles, b.kv_tiles) << "tile " << i;
+    if (a.kv_tiles == b.kv_tiles)
+      ASSERT_TRUE(a.seq < b.seq || (a.seq == b.seq && a.q_tile < b.q_tile)) << "tie out of order at tile " << i;
+  }
+  for (const PrefillTile& w : want) {
+    const auto it = std::find_if(tiles.begin(), tiles.end(),
+                                 [&](const PrefillTile& t) { return t.seq == w.seq && t.q_tile == w.q_tile; });
+    ASSERT_NE(it, tiles.end()) << "seq " << w.seq << " q_tile " << w.q_tile << " missing";
+    EXPECT_EQ(it->kv_tiles, w.kv_tiles) << "seq " << w.seq << " q_tile " << w.q_tile << (causal ? " causal" : "");
+  }
+}
+
+}  // namespace
+
+TEST(PrefillAttentionGraph, ValidationNamesTheBadValue) {
+  const std::vector<int> cu = {0, 5, 9};
+  EXPECT_NO_THROW(validate_prefill_attention(shape(true), cu, {}));
+  EXPECT_NO_THROW(validate_prefill_attention(shape(false, 7, 1, 64), cu, {0, 0, 300}));  // empty keys are fine
+  EXPECT_NO_THROW(validate_prefill_attention(shape(false), {0, 0, 0}, {}));                // so are empty queries
+
+  auto expect_named = [](const std::string& why, const PrefillAttentionShape& s, const std::vector<int>& q,
+                         const std::vector<int>& k, const std::vector<std::string>& words) {
+    SCOPED_TRACE(why);
+    const std::string e = error_of([&] { validate_prefill_attention(s, q, k); });
+    ASSERT_FALSE(e.empty()) << "no InvalidArgument";
+    EXPECT_EQ(e.rfind("prefill attention: ", 0), 0u) << e;
+    for (const std::string& w : words) EXPECT_NE(e.find(w), std::string::npos) << "'" << w << "' not in: " << e;
+  };
+  expect_named("head_dim 96", shape(false, 8, 2, 96), cu, {}, {"head_dim", "96"});
+  expect_named("Hq 30 over Hkv 8", shape(false, 30, 8), cu, {}, {"num_q_heads", "30", "8"});
+  expect_named("Hkv 0", shape(false, 8, 0), cu, {}, {"num_kv_heads", "0"});
+  expect_named("Hq 0", shape(false, 0, 1), cu, {}, {"num_q_heads", "0"});
+  expect_named("Hq past the grid", shape(false, 65536, 1), cu, {}, {"num_q_heads", "65536"});
+  expect_named("cu_q starts at 3", shape(false), {3, 5, 9}, {}, {"cu_seqlens_q[0]", "3"});
+  expect_named("cu_q decreases", shape(false), {0, 9, 5}, {}, {"cu_seqlens_q", "decreases", "9", "5"});
+  expect_named("cu_q one entry", shape(false), {0}, {}, {"cu_seqlens_q", "got 1"});
+  expect_named("cu_q empty", shape(false), {}, {}, {"cu_seqlens_q", "got 0"});
+  expect_named("cu_k starts at 2", shape(true), cu, {2, 5, 9}, {"cu_seqlens_k[0]", "2"});
+  expect_named("cu_k decreases", shape(true), cu, {0, 7, 6}, {"cu_seqlens_k", "decreases", "7", "6"});
+  expect_named("cu_k one entry", shape(true), cu, {0}, {"cu_seqlens_k", "got 1"});
+  expect_named("cu_k size mismatch", shape(true), cu, {0, 5}, {"cu_seqlens_k", "2", "3"});
+  // The scale message names the field (and the rule), not the number: a NaN reads the same.
+  PrefillAttentionShape s = shape(false);
+  for (float bad : {-0.5f, NAN, INFINITY}) {
+    s.scale = bad;
+    expect_named("scale " + std::to_string(bad), s, cu, {}, {"scale"});
+  }
+  s.scale = 0.1f;
+  EXPECT_NO_THROW(validate_prefill_attention(s, cu, {}));
+}
+
+// One 128-row query tile per started 128 rows; without the mask every tile needs every key tile.
+TEST(PrefillAttentionGraph, TileCounts) {
+  struct Case {
+    int len, tiles;
+  };
+  for (const Case c : {Case{1, 1}, Case{127, 1}, Case{128, 1}, Case{129, 2}, Case{4097, 33}}) {
+    const auto tiles = plan_prefill_tiles(shape(false), {0, c.len}, {});
+    ASSERT_EQ(int(tiles.size()), c.tiles) << "len " << c.len;
+    for (int t = 0; t < c.tiles; ++t) {
+      EXPECT_EQ(tiles[t].seq, 0);
+      EXPECT_EQ(tiles[t].q_tile, t);  // all tie, so plan order
+      EXPECT_EQ(tiles[t].kv_tiles, c.tiles);
+    }
+  }
+  // Packed: the tiles of each sequence, none for an empty one.
+  const auto tiles = plan_prefill_tiles(shape(false), offsets({1, 127, 0, 128, 129, 4097}), {});
+  EXPECT_EQ(tiles.size(), 1u + 1 + 0 + 1 + 2 + 33);
+  EXPECT_TRUE(plan_prefill_tiles(shape(true), {0, 0}, {}).empty());
+}
+
+TEST(PrefillAttentionGraph, CausalKeyTiles) {
+  // Equal lengths: tile t sees keys up to its own last row, t + 1 key tiles.
+  for (int len : {1, 127, 128, 129, 4097}) {
+    const auto tiles = plan_prefill_tiles(shape(true), {0, len}, {});
+    const int n = (len + 127) / 128;
+    ASSERT_EQ(int(tiles.size()), n);
+    for (int i = 0; i < n; ++i) {
+      EXPECT_EQ(tiles[i].q_tile, n - 1 - i) << "len " << len;  // longest first
+      EXPECT_EQ(tiles[i].kv_tiles, tiles[i].q_tile + 1) << "len " << len;
+    }
+  }
+  // len_q 300 < len_k 1000, bottom-right: row i sees keys <= i + 700. Tile 0 (rows ..127): keys
+  // ..827, 7 tiles; tile 1 (..255): ..955, 8; tile 2 (..299): ..999, 8 = all of them.
+  auto kv_of = [](const std::vector<PrefillTile>& tiles, int q_tile) {
+    for (const auto& t : tiles)
+      if (t.q_tile == q_tile) return t.kv_tiles;
+    return -1;
+  };
+  auto short_q = plan_prefill_tiles(shape(true), {0, 300}, {0, 1000});
+  EXPECT_EQ(kv_of(short_q, 0), 7);
+  EXPECT_EQ(kv_of(short_q, 1), 8);
+  EXPECT_EQ(kv_of(short_q, 2), 8);
+  // One query against 1000 keys sees them all (the decode case).
+  EXPECT_EQ(plan_prefill_tiles(shape(true), {0, 1}, {0, 1000})[0].kv_tiles, 8);
+  // len_q 1000 > len_k 300: row i sees keys <= i - 700, so rows 0..699 (tiles 0..4) see nothing;
+  // tile 5 (..767): key ..67, 1 tile; tile 6 (..895): ..195, 2; tile 7 (..999): ..299, 3.
+  auto long_q = plan_prefill_tiles(shape(true), {0, 1000}, {0, 300});
+  ASSERT_EQ(long_q.size(), 8u);
+  for (int t = 0; t < 5; ++t) EXPECT_EQ(kv_of(long_q, t), 0) << "tile " << t;
+  EXPECT_EQ(kv_of(long_q, 5), 1);
+  EXPECT_EQ(kv_of(long_q, 6), 2);
+  EXPECT_EQ(kv_of(long_q, 7), 3);
+  // No keys at all: nothing to see under either mask.
+  for (bool causal : {false, true})
+    for (const auto& t : plan_prefill_tiles(shape(causal), {0, 200}, {0, 0})) EXPECT_EQ(t.kv_tiles, 0);
+}
+
+// The launch order on a packed batch: descending key tiles, ties in (seq, q_tile) order (stable).
+TEST(PrefillAttentionGraph, OrderAndKeyTilesMatchBruteForce) {
+  const std::vector<int> lens = {1, 200, 777, 1500, 0, 5, 300, 129};
+  const std::vector<int> lens_k = {500, 129, 1000, 1500, 7, 0, 64, 700};
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "full");
+    check_plan(causal, offsets(lens), {});
+    check_plan(causal, offsets(lens), offsets(lens_k));
+  }
+  // Equal key tiles keep sequence order: three sequences of 128 rows, 2 key tiles each.
+  const auto tiles = plan_prefill_tiles(shape(false), {0, 128, 256, 384}, {0, 200, 400, 600});
+  ASSERT_EQ(tiles.size(), 3u);
+  for (int b = 0; b < 3; ++b) EXPECT_EQ(tiles[b].seq, b);
+  // Random packed batches around the tile edges.
+  std::mt19937 rng(2024);
+  for (int trial = 0; trial < 30; ++trial) {
+    std::vector<int> lq(1 + rng() % 6), lk(lq.size());
+    for (size_t b = 0; b < lq.size(); ++b) {
+      lq[b] = int(rng() % 700);
+      lk[b] = int(rng() % 700);
+    }
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    for (bool causal : {false, true}) check_plan(causal, offsets(lq), offsets(lk));
+  }
+}
+
+// 4 * D * Hq * visible (query, key) pairs, the pairs counted one by one.
+TEST(PrefillAttentionGraph, FlopsCountVisiblePairs) {
+  const std::vector<int> lens_q = {1, 3, 17, 9, 31, 0, 5}, lens_k = {7, 3, 5, 9, 45, 11, 0};
+  for (bool causal : {false, true})
+    for (bool own_keys : {false, true}) {
+      const std::vector<int>& lk = own_keys ? lens_k : lens_q;
+      double pairs = 0;
+      for (size_t b = 0; b < lens_q.size(); ++b)
+        for (int i = 0; i < lens_q[b]; ++i)
+          for (int j = 0; j < lk[b]; ++j) pairs += visible(causal, i, j, lens_q[b], lk[b]);
+      const PrefillAttentionShape s = shape(causal, 6, 3, 64);
+      const double got = prefill_attention_flops(s, offsets(lens_q), own_keys ? offsets(lens_k) : std::vector<int>{});
+      EXPECT_EQ(got, 4.0 * 64 * 6 * pairs) << (causal ? "causal" : "full") << (own_keys ? ", own keys" : "");
+    }
+  // Exactly half plus the diagonal for one causal square: 4 * 128 * 1 * (n (n + 1) / 2).
+  EXPECT_EQ(prefill_attention_flops(shape(true, 1, 1), {0, 4097}, {}), 4.0 * 128 * 4097.0 * 4098 / 2);
+}

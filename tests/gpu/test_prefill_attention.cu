@@ -1,0 +1,333 @@
+// Prefill attention (ops/prefill_attention.hpp) against a naive fp32 CUDA reference written apart
+// from the kernel: fresh random inputs, outputs and lse poisoned before every run, single and packed
+// sequences on both sides of the 128-row tiles, both masks (causal bottom-right aligned, rows that
+// see no key), GQA, head dims 64 and 128, keys of their own, a sharper softmax, no lse, a CUDA
+// graph, and bad input rejected before any launch. The kernel is sm_90a only: other GPUs skip.
+#include <cuda_bf16.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu_util.cuh"
+#include "tileweave/ops/prefill_attention.hpp"
+
+namespace {
+
+using namespace tw;
+using tw::test::DeviceBuffer;
+using bf16 = __nv_bfloat16;
+
+bool have_sm90a() {
+  int dev = 0, major = 0, minor = 0;
+  TW_CUDA_CHECK(cudaGetDevice(&dev));
+  TW_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  TW_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  return major == 9 && minor == 0;
+}
+#define TW_REQUIRE_SM90A()                                                                                \
+  do {                                                                                                    \
+    TW_REQUIRE_GPU();                                                                                     \
+    if (!have_sm90a()) GTEST_SKIP() << "prefill attention is sm_90a only: not a compute capability 9.0 GPU"; \
+  } while (0)
+
+__device__ inline uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Uniform noise of standard deviation `scale`, a hash of (seed, index): the packed cases need ~10^7
+// values, too slow through the host's normal distribution, and the seed still reproduces them.
+__global__ void fill_random(bf16* x, size_t n, uint64_t seed, float scale) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float u = float(mix64(seed + i * 0x9E3779B97F4A7C15ull) >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+    x[i] = __float2bfloat16((2.f * u - 1.f) * 1.7320508f * scale);
+  }
+}
+
+// The last key query row i of a sequence sees (-1: none), from the op's definition of the mask.
+__host__ __device__ inline int last_visible_key(bool causal, int i, int len_q, int len_k) {
+  const int diag = i + (len_k - len_q);
+  return causal && diag < len_k - 1 ? diag : len_k - 1;
+}
+
+// One warp per (query row, query head): an fp32 online softmax over every key the row sees, each
+// lane holding D / 32 elements of q, of the key and value rows and of the output.
+template <int kD>
+__global__ void ref_prefill(const bf16* q, const bf16* k, const bf16* v, const int* cu_q, const int* cu_k, int total_q,
+                            int hq, int hkv, bool causal, float scale, float* out, float* lse) {
+  constexpr int kPer = kD / 32;
+  const int64_t warp = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp >= int64_t(total_q) * hq) return;
+  const int row = int(warp / hq), h = int(warp % hq), kvh = h / (hq / hkv);
+  int b = 0;
+  while (cu_q[b + 1] <= row) ++b;  // skips empty sequences too
+  const int len_q = cu_q[b + 1] - cu_q[b], len_k = cu_k[b + 1] - cu_k[b];
+  const int last = last_visible_key(causal, row - cu_q[b], len_q, len_k);
+
+  float qr[kPer], acc[kPer];
+  for (int e = 0; e < kPer; ++e) {
+    qr[e] = __bfloat162float(q[(int64_t(row) * hq + h) * kD + lane * kPer + e]);
+    acc[e] = 0.f;
+  }
+  float m = -INFINITY, l = 0.f;
+  for (int j = 0; j <= last; ++j) {
+    const int64_t kv = (int64_t(cu_k[b] + j) * hkv + kvh) * kD + lane * kPer;
+    float s = 0.f;
+    for (int e = 0; e < kPer; ++e) s += qr[e] * __bfloat162float(k[kv + e]);
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    s *= scale;
+    const float m_new = fmaxf(m, s), corr = expf(m - m_new), p = expf(s - m_new);
+    l = l * corr + p;
+    for (int e = 0; e < kPer; ++e) acc[e] = acc[e] * corr + p * __bfloat162float(v[kv + e]);
+    m = m_new;
+  }
+  for (int e = 0; e < kPer; ++e) out[(int64_t(row) * hq + h) * kD + lane * kPer + e] = last >= 0 ? acc[e] / l : 0.f;
+  if (lane == 0) lse[int64_t(h) * total_q + row] = last >= 0 ? m + logf(l) : -INFINITY;
+}
+
+struct Case {
+  std::string name;
+  std::vector<int> lens_q, lens_k;  // lens_k empty: the op gets no cu_seqlens_k (keys = queries)
+  int d = 128, hq = 3, hkv = 3;
+  bool causal = false;
+  bool lse = true;
+  float q_scale = 1.f;  // > 1 sharpens the softmax
+  float scale = 0.f;    // the shape's softmax scale (0: 1/sqrt(D))
+};
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }  // gtest would print the bytes
+
+std::vector<int> offsets(const std::vector<int>& lens) {
+  std::vector<int> cu{0};
+  for (int l : lens) cu.push_back(cu.back() + l);
+  return cu;
+}
+
+// A case's random inputs on the device and the reference outputs, downloaded.
+struct PrefillData {
+  Case c;
+  std::vector<int> cu_q, cu_k;  // cu_k equals cu_q when the case has no keys of its own
+  int total_q, total_k;
+  PrefillAttentionShape shape;
+  DeviceBuffer<bf16> q, k, v;
+  std::vector<float> out_ref, lse_ref;  // [total_q, Hq, D], [Hq, total_q]
+
+  PrefillData(const Case& cs, std::mt19937_64& rng)
+      : c(cs),
+        cu_q(offsets(cs.lens_q)),
+        cu_k(cs.lens_k.empty() ? cu_q : offsets(cs.lens_k)),
+        total_q(cu_q.back()),
+        total_k(cu_k.back()),
+        q(size_t(total_q) * cs.hq * cs.d),
+        k(size_t(total_k) * cs.hkv * cs.d),
+        v(size_t(total_k) * cs.hkv * cs.d) {
+    shape.num_q_heads = c.hq;
+    shape.num_kv_heads = c.hkv;
+    shape.head_dim = c.d;
+    shape.causal = c.causal;
+    shape.scale = c.scale;
+    fill_random<<<1024, 256>>>(q.ptr, q.n, rng(), c.q_scale);
+    fill_random<<<1024, 256>>>(k.ptr, k.n, rng(), 1.f);
+    fill_random<<<1024, 256>>>(v.ptr, v.n, rng(), 1.f);
+    TW_CUDA_CHECK_LAUNCH();
+
+    DeviceBuffer<int> d_cu_q(cu_q.size()), d_cu_k(cu_k.size());
+    d_cu_q.upload(cu_q);
+    d_cu_k.upload(cu_k);
+    DeviceBuffer<float> o(size_t(total_q) * c.hq * c.d), l(size_t(c.hq) * total_q);
+    o.poison();  // the reference must write every element too
+    l.poison();
+    const float scale = c.scale > 0.f ? c.scale : float(1.0 / std::sqrt(double(c.d)));
+    const int64_t threads = int64_t(total_q) * c.hq * 32;
+    const unsigned blocks = unsigned((threads + 255) / 256);
+    if (c.d == 128)
+      ref_prefill<128><<<blocks, 256>>>(q.ptr, k.ptr, v.ptr, d_cu_q.ptr, d_cu_k.ptr, total_q, c.hq, c.hkv, c.causal,
+                                        scale, o.ptr, l.ptr);
+    else
+      ref_prefill<64><<<blocks, 256>>>(q.ptr, k.ptr, v.ptr, d_cu_q.ptr, d_cu_k.ptr, total_q, c.hq, c.hkv, c.causal,
+                                       scale, o.ptr, l.ptr);
+    TW_CUDA_CHECK_LAUNCH();
+    out_ref = o.download();
+    lse_ref = l.download();
+  }
+
+  std::vector<int> op_cu_k() const { return c.lens_k.empty() ? std::vector<int>{} : cu_k; }
+
+  PrefillAttentionTensors tensors(bf16* out, float* lse) const { return {q.ptr, k.ptr, v.ptr, out, lse}; }
+
+  // out: every element finite and within 2e-2 of max|ref| (+1e-3); rows that see no key exactly
+  // 0. lse (when given): within 2e-3 of the reference, -inf exactly on the rows that see no key.
+  void check(const std::vector<bf16>& out, const std::vector<float>* lse) const {
+    const int H = c.hq, D = c.d;
+    int64_t ref_bad = 0, nonfinite = 0, empty_rows = 0, bad_empty = 0, bad_lse = 0;
+    double max_ref = 0, max_err = 0, round_err = 0, lse_err = 0;
+    for (size_t b = 0; b + 1 < cu_q.size(); ++b) {
+      const int len_q = cu_q[b + 1] - cu_q[b], len_k = cu_k[b + 1] - cu_k[b];
+      for (int i = 0; i < len_q; ++i) {
+        const int row = cu_q[b] + i;
+        const bool sees = last_visible_key(c.causal, i, len_q, len_k) >= 0;
+        empty_rows += !sees;
+        for (int h = 0; h < H; ++h) {
+          for (int e = 0; e < D; ++e) {
+            const size_t idx = (size_t(row) * H + h) * D + e;
+            const double o = __bfloat162float(out[idx]), r = out_ref[idx];
+            if (!std::isfinite(r) || (!sees && r != 0)) ++ref_bad;
+            if (!std::isfinite(o)) {
+              ++nonfinite;
+              continue;
+            }
+            if (!sees && o != 0) ++bad_empty;
+            max_ref = std::max(max_ref, std::fabs(r));
+            max_err = std::max(max_err, std::fabs(o - r));
+            round_err = std::max(round_err, std::fabs(double(__bfloat162float(__float2bfloat16(float(r)))) - r));
+          }
+          const size_t li = size_t(h) * total_q + row;
+          const float want = lse_ref[li];
+          if (sees != std::isfinite(want)) ++ref_bad;
+          if (!lse) continue;
+          const float got = (*lse)[li];
+          if (!sees) {
+            bad_lse += !(got == -INFINITY);
+          } else if (!std::isfinite(got) || !(std::fabs(got - want) <= 2e-3f)) {
+            ++bad_lse;
+          }
+          if (sees && std::isfinite(got)) lse_err = std::max(lse_err, double(std::fabs(got - want)));
+        }
+      }
+    }
+    ASSERT_EQ(ref_bad, 0) << "the reference itself is wrong";
+    const double tol = 2e-2 * max_ref + 1e-3, rel = max_err / std::max(max_ref, 1e-30);
+    std::printf("[   info   ] %s: max|ref| %.3g, max|out - ref| %.3g = %.2e of max|ref| (bf16 rounding of ref: %.2e), "
+                "max lse err %.2e%s, %lld rows see no key\n",
+                c.name.c_str(), max_ref, max_err, rel, round_err / std::max(max_ref, 1e-30), lse_err,
+                lse ? "" : " (no lse)", (long long)empty_rows);
+    EXPECT_EQ(nonfinite, 0) << "non-finite outputs: elements left poisoned or overflowed";
+    EXPECT_LE(max_err, tol) << "max|ref| " << max_ref;
+    EXPECT_EQ(bad_empty, 0) << "rows that see no key must output 0";
+    EXPECT_EQ(bad_lse, 0) << "lse off by more than 2e-3 (max " << lse_err << "), or -inf on the wrong rows";
+  }
+};
+
+class PrefillAttentionTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(PrefillAttentionTest, MatchesReference) {
+  TW_REQUIRE_SM90A();
+  const Case& c = GetParam();
+  const uint64_t seed = tw::test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (TW_TEST_SEED reruns it)");
+  std::mt19937_64 rng(seed);
+  const PrefillData data(c, rng);
+  const PrefillAttention op(data.shape, data.cu_q, data.op_cu_k());
+  EXPECT_EQ(op.total_k(), data.total_k);
+  DeviceBuffer<bf16> out(size_t(data.total_q) * c.hq * c.d);
+  DeviceBuffer<float> lse(size_t(c.hq) * data.total_q);
+  out.poison();
+  lse.poison();
+  op.run(data.tensors(out.ptr, c.lse ? lse.ptr : nullptr), nullptr);
+  TW_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> l = c.lse ? lse.download() : std::vector<float>{};
+  data.check(out.download(), c.lse ? &l : nullptr);
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> cs;
+  for (bool causal : {false, true}) {
+    const std::string m = causal ? "Causal" : "Full";
+    for (int len : {1, 127, 128, 129, 1000, 4097})
+      cs.push_back({"D128" + m + "L" + std::to_string(len), {len}, {}, 128, 3, 3, causal});
+    for (int len : {1, 200, 3001})  // no lse at L 200
+      cs.push_back({"D64Gqa7" + m + "L" + std::to_string(len), {len}, {}, 64, 7, 1, causal, len != 200});
+    cs.push_back({"Packed" + m, {1, 200, 777, 1500, 9000, 5}, {}, 128, 8, 2, causal});
+    // Sequence 1 has more queries than keys: under the causal mask its rows 0 .. 170 see none.
+    for (int d : {64, 128})
+      cs.push_back({"OwnKeysD" + std::to_string(d) + m, {64, 300, 1}, {500, 129, 1000}, d, 6, 2, causal, d == 64});
+    // A sequence without keys, one without queries.
+    cs.push_back({"EmptySequences" + m, {130, 0, 3}, {0, 40, 200}, 128, 4, 2, causal});
+    cs.push_back({"SharpQx4" + m, {1000, 129}, {}, 128, 4, 2, causal, true, 4.f});
+  }
+  cs.push_back({"D64Scale02Causal", {333, 64}, {400, 64}, 64, 2, 1, true, true, 1.f, 0.2f});
+  return cs;
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, PrefillAttentionTest, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+
+// run() captured in a CUDA graph, before any plain launch (so the first launch's setup happens
+// under capture when this test runs alone), then on the stream: both right, and bit for bit equal.
+TEST(PrefillAttention, CudaGraphMatchesStream) {
+  TW_REQUIRE_SM90A();
+  const uint64_t seed = tw::test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (TW_TEST_SEED reruns it)");
+  std::mt19937_64 rng(seed);
+  const PrefillData data({"Graph", {1, 200, 777, 130}, {}, 64, 8, 2, true}, rng);
+  const PrefillAttention op(data.shape, data.cu_q);
+  const size_t n_out = size_t(data.total_q) * 8 * 64, n_lse = size_t(8) * data.total_q;
+  DeviceBuffer<bf16> out_g(n_out), out_s(n_out);
+  DeviceBuffer<float> lse_g(n_lse), lse_s(n_lse);
+  out_g.poison();
+  out_s.poison();
+  lse_g.poison();
+  lse_s.poison();
+  TW_CUDA_CHECK(cudaDeviceSynchronize());  // the memsets ran on the legacy stream, `st` does not wait for it
+  cudaStream_t st;
+  TW_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  tw::test::run_in_graph(st, [&](cudaStream_t s) { op.run(data.tensors(out_g.ptr, lse_g.ptr), s); });
+  op.run(data.tensors(out_s.ptr, lse_s.ptr), st);
+  TW_CUDA_CHECK(cudaStreamSynchronize(st));
+  TW_CUDA_CHECK(cudaStreamDestroy(st));
+  const auto og = out_g.download(), os = out_s.download();
+  const auto lg = lse_g.download(), ls = lse_s.download();
+  {
+    SCOPED_TRACE("graph");
+    data.check(og, &lg);
+  }
+  EXPECT_EQ(std::memcmp(og.data(), os.data(), n_out * sizeof(bf16)), 0) << "graph and stream outputs differ";
+  EXPECT_EQ(std::memcmp(lg.data(), ls.data(), n_lse * sizeof(float)), 0) << "graph and stream lse differ";
+}
+
+TEST(PrefillAttention, BadInputThrowsBeforeLaunch) {
+  // The constructor validates before it touches the GPU, so this part runs on any machine.
+  PrefillAttentionShape s;
+  s.head_dim = 96;
+  EXPECT_THROW(PrefillAttention(s, {0, 128}), InvalidArgument);
+  s.head_dim = 128;
+  EXPECT_THROW(PrefillAttention(s, {0, 128, 64}), InvalidArgument);       // decreasing offsets
+  EXPECT_THROW(PrefillAttention(s, {0, 128}, {0, 5, 9}), InvalidArgument);  // key offsets of another batch
+
+  TW_REQUIRE_SM90A();
+  const PrefillAttention op(s, {0, 128});
+  const size_t n = size_t(128) * s.num_q_heads * s.head_dim;
+  DeviceBuffer<bf16> q(n), k(n), v(n), out(n);
+  DeviceBuffer<float> lse(size_t(128) * s.num_q_heads);
+  out.poison();
+  const PrefillAttentionTensors ok{q.ptr, k.ptr, v.ptr, out.ptr, lse.ptr};
+  auto with = [&](auto edit) {
+    PrefillAttentionTensors t = ok;
+    edit(t);
+    return t;
+  };
+  EXPECT_THROW(op.run(with([](auto& t) { t.q = nullptr; }), nullptr), InvalidArgument);
+  EXPECT_THROW(op.run(with([](auto& t) { t.k = nullptr; }), nullptr), InvalidArgument);
+  EXPECT_THROW(op.run(with([](auto& t) { t.v = nullptr; }), nullptr), InvalidArgument);
+  EXPECT_THROW(op.run(with([](auto& t) { t.out = nullptr; }), nullptr), InvalidArgument);
+  EXPECT_THROW(op.run(with([&](auto& t) { t.k = k.ptr + 1; }), nullptr), InvalidArgument);  // 2 B off
+  EXPECT_THROW(op.run(with([&](auto& t) {
+                 t.lse = reinterpret_cast<float*>(reinterpret_cast<char*>(lse.ptr) + 2);
+               }),
+                      nullptr),
+               InvalidArgument);  // lse rows start anywhere (h * total_q floats), but on a float
+  // Nothing was launched: the output is still all poison.
+  TW_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto o = out.download();
+  EXPECT_TRUE(std::all_of(o.begin(), o.end(), [](bf16 x) { return std::isnan(__bfloat162float(x)); }));
+}
+
+}  // namespace
