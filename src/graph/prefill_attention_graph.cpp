@@ -26,16 +26,18 @@ const std::vector<int>& keys_of(const std::vector<int>& cu_q, const std::vector<
 
 // Key tiles query tile t of a sequence needs: all of them, or under the causal mask those holding a
 // key <= the tile's last row + (len_k - len_q).
-int kv_tiles_for(const PrefillAttentionShape& s, int len_q, int len_k, int t) {
-  const int all = (len_k + kPrefillBlockN - 1) / kPrefillBlockN;
+int kv_tiles_for(const PrefillAttentionShape& s, int len_q, int len_k, int t, int block_n) {
+  const int all = (len_k + block_n - 1) / block_n;
   if (!s.causal) return all;
   const int64_t last_row = std::min<int64_t>(int64_t(t + 1) * kPrefillBlockM, len_q) - 1;
   const int64_t last_key = last_row + (len_k - len_q);
   if (last_key < 0) return 0;
-  return int(std::min<int64_t>(all, last_key / kPrefillBlockN + 1));
+  return int(std::min<int64_t>(all, last_key / block_n + 1));
 }
 
 }  // namespace
+
+int prefill_block_n(const PrefillAttentionShape& s) { return s.head_dim == 128 && !s.causal ? 160 : kPrefillBlockN; }
 
 void validate_prefill_attention(const PrefillAttentionShape& s, const std::vector<int>& cu_q,
                                 const std::vector<int>& cu_k) {
@@ -55,12 +57,12 @@ void validate_prefill_attention(const PrefillAttentionShape& s, const std::vecto
 }
 
 std::vector<PrefillTile> plan_prefill_tiles(const PrefillAttentionShape& s, const std::vector<int>& cu_q,
-                                            const std::vector<int>& cu_k_in) {
+                                            const std::vector<int>& cu_k_in, int block_n) {
   const auto& cu_k = keys_of(cu_q, cu_k_in);
   std::vector<PrefillTile> tiles;
   for (size_t b = 0; b + 1 < cu_q.size(); ++b) {
     const int len_q = cu_q[b + 1] - cu_q[b], len_k = cu_k[b + 1] - cu_k[b];
-    for (int t = 0; t * kPrefillBlockM < len_q; ++t) tiles.push_back({int(b), t, kv_tiles_for(s, len_q, len_k, t)});
+    for (int t = 0; t * kPrefillBlockM < len_q; ++t) tiles.push_back({int(b), t, kv_tiles_for(s, len_q, len_k, t, block_n)});
   }
   std::stable_sort(tiles.begin(), tiles.end(),
                    [](const PrefillTile& a, const PrefillTile& b) { return a.kv_tiles > b.kv_tiles; });

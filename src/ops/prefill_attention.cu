@@ -25,12 +25,12 @@ void check_tensor(const void* ptr, const char* name, bool required = true, int a
     bad(std::string(name) + " must be " + std::to_string(align) + "-byte aligned");
 }
 
-template <int kD>
+template <int kD, int kBN>
 void launch(const PrefillAttentionShape& s, int total_q, int total_k, int num_tiles, const kernels::PrefillParams& p,
             const PrefillAttentionTensors& t, cudaStream_t stream) {
-  using C = kernels::PrefillConfig<kD>;
+  using C = kernels::PrefillConfig<kD, kBN>;
   static const bool attr_set = [] {
-    TW_CUDA_CHECK(cudaFuncSetAttribute(kernels::prefill_attention_sm90<kD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    TW_CUDA_CHECK(cudaFuncSetAttribute(kernels::prefill_attention_sm90<kD, kBN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        C::kSmemBytes));
     return true;
   }();
@@ -45,7 +45,7 @@ void launch(const PrefillAttentionShape& s, int total_q, int total_k, int num_ti
     return n;
   }();
   const int blocks = int(std::min<int64_t>(sms, int64_t(num_tiles) * s.num_q_heads));
-  kernels::prefill_attention_sm90<kD><<<blocks, C::kThreads, C::kSmemBytes, stream>>>(mq, mk, mv, p);
+  kernels::prefill_attention_sm90<kD, kBN><<<blocks, C::kThreads, C::kSmemBytes, stream>>>(mq, mk, mv, p);
   TW_CUDA_CHECK_LAUNCH();
 }
 
@@ -55,7 +55,8 @@ PrefillAttention::PrefillAttention(const PrefillAttentionShape& shape, std::vect
     : shape_(shape), cu_q_(std::move(cu_q)), cu_k_(std::move(cu_k)) {
   validate_prefill_attention(shape_, cu_q_, cu_k_);
   if (cu_k_.empty()) cu_k_ = cu_q_;
-  tiles_ = plan_prefill_tiles(shape_, cu_q_, cu_k_);
+  block_n_ = prefill_block_n(shape_);
+  tiles_ = plan_prefill_tiles(shape_, cu_q_, cu_k_, block_n_);
   if (int64_t(tiles_.size()) * shape_.num_q_heads > INT32_MAX)
     bad(std::to_string(tiles_.size()) + " query tiles x " + std::to_string(shape_.num_q_heads) +
         " heads is more work items than the kernel counts (2^31 - 1)");
@@ -113,10 +114,12 @@ void PrefillAttention::run(const PrefillAttentionTensors& t, cudaStream_t stream
   p.lse = t.lse;
   // A tensor map needs at least one row: keys may be empty while queries are not.
   const int rows_k = std::max(total_k(), 1);
-  if (shape_.head_dim == 128)
-    launch<128>(shape_, total_q(), rows_k, int(tiles_.size()), p, t, stream);
+  if (shape_.head_dim == 64)
+    launch<64, 128>(shape_, total_q(), rows_k, int(tiles_.size()), p, t, stream);
+  else if (block_n_ == 160)
+    launch<128, 160>(shape_, total_q(), rows_k, int(tiles_.size()), p, t, stream);
   else
-    launch<64>(shape_, total_q(), rows_k, int(tiles_.size()), p, t, stream);
+    launch<128, 128>(shape_, total_q(), rows_k, int(tiles_.size()), p, t, stream);
 }
 
 }  // namespace tw

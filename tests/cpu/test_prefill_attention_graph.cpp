@@ -215,3 +215,13 @@ TEST(PrefillAttentionGraph, FlopsCountVisiblePairs) {
   // Exactly half plus the diagonal for one causal square: 4 * 128 * 1 * (n (n + 1) / 2).
   EXPECT_EQ(prefill_attention_flops(shape(true, 1, 1), {0, 4097}, {}), 4.0 * 128 * 4097.0 * 4098 / 2);
 }
+
+TEST(PrefillAttentionGraph, BlockNFollowsTheShape) {
+  EXPECT_EQ(prefill_block_n(shape(false, 8, 2, 128)), 160);  // d = 128, no mask: wider key tiles
+  EXPECT_EQ(prefill_block_n(shape(true, 8, 2, 128)), kPrefillBlockN);
+  EXPECT_EQ(prefill_block_n(shape(false, 8, 2, 64)), kPrefillBlockN);
+  // The plan counts key tiles of the width it is given.
+  const auto tiles = plan_prefill_tiles(shape(false), {0, 4097}, {}, 160);
+  ASSERT_FALSE(tiles.empty());
+  for (const auto& t : tiles) EXPECT_EQ(t.kv_tiles, 26);  // ceil(4097 / 160)
+}

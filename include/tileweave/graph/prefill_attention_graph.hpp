@@ -21,9 +21,13 @@ struct PrefillAttentionShape {
   float scale = 0.f;                        // softmax scale; 0: 1/sqrt(head_dim)
 };
 
-// Query rows and keys per tile of the sm90 kernel.
+// Query rows per tile of the sm90 kernel, and keys per K/V tile unless prefill_block_n says more.
 constexpr int kPrefillBlockM = 128;
 constexpr int kPrefillBlockN = 128;
+// Keys per K/V tile for the shape: 160 at d = 128 without the causal mask (fewer iterations, each
+// with its fixed cost: +1.5-3% over 128 at L 4097-14034 on the H200, 2026-11-24; 176 spilled and
+// ran no faster), 128 otherwise (the causal mask wastes more of a wider tile on the diagonal).
+int prefill_block_n(const PrefillAttentionShape& s);
 
 // Checks the heads, head_dim and scale, and the offsets: cu_seqlens_q has batch + 1 entries, starts
 // at 0 and never decreases; cu_seqlens_k is empty (keys = queries) or the same size with the same
@@ -39,8 +43,9 @@ struct PrefillTile {
 // The tiles in launch order: most key tiles first (the longest blocks start in the first wave, the
 // short ones fill the tail), ties in sequence and query-tile order. Expects validated input;
 // cu_seqlens_k empty means the same as cu_seqlens_q.
+// block_n: keys per K/V tile the kernel runs (the op passes prefill_block_n).
 std::vector<PrefillTile> plan_prefill_tiles(const PrefillAttentionShape& s, const std::vector<int>& cu_seqlens_q,
-                                            const std::vector<int>& cu_seqlens_k);
+                                            const std::vector<int>& cu_seqlens_k, int block_n = kPrefillBlockN);
 
 // 4 * D * Hq * (query, key) pairs the mask lets through: the FLOPs of S = QK^T and O = PV.
 double prefill_attention_flops(const PrefillAttentionShape& s, const std::vector<int>& cu_seqlens_q,

@@ -1,7 +1,8 @@
-// Prefill attention tile body for sm_90a (ops/prefill_attention.hpp is the op; docs/attention.md the
-// design). Persistent blocks, one per SM, each taking (128-row query tile, query head) items; 384 threads:
-//   warpgroup 0: one thread streams Q once, then K and V tiles of 128 keys through TMA into rings of
-//     kStages stages each (K and V on barriers of their own: S = QK^T starts before V lands, and a
+// Prefill attention tile body for sm_90a (ops/prefill_attention.hpp is the op;
+// docs/prefill_attention.md the design). Persistent blocks, one per SM, each taking (128-row query
+// tile, query head) items; 384 threads:
+//   warpgroup 0: one thread streams Q once, then K and V tiles of kBN keys (128 or 160) through TMA
+//     into rings of kStages stages each (K and V on barriers of their own: S = QK^T starts before V lands, and a
 //     K slot is refilled as soon as its S GEMM is done);
 //   warpgroups 1, 2: 64 query rows each. Per key tile j: S_j = Q K_j^T (wgmma, both operands in
 //     shared memory) is issued, then O += P_{j-1} V_{j-1} (wgmma with P in registers, V read
@@ -35,17 +36,21 @@ struct PrefillParams {
   float* lse = nullptr;
 };
 
-template <int kD>
+template <int kD, int kBN_ = 128>
 struct PrefillConfig {
   static_assert(kD == 64 || kD == 128, "head_dim 64 or 128");
-  static constexpr int kBM = 128, kBN = 128;      // graph/prefill_attention_graph.hpp's kPrefillBlock*
+  static_assert(kBN_ % 16 == 0 && kBN_ <= 256, "keys per tile: a multiple of 16, a TMA box of <= 256 rows");
+  static constexpr int kBM = 128, kBN = kBN_;     // graph/prefill_attention_graph.hpp's kPrefillBlockM
   static constexpr int kChunks = kD / 64;         // 128-B swizzle rows per operand row
-  // d = 128: Q 32 KiB + 2 x (K 32 + V 32) = 160 KiB (three stages would leave no room to grow);
-  // d = 64: 16 + 4 x 32 KiB.
+  // d = 128: Q 32 KiB + 2 x (K + V): 160 KiB at 128 keys, 192 at 160; d = 64: 16 + 4 x 32 KiB.
+  // Three stages at d = 128 (225 KiB) measured 2-3% slower than two (H200, L 4608-14034).
   static constexpr int kStages = kD == 128 ? 2 : 4;
   static constexpr int kQBytes = kBM * kD * 2;
   static constexpr int kTileBytes = kBN * kD * 2;  // one K or one V tile
   static constexpr int kThreads = 384;
+  // setmaxnreg budgets (x 128 threads: producer + 2 x consumers <= 64K). 176 keys per tile
+  // spilled even at 232 and ran no faster than 160.
+  static constexpr int kProducerRegs = 56, kConsumerRegs = 224;
   static constexpr int kConsumerWarps = 8;
   static constexpr int kSmemBytes = kQBytes + 2 * kStages * kTileBytes + 256 + 1024;  // + barriers, align slack
   static_assert((2 + 4 * kStages) * 8 + 4 <= 256, "barriers and the item slot fit their 256 B");
@@ -79,10 +84,18 @@ struct RowState {
   float l[2] = {0.f, 0.f};              // this thread's share of the row sums, in units of 2^m
 };
 
-// S (m64n128 accumulators: s[4i + 2h + c] is row g + 8h, key 8i + 2(lane % 4) + c) -> P = 2^(S' - m)
-// in place, m and l updated; returns the factors the rows' earlier O must be scaled by.
+// Measured on the H200 (2026-11-24, A/B in one call): slack 8 against 0, +1-3% (d = 128 causal
+// +3%): most tiles then skip the 64 multiplies of O's rescale.
+constexpr float kRescaleSlack = 8.f;
+
+// S (m64nkBN accumulators: s[4i + 2h + c] is row g + 8h, key 8i + 2(lane % 4) + c) -> P = 2^(S' - m)
+// in place, m and l updated; alpha gets the factors the rows' earlier O must be scaled by, and the
+// result says whether any is not 1. The running max moves only when a tile's exceeds it by more
+// than `slack` (log2 units): P stays <= 2^slack (finite in fp32 and bf16 for slack <= 64), O / l
+// is the same whatever m is, and most tiles then need no rescale of O at all.
 template <int kBN>
-__device__ __forceinline__ void softmax_tile(float (&s)[kBN / 2], RowState& st, float scale_log2, float (&alpha)[2]) {
+__device__ __forceinline__ bool softmax_tile(float (&s)[kBN / 2], RowState& st, float scale_log2, float slack,
+                                             float (&alpha)[2]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     // Four independent chains for the max and the sum: one chain of kBN / 4 dependent ops would
@@ -91,7 +104,8 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kBN / 2], RowState& st, 
 #pragma unroll
     for (int i = 0; i < kBN / 8; ++i) mx4[i % 4] = fmaxf(mx4[i % 4], fmaxf(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]));
     const float mx = fmaxf(fmaxf(mx4[0], mx4[1]), fmaxf(mx4[2], mx4[3]));
-    const float m_new = fmaxf(st.m[h], quad_max(mx) * scale_log2);
+    const float m_row = quad_max(mx) * scale_log2;
+    const float m_new = m_row > st.m[h] + slack ? m_row : st.m[h];
     // A row that has seen only masked keys keeps m = -inf: subtract 0 instead (no inf - inf).
     const float base = m_new == -INFINITY ? 0.f : m_new;
     alpha[h] = ex2(st.m[h] - base);
@@ -107,12 +121,13 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kBN / 2], RowState& st, 
     st.l[h] = st.l[h] * alpha[h] + ((sum4[0] + sum4[1]) + (sum4[2] + sum4[3]));
     st.m[h] = m_new;
   }
+  return alpha[0] != 1.f || alpha[1] != 1.f;
 }
 
 }  // namespace prefill_detail
 #endif
 
-template <int kD>
+template <int kD, int kBN_>
 __global__ void __launch_bounds__(384, 1)
     prefill_attention_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                            const __grid_constant__ CUtensorMap map_v, const PrefillParams p) {
@@ -120,13 +135,13 @@ __global__ void __launch_bounds__(384, 1)
   namespace ptx = cuda::ptx;
   using namespace tw::sm90;
   using namespace prefill_detail;
-  using C = PrefillConfig<kD>;
+  using C = PrefillConfig<kD, kBN_>;
   constexpr int kBM = C::kBM, kBN = C::kBN, kStages = C::kStages;
 
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint8_t* sq = smem;                                   // [chunk][128 rows][128 B]
-  uint8_t* sk = sq + C::kQBytes;                        // [stage][chunk][128 keys][128 B]
+  uint8_t* sk = sq + C::kQBytes;                        // [stage][chunk][kBN keys][128 B]
   uint8_t* sv = sk + kStages * C::kTileBytes;           // same
   uint64_t* q_full = reinterpret_cast<uint64_t*>(sv + kStages * C::kTileBytes);
   uint64_t* q_empty = q_full + 1;
@@ -139,7 +154,10 @@ __global__ void __launch_bounds__(384, 1)
 
   if (threadIdx.x == 0) {
     mbar_init(q_full, 1);
-    mbar_init(q_empty, C::kConsumerWarps);  // one arrive per consumer warp
+    // Every consumer thread arrives: each has read s_item, and an arrive releases only its own
+    // thread's accesses (one lane per warp after __syncwarp left compute-sanitizer's racecheck
+    // reporting the item slot's reuse as a hazard).
+    mbar_init(q_empty, C::kConsumerWarps * 32);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&k_full[s], 1);
       mbar_init(&v_full[s], 1);
@@ -174,7 +192,7 @@ __global__ void __launch_bounds__(384, 1)
   };
 
   if (wg == 0) {
-    setmaxnreg_dec<56>();
+    setmaxnreg_dec<C::kProducerRegs>();
     if (threadIdx.x != 0) return;
     // Q is read by one block alone; K/V by every query tile of the head (evict_last keeps them
     // for the blocks of the same head that run beside this one).
@@ -222,12 +240,13 @@ __global__ void __launch_bounds__(384, 1)
     return;
   }
 
-  setmaxnreg_inc<224>();
+  setmaxnreg_inc<C::kConsumerRegs>();
   const int cw = wg - 1;  // this warpgroup's 64 rows of the tile
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   // The two warpgroups take turns issuing their GEMMs (named barriers 1 and 2: a warpgroup waits
   // on its own, then arrives on the other's), so the tensor cores run one warpgroup's GEMMs while
-  // the other computes its softmax. Warpgroup 1 lets warpgroup 0 go first; both take n_kv + 1
+  // the other computes its softmax (worth only ~1% at d = 128 on the H200, A/B 2026-11-24: the
+  // softmax mostly hides under the warpgroup's own PV GEMM already). Warpgroup 1 lets warpgroup 0 go first; both take n_kv + 1
   // turns per item, and warpgroup 0 takes one more wait at the very end to match warpgroup 1's
   // opening arrive (no arrival left pending on a barrier when the block ends).
   const uint32_t my_turn = 1 + cw, other_turn = 2 - cw;
@@ -299,14 +318,12 @@ __global__ void __launch_bounds__(384, 1)
         named_bar_arrive(other_turn, 256);
         wgmma_wait<0>();
         fence_operands(s);
-        if (lane == 0) {
-          mbar_arrive(&k_empty[sk0]);
-          if (it.n_kv == 1) mbar_arrive(q_empty);  // the item's last S GEMM has read Q
-        }
+        if (lane == 0) mbar_arrive(&k_empty[sk0]);
+        if (it.n_kv == 1) mbar_arrive(q_empty);  // the item's last S GEMM has read Q
         ++k_it;
       }
       mask(s, 0);
-      softmax_tile<kBN>(s, st, p.scale_log2, alpha);
+      softmax_tile<kBN>(s, st, p.scale_log2, kRescaleSlack, alpha);
       to_p(s, pf);
       for (int j = 1; j < it.n_kv; ++j) {
         const uint32_t sj = k_it % kStages, sp = v_it % kStages;
@@ -319,13 +336,11 @@ __global__ void __launch_bounds__(384, 1)
         named_bar_arrive(other_turn, 256);
         wgmma_wait<1>();  // S_j done; PV_{j-1} may still run
         fence_operands(s);
-        if (lane == 0) {
-          mbar_arrive(&k_empty[sj]);
-          if (j == it.n_kv - 1) mbar_arrive(q_empty);
-        }
+        if (lane == 0) mbar_arrive(&k_empty[sj]);
+        if (j == it.n_kv - 1) mbar_arrive(q_empty);
         ++k_it;
         mask(s, j);
-        softmax_tile<kBN>(s, st, p.scale_log2, alpha);
+        const bool rescale = __any_sync(0xffffffffu, softmax_tile<kBN>(s, st, p.scale_log2, kRescaleSlack, alpha));
         wgmma_wait<0>();
         fence_operands(o);
 #pragma unroll
@@ -334,12 +349,14 @@ __global__ void __launch_bounds__(384, 1)
           for (int r = 0; r < 4; ++r) fence_regs(pf[kk][r]);  // P_{j-1} stays live until its GEMM is done
         if (lane == 0) mbar_arrive(&v_empty[sp]);
         ++v_it;
+        if (rescale) {
 #pragma unroll
-        for (int i = 0; i < kD / 8; ++i) {
-          o[4 * i + 0] *= alpha[0];
-          o[4 * i + 1] *= alpha[0];
-          o[4 * i + 2] *= alpha[1];
-          o[4 * i + 3] *= alpha[1];
+          for (int i = 0; i < kD / 8; ++i) {
+            o[4 * i + 0] *= alpha[0];
+            o[4 * i + 1] *= alpha[0];
+            o[4 * i + 2] *= alpha[1];
+            o[4 * i + 3] *= alpha[1];
+          }
         }
         to_p(s, pf);
       }
@@ -354,8 +371,7 @@ __global__ void __launch_bounds__(384, 1)
       if (lane == 0) mbar_arrive(&v_empty[sl]);
       ++v_it;
     } else {
-      __syncwarp();  // every lane has read s_item
-      if (lane == 0) mbar_arrive(q_empty);
+      mbar_arrive(q_empty);
 #pragma unroll
       for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
     }
