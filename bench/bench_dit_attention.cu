@@ -32,10 +32,9 @@ struct Case {
 };
 
 // The issue's peer table and bars first, then the spread of H, d and odd L the bars ask for.
-const std::vector<Case> kDefaultCases = {
-    {24, 128, 4608},  {24, 128, 8704},  {24, 128, 14034}, {24, 64, 4429},      {40, 128, 32760},
-    {8, 128, 1024},   {48, 128, 8192},  {24, 64, 16384},  {16, 128, 4097},     {24, 128, 8704, true},
-    {24, 64, 4429, true}};
+const std::vector<Case> kDefaultCases = {{24, 128, 4608},  {24, 128, 8704},       {24, 128, 14034},    {24, 64, 4429},
+                                         {40, 128, 32760}, {8, 128, 1024},        {48, 128, 8192},     {24, 64, 16384},
+                                         {16, 128, 4097},  {24, 128, 8704, true}, {24, 64, 4429, true}};
 const std::vector<Case> kQuickCases = {{24, 128, 4608}, {24, 64, 4429}, {24, 128, 8704, true}};
 
 // "H:d:L[:c][:bN]" -> Case; anything else is an error naming the field.
@@ -46,9 +45,12 @@ Case parse_case(const std::string& s) {
   if (hdl.size() != 3) throw std::invalid_argument("--cases: '" + s + "' is not H:d:L[:c][:bN]");
   Case c{hdl[0], hdl[1], hdl[2]};
   for (size_t i = 3; i < f.size(); ++i) {
-    if (f[i] == "c") c.causal = true;
-    else if (f[i][0] == 'b') c.batch = tw::bench::parse_counts(f[i].substr(1), "--cases batch")[0];
-    else throw std::invalid_argument("--cases: '" + f[i] + "' in '" + s + "' is neither c nor bN");
+    if (f[i] == "c")
+      c.causal = true;
+    else if (f[i][0] == 'b')
+      c.batch = tw::bench::parse_counts(f[i].substr(1), "--cases batch")[0];
+    else
+      throw std::invalid_argument("--cases: '" + f[i] + "' in '" + s + "' is neither c nor bN");
   }
   return c;
 }
@@ -106,14 +108,20 @@ int main(int argc, char** argv) {
   try {
     for (int i = 1; i < argc; ++i) {
       const bool has_value = i + 1 < argc;
-      if (!std::strcmp(argv[i], "--quick")) quick = true;
-      else if (!std::strcmp(argv[i], "--cases") && has_value) cases_arg = argv[++i];
-      else if (!std::strcmp(argv[i], "--reps") && has_value) reps = parse_counts(argv[++i], "--reps")[0];
-      else if (!std::strcmp(argv[i], "--out") && has_value) out_dir = argv[++i];
-      else throw std::invalid_argument(std::string("unknown or incomplete argument '") + argv[i] + "'");
+      if (!std::strcmp(argv[i], "--quick"))
+        quick = true;
+      else if (!std::strcmp(argv[i], "--cases") && has_value)
+        cases_arg = argv[++i];
+      else if (!std::strcmp(argv[i], "--reps") && has_value)
+        reps = parse_counts(argv[++i], "--reps")[0];
+      else if (!std::strcmp(argv[i], "--out") && has_value)
+        out_dir = argv[++i];
+      else
+        throw std::invalid_argument(std::string("unknown or incomplete argument '") + argv[i] + "'");
     }
   } catch (const std::invalid_argument& e) {
-    std::fprintf(stderr, "bench_dit_attention: %s\nusage: %s [--cases H:d:L[:c][:bN],...] [--reps N] [--out DIR] [--quick]\n",
+    std::fprintf(stderr,
+                 "bench_dit_attention: %s\nusage: %s [--cases H:d:L[:c][:bN],...] [--reps N] [--out DIR] [--quick]\n",
                  e.what(), argv[0]);
     return 2;
   }
@@ -149,8 +157,8 @@ int main(int argc, char** argv) {
     shape.causal = c.causal;
     std::vector<int> cu(c.batch + 1);
     for (int b = 0; b <= c.batch; ++b) cu[b] = b * c.L;
-    json row = {{"op", "attention"}, {"H", c.H}, {"d", c.d}, {"L", c.L}, {"causal", c.causal}, {"batch", c.batch},
-                {"dtype", "bf16"}};
+    json row = {{"op", "attention"},  {"H", c.H},         {"d", c.d},       {"L", c.L},
+                {"causal", c.causal}, {"batch", c.batch}, {"dtype", "bf16"}};
     const size_t elems = size_t(total) * c.H * c.d;
     bf16 *q, *k, *v, *o;
     for (bf16** p : {&q, &k, &v, &o}) TW_CUDA_CHECK(cudaMalloc(p, elems * sizeof(bf16)));
@@ -177,8 +185,8 @@ int main(int argc, char** argv) {
     }
     for (bf16* p : {q, k, v, o}) TW_CUDA_CHECK(cudaFree(p));
     if (row.contains("us"))
-      std::printf("H=%2d d=%3d L=%6d %-6s b=%d: %9.1f us %6.0f TFLOP/s\n", c.H, c.d, c.L,
-                  c.causal ? "causal" : "full", c.batch, row["us"].get<double>(), row["tflops"].get<double>());
+      std::printf("H=%2d d=%3d L=%6d %-6s b=%d: %9.1f us %6.0f TFLOP/s\n", c.H, c.d, c.L, c.causal ? "causal" : "full",
+                  c.batch, row["us"].get<double>(), row["tflops"].get<double>());
     else
       std::printf("H=%2d d=%3d L=%6d %-6s b=%d: skipped (%s)\n", c.H, c.d, c.L, c.causal ? "causal" : "full", c.batch,
                   row["skipped"].get<std::string>().c_str());
@@ -203,11 +211,13 @@ int main(int argc, char** argv) {
   doc["gpu"] = gpu.prop.name;
   doc["date"] = utc_now();
   doc["gemm_peak_tflops"] = peak;
-  doc["method"] = "tw::PrefillAttention, bf16 q/k/v uniform noise (unit variance), packed THD layout, Hkv = H; one "
-                  "launch per CUDA-graph replay, median of " + std::to_string(reps) + " per-replay event pairs after " +
-                  std::to_string(int(kSteadyMs)) + " ms of warm-up replays (the steady state of the GPU's clocks at "
-                  "its power limit), one input set (compute-bound: not rotated); tflops = flops / us (4 L^2 d H, exact masked "
-                  "count when causal); gemm_peak_tflops: cuBLASLt bf16 8192^3, fp32 accumulate, same run";
+  doc["method"] =
+      "tw::PrefillAttention, bf16 q/k/v uniform noise (unit variance), packed THD layout, Hkv = H; one "
+      "launch per CUDA-graph replay, median of " +
+      std::to_string(reps) + " per-replay event pairs after " + std::to_string(int(kSteadyMs)) +
+      " ms of warm-up replays (the steady state of the GPU's clocks at "
+      "its power limit), one input set (compute-bound: not rotated); tflops = flops / us (4 L^2 d H, exact masked "
+      "count when causal); gemm_peak_tflops: cuBLASLt bf16 8192^3, fp32 accumulate, same run";
   for (json& r : rows) {
     json* hit = nullptr;
     for (json& c : doc["cases"])
@@ -230,21 +240,24 @@ int main(int argc, char** argv) {
 
   std::printf("\n%s, %s: GEMM peak %.0f TFLOP/s -> %s\n", gpu.prop.name, doc["date"].get<std::string>().c_str(), peak,
               path.string().c_str());
-  std::printf("%3s %4s %6s %-6s %2s %10s %7s %6s | %-16s %7s %7s\n", "H", "d", "L", "mask", "b", "us", "TFLOP/s", "%peak",
-              "peer_best", "TFLOP/s", "speedup");
+  std::printf("%3s %4s %6s %-6s %2s %10s %7s %6s | %-16s %7s %7s\n", "H", "d", "L", "mask", "b", "us", "TFLOP/s",
+              "%peak", "peer_best", "TFLOP/s", "speedup");
   for (const json& r : rows) {
     std::printf("%3d %4d %6d %-6s %2d ", r["H"].get<int>(), r["d"].get<int>(), r["L"].get<int>(),
                 r["causal"].get<bool>() ? "causal" : "full", r["batch"].get<int>());
     if (r.contains("us"))
-      std::printf("%10.1f %7.0f %5.1f%% | ", r["us"].get<double>(), r["tflops"].get<double>(), r["pct_gemm_peak"].get<double>());
+      std::printf("%10.1f %7.0f %5.1f%% | ", r["us"].get<double>(), r["tflops"].get<double>(),
+                  r["pct_gemm_peak"].get<double>());
     else
       std::printf("%10s %7s %6s | ", "skipped", "-", "-");
     if (r.contains("peer_best_tflops") && r["peer_best_tflops"].is_number())
       std::printf("%-16s %7.0f ", r.value("peer_best", std::string("?")).c_str(), r["peer_best_tflops"].get<double>());
     else
       std::printf("%-16s %7s ", "-", "-");
-    if (r.contains("speedup")) std::printf("%6.2fx\n", r["speedup"].get<double>());
-    else std::printf("%7s\n", "-");
+    if (r.contains("speedup"))
+      std::printf("%6.2fx\n", r["speedup"].get<double>());
+    else
+      std::printf("%7s\n", "-");
   }
   return 0;
 }

@@ -47,7 +47,8 @@ void validate_prefill_attention(const PrefillAttentionShape& s, const std::vecto
     bad("num_q_heads (" + std::to_string(s.num_q_heads) + ") must be a positive multiple of num_kv_heads (" +
         std::to_string(s.num_kv_heads) + ")");
   if (s.num_q_heads > 65535) bad("num_q_heads must be <= 65535, got " + std::to_string(s.num_q_heads));
-  if (!(s.scale >= 0.f) || !std::isfinite(s.scale)) bad("scale must be finite and >= 0 (0: 1/sqrt(head_dim)), got " + std::to_string(s.scale));
+  if (!(s.scale >= 0.f) || !std::isfinite(s.scale))
+    bad("scale must be finite and >= 0 (0: 1/sqrt(head_dim)), got " + std::to_string(s.scale));
   check_offsets(cu_q, "cu_seqlens_q");
   if (!cu_k.empty()) {
     check_offsets(cu_k, "cu_seqlens_k");
@@ -62,7 +63,8 @@ std::vector<PrefillTile> plan_prefill_tiles(const PrefillAttentionShape& s, cons
   std::vector<PrefillTile> tiles;
   for (size_t b = 0; b + 1 < cu_q.size(); ++b) {
     const int len_q = cu_q[b + 1] - cu_q[b], len_k = cu_k[b + 1] - cu_k[b];
-    for (int t = 0; t * kPrefillBlockM < len_q; ++t) tiles.push_back({int(b), t, kv_tiles_for(s, len_q, len_k, t, block_n)});
+    for (int t = 0; t * kPrefillBlockM < len_q; ++t)
+      tiles.push_back({int(b), t, kv_tiles_for(s, len_q, len_k, t, block_n)});
   }
   std::stable_sort(tiles.begin(), tiles.end(),
                    [](const PrefillTile& a, const PrefillTile& b) { return a.kv_tiles > b.kv_tiles; });

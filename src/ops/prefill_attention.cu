@@ -1,13 +1,12 @@
 // Prefill attention on Hopper: the host side of kernels/attention/prefill_sm90.cuh.
-#include "tileweave/ops/prefill_attention.hpp"
-
 #include <algorithm>
-#include <cmath>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <string>
 
 #include "tileweave/kernels/attention/prefill_sm90.cuh"
+#include "tileweave/ops/prefill_attention.hpp"
 #include "tileweave/util/cuda_check.hpp"
 
 namespace tw {
@@ -30,8 +29,8 @@ void launch(const PrefillAttentionShape& s, int total_q, int total_k, int num_ti
             const PrefillAttentionTensors& t, cudaStream_t stream) {
   using C = kernels::PrefillConfig<kD, kBN>;
   static const bool attr_set = [] {
-    TW_CUDA_CHECK(cudaFuncSetAttribute(kernels::prefill_attention_sm90<kD, kBN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       C::kSmemBytes));
+    TW_CUDA_CHECK(cudaFuncSetAttribute(kernels::prefill_attention_sm90<kD, kBN>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
     return true;
   }();
   (void)attr_set;
@@ -80,7 +79,8 @@ PrefillAttention::PrefillAttention(const PrefillAttentionShape& shape, std::vect
   TW_CUDA_CHECK(cudaMemset(d_work_counter_, 0, sizeof(int)));
   TW_CUDA_CHECK(cudaMemcpy(d_cu_q_, cu_q_.data(), cu_q_.size() * sizeof(int), cudaMemcpyHostToDevice));
   TW_CUDA_CHECK(cudaMemcpy(d_cu_k_, cu_k_.data(), cu_k_.size() * sizeof(int), cudaMemcpyHostToDevice));
-  if (!flat.empty()) TW_CUDA_CHECK(cudaMemcpy(d_tiles_, flat.data(), flat.size() * sizeof(int), cudaMemcpyHostToDevice));
+  if (!flat.empty())
+    TW_CUDA_CHECK(cudaMemcpy(d_tiles_, flat.data(), flat.size() * sizeof(int), cudaMemcpyHostToDevice));
 }
 
 PrefillAttention::~PrefillAttention() {

@@ -2,8 +2,8 @@
 // docs/prefill_attention.md the design). Persistent blocks, one per SM, each taking (128-row query
 // tile, query head) items; 384 threads:
 //   warpgroup 0: one thread streams Q once, then K and V tiles of kBN keys (128 or 160) through TMA
-//     into rings of kStages stages each (K and V on barriers of their own: S = QK^T starts before V lands, and a
-//     K slot is refilled as soon as its S GEMM is done);
+//     into rings of kStages stages each (K and V on barriers of their own: S = QK^T starts before
+//     V lands, and a K slot is refilled as soon as its S GEMM is done);
 //   warpgroups 1, 2: 64 query rows each. Per key tile j: S_j = Q K_j^T (wgmma, both operands in
 //     shared memory) is issued, then O += P_{j-1} V_{j-1} (wgmma with P in registers, V read
 //     MN-major); the softmax of S_j runs while the PV GEMM is in flight, O is rescaled once it
@@ -21,17 +21,17 @@
 namespace tw::kernels {
 
 struct PrefillParams {
-  const int* cu_q = nullptr;   // [batch + 1]
-  const int* cu_k = nullptr;   // [batch + 1]
-  const int* tiles = nullptr;  // {seq, q_tile, kv_tiles} per query tile (graph/prefill_attention_graph.hpp)
-  int num_tiles = 0;           // query tiles per head
-  int num_work = 0;            // num_tiles * heads_q work items
-  int* work_counter = nullptr; // zero before a launch; the launch leaves it zero
+  const int* cu_q = nullptr;    // [batch + 1]
+  const int* cu_k = nullptr;    // [batch + 1]
+  const int* tiles = nullptr;   // {seq, q_tile, kv_tiles} per query tile (graph/prefill_attention_graph.hpp)
+  int num_tiles = 0;            // query tiles per head
+  int num_work = 0;             // num_tiles * heads_q work items
+  int* work_counter = nullptr;  // zero before a launch; the launch leaves it zero
   int heads_q = 0;
-  int group = 1;               // query heads per KV head
+  int group = 1;  // query heads per KV head
   int causal = 0;
   int total_q = 0;
-  float scale_log2 = 0.f;      // softmax scale * log2(e)
+  float scale_log2 = 0.f;  // softmax scale * log2(e)
   __nv_bfloat16* out = nullptr;
   float* lse = nullptr;
 };
@@ -40,8 +40,8 @@ template <int kD, int kBN_ = 128>
 struct PrefillConfig {
   static_assert(kD == 64 || kD == 128, "head_dim 64 or 128");
   static_assert(kBN_ % 16 == 0 && kBN_ <= 256, "keys per tile: a multiple of 16, a TMA box of <= 256 rows");
-  static constexpr int kBM = 128, kBN = kBN_;     // graph/prefill_attention_graph.hpp's kPrefillBlockM
-  static constexpr int kChunks = kD / 64;         // 128-B swizzle rows per operand row
+  static constexpr int kBM = 128, kBN = kBN_;  // graph/prefill_attention_graph.hpp's kPrefillBlockM
+  static constexpr int kChunks = kD / 64;      // 128-B swizzle rows per operand row
   // d = 128: Q 32 KiB + 2 x (K + V): 160 KiB at 128 keys, 192 at 160; d = 64: 16 + 4 x 32 KiB.
   // Three stages at d = 128 (225 KiB) measured 2-3% slower than two (H200, L 4608-14034).
   static constexpr int kStages = kD == 128 ? 2 : 4;
@@ -140,9 +140,9 @@ __global__ void __launch_bounds__(384, 1)
 
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  uint8_t* sq = smem;                                   // [chunk][128 rows][128 B]
-  uint8_t* sk = sq + C::kQBytes;                        // [stage][chunk][kBN keys][128 B]
-  uint8_t* sv = sk + kStages * C::kTileBytes;           // same
+  uint8_t* sq = smem;                          // [chunk][128 rows][128 B]
+  uint8_t* sk = sq + C::kQBytes;               // [stage][chunk][kBN keys][128 B]
+  uint8_t* sv = sk + kStages * C::kTileBytes;  // same
   uint64_t* q_full = reinterpret_cast<uint64_t*>(sv + kStages * C::kTileBytes);
   uint64_t* q_empty = q_full + 1;
   uint64_t* k_full = q_empty + 1;
@@ -246,9 +246,9 @@ __global__ void __launch_bounds__(384, 1)
   // The two warpgroups take turns issuing their GEMMs (named barriers 1 and 2: a warpgroup waits
   // on its own, then arrives on the other's), so the tensor cores run one warpgroup's GEMMs while
   // the other computes its softmax (worth only ~1% at d = 128 on the H200, A/B 2026-11-24: the
-  // softmax mostly hides under the warpgroup's own PV GEMM already). Warpgroup 1 lets warpgroup 0 go first; both take n_kv + 1
-  // turns per item, and warpgroup 0 takes one more wait at the very end to match warpgroup 1's
-  // opening arrive (no arrival left pending on a barrier when the block ends).
+  // softmax mostly hides under the warpgroup's own PV GEMM already). Warpgroup 1 lets warpgroup 0
+  // go first; both take n_kv + 1 turns per item, and warpgroup 0 takes one more wait at the very
+  // end to match warpgroup 1's opening arrive (no arrival left pending when the block ends).
   const uint32_t my_turn = 1 + cw, other_turn = 2 - cw;
   if (cw == 1) named_bar_arrive(1, 256);
   const uint64_t q_desc = make_desc_sw128(sq + cw * 64 * 128);
@@ -261,11 +261,11 @@ __global__ void __launch_bounds__(384, 1)
     if (w < 0) break;
     const Item it = item(w);
     const int r0 = it.q_tile * kBM + cw * 64 + warp * 16 + lane / 4;  // rows r0 and r0 + 8 of the sequence
-    const int diag = it.len_k - it.len_q;                              // causal: key <= row + diag
+    const int diag = it.len_k - it.len_q;                             // causal: key <= row + diag
     RowState st;
     float o[kD / 2];
     if (it.n_kv > 0) {
-      auto issue_s = [&](float (&s)[kBN / 2], uint32_t stage) {
+      auto issue_s = [&](float(&s)[kBN / 2], uint32_t stage) {
         const uint64_t k_desc = make_desc_sw128(sk + stage * C::kTileBytes);
 #pragma unroll
         for (int kk = 0; kk < kD / 16; ++kk) {
@@ -274,7 +274,7 @@ __global__ void __launch_bounds__(384, 1)
         }
         wgmma_commit();
       };
-      auto issue_pv = [&](const uint32_t (&pf)[kBN / 16][4], uint32_t stage, bool first) {
+      auto issue_pv = [&](const uint32_t(&pf)[kBN / 16][4], uint32_t stage, bool first) {
         const uint64_t v_desc = make_desc_sw128_mn(sv + stage * C::kTileBytes, kBN * 128);
 #pragma unroll
         for (int kk = 0; kk < kBN / 16; ++kk)
@@ -283,7 +283,7 @@ __global__ void __launch_bounds__(384, 1)
       };
       // Keys of tile j that the mask hides from some row of this warpgroup: the last (ragged)
       // tile, and under the causal mask the tiles crossing the diagonal.
-      auto mask = [&](float (&s)[kBN / 2], int j) {
+      auto mask = [&](float(&s)[kBN / 2], int j) {
         const int first_row = it.q_tile * kBM + cw * 64;
         const bool ragged = (j + 1) * kBN > it.len_k;
         const bool diagonal = p.causal && (j + 1) * kBN - 1 > first_row + diag;
@@ -299,7 +299,7 @@ __global__ void __launch_bounds__(384, 1)
               if (hidden) s[4 * i + 2 * h + c] = -INFINITY;
             }
       };
-      auto to_p = [](const float (&s)[kBN / 2], uint32_t (&pf)[kBN / 16][4]) {
+      auto to_p = [](const float(&s)[kBN / 2], uint32_t(&pf)[kBN / 16][4]) {
 #pragma unroll
         for (int kk = 0; kk < kBN / 16; ++kk)
 #pragma unroll
