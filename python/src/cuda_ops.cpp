@@ -2,8 +2,8 @@
 // cudaStream_t as integers: python/tileweave/ops.py checks the torch tensors (dtype, device, shape,
 // contiguity, naming the argument), passes tensor.data_ptr() and the caller's current stream, so
 // nothing here depends on torch's C++ ABI and nothing is copied. A plan object (FusedFfn,
-// DecodeGemm, DecodeAttention, DecodeStep) allocates and uploads when it is made: make it before a
-// CUDA graph captures its runs.
+// DecodeGemm, DecodeAttention, PrefillAttention, DecodeStep) allocates and uploads when it is made:
+// make it before a CUDA graph captures its runs.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
@@ -25,6 +25,7 @@
 #include "tileweave/ops/decode_gemm.hpp"
 #include "tileweave/ops/decode_step.hpp"
 #include "tileweave/ops/ffn.hpp"
+#include "tileweave/ops/prefill_attention.hpp"
 #include "tileweave/util/cuda_check.hpp"
 
 namespace nb = nanobind;
@@ -112,6 +113,28 @@ struct AttentionPlan {
   }
 };
 
+// Prefill attention for fixed sequence offsets: the work tiles are planned from them (and the
+// offsets uploaded) when the plan is made. cu_seqlens_k empty: keys = queries.
+struct PrefillAttentionPlan {
+  std::unique_ptr<PrefillAttention> op;
+  PrefillAttentionPlan(int num_q_heads, int num_kv_heads, int head_dim, bool causal, float scale,
+                       std::vector<int> cu_seqlens_q, std::vector<int> cu_seqlens_k) {
+    PrefillAttentionShape s;
+    s.num_q_heads = num_q_heads;
+    s.num_kv_heads = num_kv_heads;
+    s.head_dim = head_dim;
+    s.causal = causal;
+    s.scale = scale;
+    op = std::make_unique<PrefillAttention>(s, std::move(cu_seqlens_q), std::move(cu_seqlens_k));
+  }
+  // lse = 0: no log-sum-exp output.
+  void run(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t out, uintptr_t lse, uintptr_t stream) const {
+    PrefillAttentionTensors t{ptr<const bf16>(q), ptr<const bf16>(k), ptr<const bf16>(v), ptr<bf16>(out),
+                              ptr<float>(lse)};
+    op->run(t, stream_of(stream));
+  }
+};
+
 // A whole decode step of a Llama/Qwen2-family model; its state (weights, caches, tokens, lengths)
 // lives on the device in the object.
 struct StepPlan {
@@ -156,6 +179,11 @@ void bind_cuda_ops(nb::module_& m) {
            "num_pages"_a, "pages_per_seq"_a, "scale"_a, "rope_theta"_a, "append"_a, "seq_lens"_a, "page_table"_a)
       .def("run", &AttentionPlan::run, "q"_a, "k_new"_a, "v_new"_a, "k_cache"_a, "v_cache"_a, "out"_a, "stream"_a)
       .def_prop_ro("num_tiles", [](const AttentionPlan& p) { return p.op->num_tiles(); });
+  nb::class_<PrefillAttentionPlan>(m, "PrefillAttentionPlan")
+      .def(nb::init<int, int, int, bool, float, std::vector<int>, std::vector<int>>(), "num_q_heads"_a,
+           "num_kv_heads"_a, "head_dim"_a, "causal"_a, "scale"_a, "cu_seqlens_q"_a, "cu_seqlens_k"_a)
+      .def("run", &PrefillAttentionPlan::run, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "stream"_a)
+      .def_prop_ro("flops", [](const PrefillAttentionPlan& p) { return p.op->flops(); });
   nb::class_<StepPlan>(m, "StepPlan")
       .def(nb::init<const std::string&, int, int64_t, bool, int, bool>(), "config"_a, "batch"_a, "max_seq_len"_a,
            "paged"_a, "page_size"_a, "keep_logits"_a)

@@ -9,15 +9,20 @@ implementation, so it works inside ``torch.compile`` graphs and under CUDA-graph
 - ``decode_gemm(x, w)``: y = x W^T on the tile executor (``pack_gemm_weight`` + ``packed=``).
 - ``decode_attention(q, k_new, v_new, k_cache, v_cache, lengths, page_table=None)``: one query
   token per sequence, RoPE on q and k_new, k_new/v_new appended to the cache, split-KV attention.
+- ``attention(q, k, v, causal=False, cu_seqlens=None, ...)``: prefill (self-)attention over packed
+  sequences of any lengths (q [total_q, Hq, D] with cu_seqlens) or a batch of equal ones
+  (q [B, L, Hq, D]), GQA, optional log-sum-exp; sm_90 (H100/H200).
 - ``DecodeStep``: a whole Llama/Qwen2 decode step in one launch, state on the device.
 
-Every op keeps a plan per shape (and, for attention, per lengths and page table): its first call
-for a shape allocates and uploads, so run it once before capturing a CUDA graph. A plan's
-workspace is its own: run one shape on one stream at a time. bf16 tensors, row-major,
-contiguous, 16-byte aligned, all on one GPU; errors name the argument.
+Every op keeps a plan per shape (and, for decode_attention, per lengths and page table; for
+attention, per cu_seqlens): its first call for a shape allocates and uploads, so run it once
+before capturing a CUDA graph. A plan's workspace is its own: run one shape on one stream at a
+time. bf16 tensors, row-major, contiguous, 16-byte aligned, all on one GPU; errors name the
+argument.
 """
 
 # No `from __future__ import annotations`: torch.library reads the custom ops' schemas from real annotations.
+import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -27,8 +32,8 @@ from . import _tileweave as _tw
 from .model import InvalidArgument
 
 __all__ = [
-    "DecodeStep", "PackedFfnWeights", "PackedGemmWeight", "clear_plans", "decode_attention", "decode_gemm", "ffn",
-    "ffn_packed", "pack_ffn_weights", "pack_gemm_weight", "random_state_dict",
+    "DecodeStep", "PackedFfnWeights", "PackedGemmWeight", "attention", "clear_plans", "decode_attention", "decode_gemm",
+    "ffn", "ffn_packed", "pack_ffn_weights", "pack_gemm_weight", "random_state_dict",
 ]
 
 
@@ -89,8 +94,9 @@ def _plan(kind: str, device: torch.device, *args):
 
 def clear_plans() -> None:
     """Frees every op's plans (device workspaces). Each distinct shape -- and for decode_attention
-    each distinct lengths/page table -- keeps one until then: a decode loop whose lengths change every
-    step should call this now and then. Graphs that captured a freed plan must not be replayed."""
+    each distinct lengths/page table, for attention each distinct cu_seqlens -- keeps one until then:
+    a loop whose lengths change every step should call this now and then. Graphs that captured a
+    freed plan must not be replayed."""
     torch.cuda.synchronize()
     _plans.clear()
 
@@ -306,6 +312,121 @@ def decode_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
     return _attention_op(q, k_new, v_new, k_cache, v_cache, [int(x) for x in lens], table, pages_per_seq,
                          0.0 if scale is None else float(scale), 0.0 if rope_theta is None else float(rope_theta),
                          bool(append))
+
+
+# ---- prefill attention ----
+
+
+@torch.library.custom_op("tileweave::attention", mutates_args=())
+def _prefill_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: List[int], cu_seqlens_k: List[int],
+                causal: bool, scale: float, return_lse: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    total_q, hq, d = q.shape
+    out = torch.empty_like(q)
+    # A custom op returns no optional tensor: without return_lse, lse is an empty placeholder.
+    lse = torch.empty((hq, total_q) if return_lse else (0,), dtype=torch.float32, device=q.device)
+    if total_q == 0:
+        return out, lse
+    if k.shape[0] == 0:  # no keys at all (and k has no address to hand over): every row sees none
+        return out.zero_(), lse.fill_(float("-inf"))
+    _check_aligned(q=q, k=k, v=v, out=out)
+    plan = _plan("PrefillAttentionPlan", q.device, hq, k.shape[1], d, causal, scale, tuple(cu_seqlens),
+                 tuple(cu_seqlens_k))
+    plan.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr() if return_lse else 0,
+             _stream(q.device))
+    return out, lse
+
+
+@_prefill_op.register_fake
+def _(q, k, v, cu_seqlens, cu_seqlens_k, causal, scale, return_lse):
+    total_q, hq, _ = q.shape
+    return torch.empty_like(q), q.new_empty((hq, total_q) if return_lse else (0,), dtype=torch.float32)
+
+
+def _offsets(v, name: str, rows: int, rows_of: str) -> List[int]:
+    """cu_seqlens-style offsets: ints from 0, never decreasing, ending at the tensor's row count."""
+    cu = _int_list(v, name)
+    if len(cu) < 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in cu):
+        raise InvalidArgument(f"{name} must be batch + 1 >= 2 int offsets (0, len_0, len_0 + len_1, ...), "
+                              f"got {list(cu[:8])}{' ...' if len(cu) > 8 else ''}")
+    if cu[0] != 0:
+        raise InvalidArgument(f"{name}[0] must be 0, got {cu[0]}")
+    for i in range(1, len(cu)):
+        if cu[i] < cu[i - 1]:
+            raise InvalidArgument(f"{name} decreases at {i}: {cu[i - 1]} then {cu[i]}")
+    if cu[-1] != rows:
+        raise InvalidArgument(f"{name} ends at {cu[-1]}, but {rows_of} has {rows} rows (the lengths must add up "
+                              "to them)")
+    return list(cu)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, cu_seqlens=None,
+              cu_seqlens_k=None, scale: Optional[float] = None, return_lse: bool = False):
+    """Prefill attention, softmax(scale q k^T) v per sequence and head, in one launch (sm_90:
+    H100/H200; docs/prefill_attention.md). Returns out shaped like q, or (out, lse) with
+    return_lse: lse [Hq, total_q] fp32, the natural-log sum of exp(scale q.k) of each row.
+
+    Layouts (bf16): packed sequences as FlashAttention's varlen API, q [total_q, Hq, D] and k, v
+    [total_k, Hkv, D], sequence b being rows cu_seqlens[b] .. cu_seqlens[b + 1] (batch + 1 host
+    ints: a list, or an int tensor, which is read back); its keys are rows cu_seqlens_k[b] ..
+    cu_seqlens_k[b + 1] of k (default: cu_seqlens). Without cu_seqlens, q [B, L, Hq, D] with k, v
+    [B, Lk, Hkv, D] is a batch of equal lengths (lse rows b * L + i), and a 3-D q one sequence.
+
+    causal: key j visible to query i iff j <= i + (len_k - len_q) (bottom-right; rows that see no
+    key output 0, lse -inf). GQA: Hq a multiple of Hkv. D 64 or 128. scale: 1/sqrt(D) by default.
+    The plan depends on the offsets: each distinct cu_seqlens keeps one until clear_plans()."""
+    _require_cuda()
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
+    batched = cu_seqlens is None and q.dim() == 4
+    if batched:
+        _check(q, "q", (None, None, None, None))
+        b, lq, hq, d = q.shape
+        _check(k, "k", (b, None, None, d), device=q.device)
+        _check(v, "v", tuple(k.shape), device=q.device)
+        if cu_seqlens_k is not None:
+            raise InvalidArgument("cu_seqlens_k needs cu_seqlens (a packed q [total_q, Hq, D]): "
+                                  "q [B, L, Hq, D] has one length for every sequence")
+        lk, hkv = k.shape[1], k.shape[2]
+        # Views, not copies (all contiguous): B sequences of L rows packed one after another.
+        q, k, v = q.view(b * lq, hq, d), k.view(b * lk, hkv, d), v.view(b * lk, hkv, d)
+        cu_q, cu_k = [i * lq for i in range(b + 1)], [i * lk for i in range(b + 1)]
+    else:
+        if q.dim() != 3:
+            raise InvalidArgument(f"q must be [total_q, Hq, D] (packed, with cu_seqlens) or [B, L, Hq, D] (without), "
+                                  f"got shape {tuple(q.shape)}")
+        _check(q, "q", (None, None, None))
+        hq, d = q.shape[1], q.shape[2]
+        _check(k, "k", (None, None, d), device=q.device)
+        _check(v, "v", tuple(k.shape), device=q.device)
+        if cu_seqlens is None:
+            if cu_seqlens_k is not None:
+                raise InvalidArgument("cu_seqlens_k needs cu_seqlens")
+            cu_q, cu_k = [0, q.shape[0]], [0, k.shape[0]]  # one sequence
+        else:
+            cu_q = _offsets(cu_seqlens, "cu_seqlens", q.shape[0], "q")
+            if cu_seqlens_k is None:
+                if k.shape[0] != q.shape[0]:
+                    raise InvalidArgument(f"k has {k.shape[0]} rows and q {q.shape[0]}: keys of other lengths than "
+                                          "the queries need cu_seqlens_k")
+                cu_k = cu_q
+            else:
+                cu_k = _offsets(cu_seqlens_k, "cu_seqlens_k", k.shape[0], "k")
+                if len(cu_k) != len(cu_q):
+                    raise InvalidArgument(f"cu_seqlens_k has {len(cu_k)} entries, cu_seqlens {len(cu_q)} "
+                                          "(batch + 1 each)")
+    if d not in (64, 128):
+        raise InvalidArgument(f"q's head dim D (its last dimension) must be 64 or 128, got {d}")
+    hkv = k.shape[-2]
+    if hq == 0 or hkv == 0 or hq % hkv:
+        raise InvalidArgument(f"q's heads (Hq = {hq}) must be a positive multiple of k's (Hkv = {hkv})")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float)) or
+                              not (0 < scale < math.inf)):
+        raise InvalidArgument(f"scale must be a positive finite number or None (1/sqrt(D)), got {scale!r}")
+    out, lse = _prefill_op(q, k, v, cu_q, cu_k, bool(causal), 0.0 if scale is None else float(scale),
+                           bool(return_lse))
+    if batched:
+        out = out.view(b, lq, hq, d)
+    return (out, lse) if return_lse else out
 
 
 # ---- a whole decode step ----

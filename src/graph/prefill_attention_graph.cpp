@@ -26,10 +26,10 @@ const std::vector<int>& keys_of(const std::vector<int>& cu_q, const std::vector<
 
 // Key tiles query tile t of a sequence needs: all of them, or under the causal mask those holding a
 // key <= the tile's last row + (len_k - len_q).
-int kv_tiles_for(const PrefillAttentionShape& s, int len_q, int len_k, int t, int block_n) {
+int kv_tiles_for(const PrefillAttentionShape& s, int len_q, int len_k, int t, int block_n, int block_m) {
   const int all = (len_k + block_n - 1) / block_n;
   if (!s.causal) return all;
-  const int64_t last_row = std::min<int64_t>(int64_t(t + 1) * kPrefillBlockM, len_q) - 1;
+  const int64_t last_row = std::min<int64_t>(int64_t(t + 1) * block_m, len_q) - 1;
   const int64_t last_key = last_row + (len_k - len_q);
   if (last_key < 0) return 0;
   return int(std::min<int64_t>(all, last_key / block_n + 1));
@@ -38,6 +38,19 @@ int kv_tiles_for(const PrefillAttentionShape& s, int len_q, int len_k, int t, in
 }  // namespace
 
 int prefill_block_n(const PrefillAttentionShape& s) { return s.head_dim == 128 && !s.causal ? 160 : kPrefillBlockN; }
+
+int prefill_block_m(const PrefillAttentionShape& s, const std::vector<int>& cu_q, int sms) {
+  if (s.head_dim != 64 || sms < 1) return kPrefillBlockM;
+  // Time ~ rounds of items over the SMs x an item's time (its rows over the rows' throughput).
+  constexpr double kThreeWarpgroupSpeed = 1.18;  // 192 rows against 128, d = 64, H200 (2026-11-24)
+  auto time = [&](int block_m, double speed) {
+    int64_t items = 0;
+    for (size_t b = 0; b + 1 < cu_q.size(); ++b) items += (cu_q[b + 1] - cu_q[b] + block_m - 1) / block_m;
+    items *= s.num_q_heads;
+    return double((items + sms - 1) / sms) * block_m / speed;
+  };
+  return time(192, kThreeWarpgroupSpeed) < time(kPrefillBlockM, 1.0) ? 192 : kPrefillBlockM;
+}
 
 void validate_prefill_attention(const PrefillAttentionShape& s, const std::vector<int>& cu_q,
                                 const std::vector<int>& cu_k) {
@@ -58,13 +71,13 @@ void validate_prefill_attention(const PrefillAttentionShape& s, const std::vecto
 }
 
 std::vector<PrefillTile> plan_prefill_tiles(const PrefillAttentionShape& s, const std::vector<int>& cu_q,
-                                            const std::vector<int>& cu_k_in, int block_n) {
+                                            const std::vector<int>& cu_k_in, int block_n, int block_m) {
   const auto& cu_k = keys_of(cu_q, cu_k_in);
   std::vector<PrefillTile> tiles;
   for (size_t b = 0; b + 1 < cu_q.size(); ++b) {
     const int len_q = cu_q[b + 1] - cu_q[b], len_k = cu_k[b + 1] - cu_k[b];
-    for (int t = 0; t * kPrefillBlockM < len_q; ++t)
-      tiles.push_back({int(b), t, kv_tiles_for(s, len_q, len_k, t, block_n)});
+    for (int t = 0; t * block_m < len_q; ++t)
+      tiles.push_back({int(b), t, kv_tiles_for(s, len_q, len_k, t, block_n, block_m)});
   }
   std::stable_sort(tiles.begin(), tiles.end(),
                    [](const PrefillTile& a, const PrefillTile& b) { return a.kv_tiles > b.kv_tiles; });

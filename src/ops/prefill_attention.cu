@@ -24,12 +24,12 @@ void check_tensor(const void* ptr, const char* name, bool required = true, int a
     bad(std::string(name) + " must be " + std::to_string(align) + "-byte aligned");
 }
 
-template <int kD, int kBN>
+template <int kD, int kBN, int kWGs = 2>
 void launch(const PrefillAttentionShape& s, int total_q, int total_k, int num_tiles, const kernels::PrefillParams& p,
             const PrefillAttentionTensors& t, cudaStream_t stream) {
-  using C = kernels::PrefillConfig<kD, kBN>;
+  using C = kernels::PrefillConfig<kD, kBN, kWGs>;
   static const bool attr_set = [] {
-    TW_CUDA_CHECK(cudaFuncSetAttribute(kernels::prefill_attention_sm90<kD, kBN>,
+    TW_CUDA_CHECK(cudaFuncSetAttribute(kernels::prefill_attention_sm90<kD, kBN, kWGs>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
     return true;
   }();
@@ -44,7 +44,7 @@ void launch(const PrefillAttentionShape& s, int total_q, int total_k, int num_ti
     return n;
   }();
   const int blocks = int(std::min<int64_t>(sms, int64_t(num_tiles) * s.num_q_heads));
-  kernels::prefill_attention_sm90<kD, kBN><<<blocks, C::kThreads, C::kSmemBytes, stream>>>(mq, mk, mv, p);
+  kernels::prefill_attention_sm90<kD, kBN, kWGs><<<blocks, C::kThreads, C::kSmemBytes, stream>>>(mq, mk, mv, p);
   TW_CUDA_CHECK_LAUNCH();
 }
 
@@ -55,10 +55,6 @@ PrefillAttention::PrefillAttention(const PrefillAttentionShape& shape, std::vect
   validate_prefill_attention(shape_, cu_q_, cu_k_);
   if (cu_k_.empty()) cu_k_ = cu_q_;
   block_n_ = prefill_block_n(shape_);
-  tiles_ = plan_prefill_tiles(shape_, cu_q_, cu_k_, block_n_);
-  if (int64_t(tiles_.size()) * shape_.num_q_heads > INT32_MAX)
-    bad(std::to_string(tiles_.size()) + " query tiles x " + std::to_string(shape_.num_q_heads) +
-        " heads is more work items than the kernel counts (2^31 - 1)");
   flops_ = prefill_attention_flops(shape_, cu_q_, cu_k_);
 
   int dev = 0, major = 0, minor = 0;
@@ -68,6 +64,13 @@ PrefillAttention::PrefillAttention(const PrefillAttentionShape& shape, std::vect
   if (major != 9 || minor != 0)
     throw CudaError("prefill attention runs on sm_90a (Hopper); this device is sm_" + std::to_string(major) +
                     std::to_string(minor));
+  int sms = 0;
+  TW_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  block_m_ = prefill_block_m(shape_, cu_q_, sms);
+  tiles_ = plan_prefill_tiles(shape_, cu_q_, cu_k_, block_n_, block_m_);
+  if (int64_t(tiles_.size()) * shape_.num_q_heads > INT32_MAX)
+    bad(std::to_string(tiles_.size()) + " query tiles x " + std::to_string(shape_.num_q_heads) +
+        " heads is more work items than the kernel counts (2^31 - 1)");
 
   std::vector<int> flat;
   flat.reserve(tiles_.size() * 3);
@@ -114,7 +117,9 @@ void PrefillAttention::run(const PrefillAttentionTensors& t, cudaStream_t stream
   p.lse = t.lse;
   // A tensor map needs at least one row: keys may be empty while queries are not.
   const int rows_k = std::max(total_k(), 1);
-  if (shape_.head_dim == 64)
+  if (shape_.head_dim == 64 && block_m_ == 192)
+    launch<64, 128, 3>(shape_, total_q(), rows_k, int(tiles_.size()), p, t, stream);
+  else if (shape_.head_dim == 64)
     launch<64, 128>(shape_, total_q(), rows_k, int(tiles_.size()), p, t, stream);
   else if (block_n_ == 160)
     launch<128, 160>(shape_, total_q(), rows_k, int(tiles_.size()), p, t, stream);

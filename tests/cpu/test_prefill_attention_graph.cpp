@@ -225,3 +225,18 @@ TEST(PrefillAttentionGraph, BlockNFollowsTheShape) {
   ASSERT_FALSE(tiles.empty());
   for (const auto& t : tiles) EXPECT_EQ(t.kv_tiles, 26);  // ceil(4097 / 160)
 }
+
+TEST(PrefillAttentionGraph, BlockMFromTheRoundsOverTheSms) {
+  // d = 64, a large problem: three consumer warpgroups (192 rows per item).
+  EXPECT_EQ(prefill_block_m(shape(false, 24, 24, 64), {0, 4429}, 132), 192);
+  EXPECT_EQ(prefill_block_m(shape(false, 24, 24, 64), {0, 16384}, 132), 192);
+  // H = 8, L = 4096: two rounds at either height, so the faster rows do not pay for the taller item.
+  EXPECT_EQ(prefill_block_m(shape(false, 8, 8, 64), {0, 4096}, 132), kPrefillBlockM);
+  EXPECT_EQ(prefill_block_m(shape(false, 7, 1, 64), {0, 200}, 132), kPrefillBlockM);
+  // d = 128 always 128 rows (three warpgroups' S, P and O do not fit the registers).
+  EXPECT_EQ(prefill_block_m(shape(false, 24, 24, 128), {0, 16384}, 132), kPrefillBlockM);
+  // The plan cuts 192-row items.
+  const auto tiles = plan_prefill_tiles(shape(true, 8, 2, 64), {0, 400}, {}, 128, 192);
+  ASSERT_EQ(tiles.size(), 3u);  // rows 0-191, 192-383, 384-399
+  EXPECT_EQ(tiles[0].kv_tiles, 4);  // causal: the last tile's rows see keys up to 399 (4 tiles of 128)
+}

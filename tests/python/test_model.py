@@ -185,3 +185,6 @@ def test_gpu_ops_need_a_cuda_build():
 
     with pytest.raises(RuntimeError, match="built without CUDA"):
         ops.decode_gemm(torch.zeros(1, 8, dtype=torch.bfloat16), torch.zeros(8, 8, dtype=torch.bfloat16))
+    q = torch.zeros(8, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="built without CUDA"):
+        ops.attention(q, q, q, cu_seqlens=[0, 8])

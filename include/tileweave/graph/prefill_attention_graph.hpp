@@ -28,6 +28,11 @@ constexpr int kPrefillBlockN = 128;
 // with its fixed cost: +1.5-3% over 128 at L 4097-14034 on the H200, 2026-11-24; 176 spilled and
 // ran no faster), 128 otherwise (the causal mask wastes more of a wider tile on the diagonal).
 int prefill_block_n(const PrefillAttentionShape& s);
+// Query rows per item for the shape on a GPU of `sms` SMs: at d = 64, 192 (three consumer
+// warpgroups, each softmax under the other two's GEMMs: 1.18x the throughput of two, measured)
+// when the items' rounds over the SMs say it is faster, else 128. A small problem stays at 128:
+// H = 8, L = 4096 ran 17% slower at 192 (176 items for 132 SMs, two rounds either way).
+int prefill_block_m(const PrefillAttentionShape& s, const std::vector<int>& cu_seqlens_q, int sms);
 
 // Checks the heads, head_dim and scale, and the offsets: cu_seqlens_q has batch + 1 entries, starts
 // at 0 and never decreases; cu_seqlens_k is empty (keys = queries) or the same size with the same
@@ -35,17 +40,19 @@ int prefill_block_n(const PrefillAttentionShape& s);
 void validate_prefill_attention(const PrefillAttentionShape& s, const std::vector<int>& cu_seqlens_q,
                                 const std::vector<int>& cu_seqlens_k);
 
-// One block of the kernel: query rows [q_tile * 128, +128) of sequence `seq` against its first
-// `kv_tiles` key tiles of 128 (fewer under the causal mask; 0 when the rows see no key).
+// One item of the kernel: query rows [q_tile * block_m, +block_m) of sequence `seq` against its
+// first `kv_tiles` key tiles of block_n (fewer under the causal mask; 0 when the rows see no key).
 struct PrefillTile {
   int seq = 0, q_tile = 0, kv_tiles = 0;
 };
 // The tiles in launch order: most key tiles first (the longest blocks start in the first wave, the
 // short ones fill the tail), ties in sequence and query-tile order. Expects validated input;
 // cu_seqlens_k empty means the same as cu_seqlens_q.
-// block_n: keys per K/V tile the kernel runs (the op passes prefill_block_n).
+// block_n / block_m: keys per K/V tile and query rows per tile the kernel runs (the op passes
+// prefill_block_n and its query tile).
 std::vector<PrefillTile> plan_prefill_tiles(const PrefillAttentionShape& s, const std::vector<int>& cu_seqlens_q,
-                                            const std::vector<int>& cu_seqlens_k, int block_n = kPrefillBlockN);
+                                            const std::vector<int>& cu_seqlens_k, int block_n = kPrefillBlockN,
+                                            int block_m = kPrefillBlockM);
 
 // 4 * D * Hq * (query, key) pairs the mask lets through: the FLOPs of S = QK^T and O = PV.
 double prefill_attention_flops(const PrefillAttentionShape& s, const std::vector<int>& cu_seqlens_q,

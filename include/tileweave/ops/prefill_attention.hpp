@@ -2,8 +2,8 @@
 // non-causal or causal, GQA, packed sequences of any lengths, the log-sum-exp as an optional output.
 // Persistent blocks, one per SM, take (128-row query tile, query head) items from a counter: a
 // producer thread streams each item's Q once and K/V tiles of 128 or 160 keys (prefill_block_n)
-// through TMA into mbarrier rings; two consumer warpgroups (64 query rows each) take turns on the
-// tensor cores for S = QK^T and O = PV (wgmma), the softmax of one key tile overlapping the PV GEMM
+// through TMA into mbarrier rings; two consumer warpgroups (three at d = 64 on large problems: 64
+// query rows each) take turns on the tensor cores for S = QK^T and O = PV (wgmma), the softmax of one key tile overlapping the PV GEMM
 // of the one before. The kernel is kernels/attention/prefill_sm90.cuh; docs/prefill_attention.md
 // has the design and the measurements.
 #pragma once
@@ -55,6 +55,7 @@ class PrefillAttention {
   std::vector<PrefillTile> tiles_;
   double flops_ = 0;
   int block_n_ = kPrefillBlockN;  // keys per K/V tile of the kernel instance chosen
+  int block_m_ = kPrefillBlockM;  // query rows per item
   int* d_cu_q_ = nullptr;
   int* d_cu_k_ = nullptr;
   int* d_tiles_ = nullptr;  // {seq, q_tile, kv_tiles} per tile

@@ -1,13 +1,13 @@
 // Prefill attention tile body for sm_90a (ops/prefill_attention.hpp is the op;
-// docs/prefill_attention.md the design). Persistent blocks, one per SM, each taking (128-row query
-// tile, query head) items; 384 threads:
+// docs/prefill_attention.md the design). Persistent blocks, one per SM, each taking (query tile,
+// query head) items; 128 x (1 + kWGs) threads:
 //   warpgroup 0: one thread streams Q once, then K and V tiles of kBN keys (128 or 160) through TMA
 //     into rings of kStages stages each (K and V on barriers of their own: S = QK^T starts before
 //     V lands, and a K slot is refilled as soon as its S GEMM is done);
-//   warpgroups 1, 2: 64 query rows each. Per key tile j: S_j = Q K_j^T (wgmma, both operands in
-//     shared memory) is issued, then O += P_{j-1} V_{j-1} (wgmma with P in registers, V read
-//     MN-major); the softmax of S_j runs while the PV GEMM is in flight, O is rescaled once it
-//     completes. fp32 online softmax in exp2 units, the row sums kept per thread and reduced once.
+//   warpgroups 1 .. kWGs (2, or 3 at d = 64): 64 query rows each. Per key tile j: S_j = Q K_j^T
+//     (wgmma, both operands in shared memory) is issued, then O += P_{j-1} V_{j-1} (wgmma with P in
+//     registers, V read MN-major); the softmax of S_j runs while the PV GEMM is in flight, O is
+//     rescaled once it completes. fp32 online softmax in exp2 units, row sums reduced once.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -36,22 +36,24 @@ struct PrefillParams {
   float* lse = nullptr;
 };
 
-template <int kD, int kBN_ = 128>
+template <int kD, int kBN_ = 128, int kWGs_ = 2>
 struct PrefillConfig {
   static_assert(kD == 64 || kD == 128, "head_dim 64 or 128");
   static_assert(kBN_ % 16 == 0 && kBN_ <= 256, "keys per tile: a multiple of 16, a TMA box of <= 256 rows");
-  static constexpr int kBM = 128, kBN = kBN_;  // graph/prefill_attention_graph.hpp's kPrefillBlockM
+  static_assert(kWGs_ == 2 || kWGs_ == 3, "two or three consumer warpgroups");
+  static constexpr int kWGs = kWGs_;                    // consumer warpgroups, 64 query rows each
+  static constexpr int kBM = 64 * kWGs, kBN = kBN_;  // graph/prefill_attention_graph.hpp's prefill_block_m
   static constexpr int kChunks = kD / 64;      // 128-B swizzle rows per operand row
   // d = 128: Q 32 KiB + 2 x (K + V): 160 KiB at 128 keys, 192 at 160; d = 64: 16 + 4 x 32 KiB.
   // Three stages at d = 128 (225 KiB) measured 2-3% slower than two (H200, L 4608-14034).
   static constexpr int kStages = kD == 128 ? 2 : 4;
   static constexpr int kQBytes = kBM * kD * 2;
   static constexpr int kTileBytes = kBN * kD * 2;  // one K or one V tile
-  static constexpr int kThreads = 384;
-  // setmaxnreg budgets (x 128 threads: producer + 2 x consumers <= 64K). 176 keys per tile
-  // spilled even at 232 and ran no faster than 160.
-  static constexpr int kProducerRegs = 56, kConsumerRegs = 224;
-  static constexpr int kConsumerWarps = 8;
+  static constexpr int kThreads = 128 * (kWGs + 1);
+  // setmaxnreg budgets (x 128 threads: producer + consumers <= 64K). 176 keys per tile spilled
+  // even at 232 and ran no faster than 160.
+  static constexpr int kProducerRegs = kWGs == 2 ? 56 : 32, kConsumerRegs = kWGs == 2 ? 224 : 160;
+  static constexpr int kConsumerWarps = 4 * kWGs;
   static constexpr int kSmemBytes = kQBytes + 2 * kStages * kTileBytes + 256 + 1024;  // + barriers, align slack
   static_assert((2 + 4 * kStages) * 8 + 4 <= 256, "barriers and the item slot fit their 256 B");
 };
@@ -127,15 +129,15 @@ __device__ __forceinline__ bool softmax_tile(float (&s)[kBN / 2], RowState& st, 
 }  // namespace prefill_detail
 #endif
 
-template <int kD, int kBN_>
-__global__ void __launch_bounds__(384, 1)
+template <int kD, int kBN_, int kWGs_>
+__global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_>::kThreads, 1)
     prefill_attention_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                            const __grid_constant__ CUtensorMap map_v, const PrefillParams p) {
 #if TW_SM90_ENABLED
   namespace ptx = cuda::ptx;
   using namespace tw::sm90;
   using namespace prefill_detail;
-  using C = PrefillConfig<kD, kBN_>;
+  using C = PrefillConfig<kD, kBN_, kWGs_>;
   constexpr int kBM = C::kBM, kBN = C::kBN, kStages = C::kStages;
 
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -243,14 +245,15 @@ __global__ void __launch_bounds__(384, 1)
   setmaxnreg_inc<C::kConsumerRegs>();
   const int cw = wg - 1;  // this warpgroup's 64 rows of the tile
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
-  // The two warpgroups take turns issuing their GEMMs (named barriers 1 and 2: a warpgroup waits
-  // on its own, then arrives on the other's), so the tensor cores run one warpgroup's GEMMs while
-  // the other computes its softmax (worth only ~1% at d = 128 on the H200, A/B 2026-11-24: the
-  // softmax mostly hides under the warpgroup's own PV GEMM already). Warpgroup 1 lets warpgroup 0
-  // go first; both take n_kv + 1 turns per item, and warpgroup 0 takes one more wait at the very
-  // end to match warpgroup 1's opening arrive (no arrival left pending when the block ends).
-  const uint32_t my_turn = 1 + cw, other_turn = 2 - cw;
-  if (cw == 1) named_bar_arrive(1, 256);
+  // The consumer warpgroups take turns issuing their GEMMs, round robin (named barrier 1 + c is
+  // warpgroup c's turn: it waits on its own, then arrives on the next one's), so the tensor cores
+  // run one warpgroup's GEMMs while the others compute their softmax (worth only ~1% with two at
+  // d = 128 on the H200, A/B 2026-11-24; at d = 64 three warpgroups, each softmax under two
+  // others' GEMMs, ran 1.18x two). The last warpgroup lets warpgroup 0 go first; all take
+  // n_kv + 1 turns per item, and warpgroup 0 takes one more wait at the very end to match the
+  // opening arrive (no arrival left pending when the block ends).
+  const uint32_t my_turn = 1 + cw, other_turn = 1 + (cw + 1) % C::kWGs;
+  if (cw == C::kWGs - 1) named_bar_arrive(1, 256);
   const uint64_t q_desc = make_desc_sw128(sq + cw * 64 * 128);
   uint32_t k_it = 0, v_it = 0, q_count = 0;
 
