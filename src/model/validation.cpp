@@ -69,8 +69,16 @@ FfnTiling sm90_ffn_tiling(const FfnShape& s, int sms, int split_gate_up, int spl
   FfnTiling t;
   t.gate_up = sm90_op_tiling(s.m, s.gated ? 2 * s.f : s.f, s.d, 4096, split_gate_up, "even", sms);
   if (s.gated) t.gate_up.bn = sm90::kTileRows / 2;
-  t.down = sm90_op_tiling(s.m, s.d, s.f, int64_t(512) * std::max(1, rows / 128), split_down, down_slices, sms);
+  t.down = sm90_op_tiling(s.m, s.d, s.f, int64_t(512) * std::max(1, rows / 128), ffn_down_split(s, split_down, sms),
+                          down_slices, sms);
   return t;
+}
+
+int ffn_down_split(const FfnShape& s, int split_down, int sms) {
+  if (split_down) return split_down;
+  const int64_t rows = sm90::act_rows_for(s.m);
+  const int64_t out_tiles = ((s.m + rows - 1) / rows) * ((s.d + sm90::kTileRows - 1) / sm90::kTileRows);
+  return out_tiles * 4 >= int64_t(3) * sms ? 1 : 0;
 }
 
 TileGraph decode_gemm_graph(int64_t m, int64_t n, int64_t k, int sms, int split_k, const std::string& k_slices) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "ffn_sm90.hpp"
+#include "tileweave/model/validation.hpp"  // ffn_down_split: the rule the planner scores too
 #include "tileweave/kernels/sm80/weight_tile.cuh"
 #include "tileweave/order/orders.hpp"
 #include "tileweave/runtime/executor.cuh"
@@ -230,7 +231,8 @@ FfnTiling sm90_tiling(const FfnShape& s, const FfnOptions& opt) {
   FfnTiling t;
   t.gate_up = ffn_sm90::op_tiling(s.m, s.gated ? 2 * s.f : s.f, s.d, 4096, opt.split_gate_up, "even");
   if (s.gated) t.gate_up.bn = ffn_sm90::kTileRows / 2;  // 64 h columns: their gate and up rows
-  t.down = ffn_sm90::op_tiling(s.m, s.d, s.f, int64_t(512) * std::max(1, rows / 128), opt.split_down, opt.down_slices);
+  t.down = ffn_sm90::op_tiling(s.m, s.d, s.f, int64_t(512) * std::max(1, rows / 128),
+                               ffn_down_split(s, opt.split_down, ffn_sm90::sm_count()), opt.down_slices);
   return t;
 }
 
@@ -244,7 +246,7 @@ void check_operand(const char* op, const void* p, const char* name) {
 }
 
 // The SMs tiles are spread over (132 on the H100/H200 SXM where no GPU is visible, e.g. the CLI).
-static int sm_count() {
+int sm_count() {
   int dev = 0, sms = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
     cudaGetLastError();

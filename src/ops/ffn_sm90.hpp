@@ -71,6 +71,9 @@ void check_operand(const char* op, const void* p, const char* name);
 // ones shorter for slices = "tail:<n>" (tail_k_cuts), or "even". InvalidArgument on bad values.
 Tiling op_tiling(int64_t m, int64_t n, int64_t k, int64_t target_kib, int split, const std::string& slices);
 
+// The SMs the tiles are spread over (132 where no GPU is visible, e.g. the CLI).
+int sm_count();
+
 CUtensorMap weight_map(const __nv_bfloat16* w, int64_t rows, int64_t cols);
 CUtensorMap gate_up_map(const __nv_bfloat16* w_gate_up, int64_t f, int64_t cols);
 CUtensorMap act_map(const __nv_bfloat16* a, int64_t rows, int64_t cols, int act_rows);

@@ -33,15 +33,21 @@ TEST(Validation, DecodeGemmTiling) {
 
 // FusedFfn on sm90: gate/up in ~4 MiB slices (K = 4096 is one slice: 128 x 4096 x 2 B = 1 MiB),
 // 64 h columns per tile; down in ~1 MiB slices at 256 rows (K = 14336 -> 4 slices), the last wave
-// shorter (tail:1 adds slices, so more than 4).
+// shorter (tail:1 adds slices, so more than 4), while its 2 x 32 output tiles leave SMs idle.
 TEST(Validation, FfnTiling) {
-  const FfnTiling t = sm90_ffn_tiling({1024, 4096, 14336, true}, 132);
+  const FfnTiling t = sm90_ffn_tiling({512, 4096, 14336, true}, 132);
   EXPECT_EQ(t.gate_up.split_k, 1);
   EXPECT_EQ(t.gate_up.bn, 64);
   EXPECT_EQ(t.gate_up.bm, 256);
   EXPECT_GT(t.down.split_k, 4);
   EXPECT_EQ(int64_t(t.down.k_cuts.size()), t.down.split_k - 1);
   for (int64_t c : t.down.k_cuts) EXPECT_EQ(c % 64, 0) << c;
+  // 4 x 32 = 128 output tiles keep >= 3/4 of 132 SMs busy: no K split; a given split stays.
+  EXPECT_EQ(sm90_ffn_tiling({1024, 4096, 14336, true}, 132).down.split_k, 1);
+  EXPECT_EQ(ffn_down_split({1024, 4096, 14336, true}, 3, 132), 3);
+  EXPECT_EQ(ffn_down_split({1024, 4096, 14336, true}, 0, 132), 1);
+  EXPECT_EQ(ffn_down_split({512, 4096, 14336, true}, 0, 132), 0);
+  EXPECT_EQ(ffn_down_split({512, 8192, 28672, true}, 0, 132), 1);  // 70B: 2 x 64 tiles
   EXPECT_THROW(sm90_op_tiling(256, 4096, 14336, 0, 0, "even", 132), InvalidArgument);
   EXPECT_THROW(sm90_op_tiling(256, 4096, 14336, 512, 0, "tail:9", 132), InvalidArgument);
 }

@@ -31,6 +31,13 @@ const ValidationShape& find_validation_shape(const std::string& name);  // Inval
 // The executor's tiling rules for the sm90 tile body, as host code (src/ops/ffn.cu and
 // decode_gemm.cu apply the same rules; the bench checks that the graphs agree). `sms`: the SM count
 // the tail slices and DecodeGemm's split are sized for.
+// The sm90 FFN's down split: split_down when given, else 1 (no K split) when the down GEMM's output
+// tiles keep at least 3/4 of the SMs busy, else 0 (slices of ~512 KiB x M/128 of weights).
+// Measured on the H200 (bench/results/h200/ffn_split_down.json, 2026-11-24), unsplit against the
+// slices: 8B M = 512 (64 tiles) 367.7 against 304.2 us; M = 1024 / 2048 / 4096 (128 / 256 / 512
+// tiles) 516.6 / 1057.6 / 2091.1 against 545.6 / 1081.6 / 2180.9; 70B M = 512-4096 (128 tiles and
+// up) 2.5-17% faster unsplit.
+int ffn_down_split(const FfnShape& s, int split_down, int sms);
 Tiling sm90_op_tiling(int64_t m, int64_t n, int64_t k, int64_t target_kib, int split, const std::string& slices, int sms);
 // FusedFfn's options on sm90 (the defaults are FfnOptions'): gate/up in ~4 MiB slices, down in
 // ~512 KiB x rows/128 with "tail:1" slices; split_gate_up / split_down > 0 and down_slices as
