@@ -194,7 +194,11 @@ int main(int argc, char** argv) {
     rows.push_back(std::move(row));
   }
   const double peak = gemm_peak_tflops();
-  std::printf("%s: bf16 GEMM peak (cuBLASLt 8192^3) %.0f TFLOP/s\n", gpu.prop.name, peak);
+  // The read floor too (DESIGN.md: a machine under 4.6 TB/s is degraded): attention at these sizes is
+  // compute-bound, its ratios are to the GEMM peak, but a slow machine should show in the file.
+  const double floor_tbps = measure_floor(gpu).tbps();
+  std::printf("%s: bf16 GEMM peak (cuBLASLt 8192^3) %.0f TFLOP/s, read floor %.3f TB/s\n", gpu.prop.name, peak,
+              floor_tbps);
   for (json& r : rows)
     if (r.contains("tflops")) r["pct_gemm_peak"] = 100.0 * r["tflops"].get<double>() / peak;
 
@@ -211,6 +215,7 @@ int main(int argc, char** argv) {
   doc["gpu"] = gpu.prop.name;
   doc["date"] = utc_now();
   doc["gemm_peak_tflops"] = peak;
+  doc["floor_read_tbps"] = floor_tbps;
   doc["method"] =
       "tw::PrefillAttention, bf16 q/k/v uniform noise (unit variance), packed THD layout, Hkv = H; one "
       "launch per CUDA-graph replay, median of " +

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "ffn_sm90.hpp"  // check_operand
 #include "tileweave/kernels/attention/prefill_sm90.cuh"
 #include "tileweave/ops/prefill_attention.hpp"
 #include "tileweave/util/cuda_check.hpp"
@@ -15,18 +16,9 @@ namespace {
 
 [[noreturn]] void bad(const std::string& what) { throw InvalidArgument("prefill attention: " + what); }
 
-void check_tensor(const void* ptr, const char* name, bool required = true, int align = 16) {
-  if (!ptr) {
-    if (required) bad(std::string(name) + " is null");
-    return;
-  }
-  if (reinterpret_cast<uintptr_t>(ptr) % align != 0)
-    bad(std::string(name) + " must be " + std::to_string(align) + "-byte aligned");
-}
-
 template <int kD, int kBN, int kWGs = 2>
 void launch(const PrefillAttentionShape& s, int total_q, int total_k, int num_tiles, const kernels::PrefillParams& p,
-            const PrefillAttentionTensors& t, cudaStream_t stream) {
+            int sms, const PrefillAttentionTensors& t, cudaStream_t stream) {
   using C = kernels::PrefillConfig<kD, kBN, kWGs>;
   static const bool attr_set = [] {
     TW_CUDA_CHECK(cudaFuncSetAttribute(kernels::prefill_attention_sm90<kD, kBN, kWGs>,
@@ -37,12 +29,6 @@ void launch(const PrefillAttentionShape& s, int total_q, int total_k, int num_ti
   const CUtensorMap mq = sm90::make_head_rows_map_bf16(t.q, uint64_t(total_q), s.num_q_heads, kD, C::kBM);
   const CUtensorMap mk = sm90::make_head_rows_map_bf16(t.k, uint64_t(total_k), s.num_kv_heads, kD, C::kBN);
   const CUtensorMap mv = sm90::make_head_rows_map_bf16(t.v, uint64_t(total_k), s.num_kv_heads, kD, C::kBN);
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    TW_CUDA_CHECK(cudaGetDevice(&dev));
-    TW_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return n;
-  }();
   const int blocks = int(std::min<int64_t>(sms, int64_t(num_tiles) * s.num_q_heads));
   kernels::prefill_attention_sm90<kD, kBN, kWGs><<<blocks, C::kThreads, C::kSmemBytes, stream>>>(mq, mk, mv, p);
   TW_CUDA_CHECK_LAUNCH();
@@ -64,9 +50,8 @@ PrefillAttention::PrefillAttention(const PrefillAttentionShape& shape, std::vect
   if (major != 9 || minor != 0)
     throw CudaError("prefill attention runs on sm_90a (Hopper); this device is sm_" + std::to_string(major) +
                     std::to_string(minor));
-  int sms = 0;
-  TW_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  block_m_ = prefill_block_m(shape_, cu_q_, sms);
+  TW_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev));
+  block_m_ = prefill_block_m(shape_, cu_q_, sms_);
   tiles_ = plan_prefill_tiles(shape_, cu_q_, cu_k_, block_n_, block_m_);
   if (int64_t(tiles_.size()) * shape_.num_q_heads > INT32_MAX)
     bad(std::to_string(tiles_.size()) + " query tiles x " + std::to_string(shape_.num_q_heads) +
@@ -94,11 +79,10 @@ PrefillAttention::~PrefillAttention() {
 }
 
 void PrefillAttention::run(const PrefillAttentionTensors& t, cudaStream_t stream) const {
-  check_tensor(t.q, "q");
-  check_tensor(t.k, "k");
-  check_tensor(t.v, "v");
-  check_tensor(t.out, "out");
-  check_tensor(t.lse, "lse", false, 4);
+  for (const auto& [ptr, name] :
+       {std::pair<const void*, const char*>{t.q, "q"}, {t.k, "k"}, {t.v, "v"}, {t.out, "out"}})
+    ffn_sm90::check_operand("prefill attention", ptr, name);
+  if (reinterpret_cast<uintptr_t>(t.lse) % alignof(float)) bad("lse must be 4-byte aligned");
   if (tiles_.empty()) return;  // every sequence has no query
   kernels::PrefillParams p;
   p.cu_q = d_cu_q_;
@@ -118,13 +102,13 @@ void PrefillAttention::run(const PrefillAttentionTensors& t, cudaStream_t stream
   // A tensor map needs at least one row: keys may be empty while queries are not.
   const int rows_k = std::max(total_k(), 1);
   if (shape_.head_dim == 64 && block_m_ == 192)
-    launch<64, 128, 3>(shape_, total_q(), rows_k, int(tiles_.size()), p, t, stream);
+    launch<64, 128, 3>(shape_, total_q(), rows_k, int(tiles_.size()), p, sms_, t, stream);
   else if (shape_.head_dim == 64)
-    launch<64, 128>(shape_, total_q(), rows_k, int(tiles_.size()), p, t, stream);
+    launch<64, 128>(shape_, total_q(), rows_k, int(tiles_.size()), p, sms_, t, stream);
   else if (block_n_ == 160)
-    launch<128, 160>(shape_, total_q(), rows_k, int(tiles_.size()), p, t, stream);
+    launch<128, 160>(shape_, total_q(), rows_k, int(tiles_.size()), p, sms_, t, stream);
   else
-    launch<128, 128>(shape_, total_q(), rows_k, int(tiles_.size()), p, t, stream);
+    launch<128, 128>(shape_, total_q(), rows_k, int(tiles_.size()), p, sms_, t, stream);
 }
 
 }  // namespace tw

@@ -56,6 +56,7 @@ class PrefillAttention {
   double flops_ = 0;
   int block_n_ = kPrefillBlockN;  // keys per K/V tile of the kernel instance chosen
   int block_m_ = kPrefillBlockM;  // query rows per item
+  int sms_ = 0;                   // the device's SMs: one persistent block each
   int* d_cu_q_ = nullptr;
   int* d_cu_k_ = nullptr;
   int* d_tiles_ = nullptr;  // {seq, q_tile, kv_tiles} per tile

@@ -70,7 +70,6 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
 }
-__device__ __forceinline__ void fence_regs(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
@@ -349,7 +348,7 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_>::kThreads, 1)
 #pragma unroll
         for (int kk = 0; kk < kBN / 16; ++kk)
 #pragma unroll
-          for (int r = 0; r < 4; ++r) fence_regs(pf[kk][r]);  // P_{j-1} stays live until its GEMM is done
+          for (int r = 0; r < 4; ++r) fence_operand(pf[kk][r]);  // P_{j-1} stays live until its GEMM is done
         if (lane == 0) mbar_arrive(&v_empty[sp]);
         ++v_it;
         if (rescale) {

@@ -51,6 +51,8 @@ __device__ __forceinline__ void wgmma_wait() {
 }
 // Keeps the compiler from moving accumulator reads/writes across an in-flight wgmma.
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+// An A fragment in registers (WgmmaRS) stays live until its wgmma group has been waited for.
+__device__ __forceinline__ void fence_operand(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
 template <int kN>
 __device__ __forceinline__ void fence_operands(float (&acc)[kN]) {
 #pragma unroll
