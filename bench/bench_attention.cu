@@ -160,6 +160,26 @@ int main(int argc, char** argv) {
       v.tiles_per_sm = 1;
       variant("tiles_all_sms", v);
     }
+    // Lengths (and the page table) on the device, as the Python op runs: the plan for full caches
+    // (these are full), cut again by a one-block kernel before each launch.
+    {
+      int* meta = nullptr;
+      TW_CUDA_CHECK(cudaMalloc(&meta, (size_t(c.batch) + table.size()) * sizeof(int)));
+      const std::vector<int> lens(c.batch, c.len);
+      TW_CUDA_CHECK(cudaMemcpy(meta, lens.data(), lens.size() * sizeof(int), cudaMemcpyHostToDevice));
+      if (!table.empty())
+        TW_CUDA_CHECK(cudaMemcpy(meta + c.batch, table.data(), table.size() * sizeof(int), cudaMemcpyHostToDevice));
+      const tw::DecodeAttention op_d(shape);
+      auto run_d = [&](int s, cudaStream_t st) {
+        tw::DecodeAttentionTensors t = tensors(s);
+        t.seq_lens = meta;
+        t.page_table = table.empty() ? nullptr : meta + c.batch;
+        op_d.run(t, st);
+      };
+      variants["device_lengths"] = tw::bench::time_us(run_d, sets, 10, reps);
+      variants_seq["device_lengths"] = tw::bench::time_us_seq(run_d, sets);
+      TW_CUDA_CHECK(cudaFree(meta));
+    }
     // The number of tiles on the latency-bound case (default ring depth).
     nlohmann::json sweep = nlohmann::json::array();
     const bool sweep_case = c.layout == tw::KvLayout::Contiguous && !quick && c.batch == 1 && c.len == 4096;

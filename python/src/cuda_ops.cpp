@@ -84,12 +84,12 @@ struct GemmPlan {
   int64_t packed_size() const { return op->packed_size(); }
 };
 
-// Decode attention for fixed lengths and page table: the stream-K plan depends on both.
+// Decode attention for a shape: the lengths (and the page table) are int32 device arrays given to
+// each run, cut on the GPU (DecodeAttention(shape)).
 struct AttentionPlan {
   std::unique_ptr<DecodeAttention> op;
   AttentionPlan(int batch, int num_q_heads, int num_kv_heads, int head_dim, bool paged, int64_t max_seq_len,
-                int page_size, int num_pages, int pages_per_seq, float scale, float rope_theta, bool append,
-                std::vector<int> seq_lens, std::vector<int> page_table) {
+                int page_size, int num_pages, int pages_per_seq, float scale, float rope_theta, bool append) {
     DecodeAttentionShape s;
     s.batch = batch;
     s.num_q_heads = num_q_heads;
@@ -103,12 +103,14 @@ struct AttentionPlan {
     s.scale = scale;
     s.rope_theta = rope_theta;
     s.append = append;
-    op = std::make_unique<DecodeAttention>(s, std::move(seq_lens), std::move(page_table));
+    op = std::make_unique<DecodeAttention>(s);
   }
+  // page_table = 0 for a contiguous cache.
   void run(uintptr_t q, uintptr_t k_new, uintptr_t v_new, uintptr_t k_cache, uintptr_t v_cache, uintptr_t out,
-           uintptr_t stream) const {
+           uintptr_t seq_lens, uintptr_t page_table, uintptr_t stream) const {
     DecodeAttentionTensors t{ptr<const bf16>(q), ptr<const bf16>(k_new), ptr<const bf16>(v_new),
-                             ptr<bf16>(k_cache),  ptr<bf16>(v_cache),    ptr<bf16>(out)};
+                             ptr<bf16>(k_cache),  ptr<bf16>(v_cache),    ptr<bf16>(out),
+                             ptr<const int>(seq_lens), ptr<const int>(page_table)};
     op->run(t, stream_of(stream));
   }
 };
@@ -173,11 +175,12 @@ void bind_cuda_ops(nb::module_& m) {
       .def("pack", &GemmPlan::pack, "w"_a, "out"_a, "stream"_a)
       .def("packed_size", &GemmPlan::packed_size);
   nb::class_<AttentionPlan>(m, "AttentionPlan")
-      .def(nb::init<int, int, int, int, bool, int64_t, int, int, int, float, float, bool, std::vector<int>,
-                    std::vector<int>>(),
-           "batch"_a, "num_q_heads"_a, "num_kv_heads"_a, "head_dim"_a, "paged"_a, "max_seq_len"_a, "page_size"_a,
-           "num_pages"_a, "pages_per_seq"_a, "scale"_a, "rope_theta"_a, "append"_a, "seq_lens"_a, "page_table"_a)
-      .def("run", &AttentionPlan::run, "q"_a, "k_new"_a, "v_new"_a, "k_cache"_a, "v_cache"_a, "out"_a, "stream"_a)
+      .def(nb::init<int, int, int, int, bool, int64_t, int, int, int, float, float, bool>(), "batch"_a,
+           "num_q_heads"_a, "num_kv_heads"_a, "head_dim"_a, "paged"_a, "max_seq_len"_a, "page_size"_a, "num_pages"_a,
+           "pages_per_seq"_a, "scale"_a, "rope_theta"_a, "append"_a)
+      .def("run", &AttentionPlan::run, "q"_a, "k_new"_a, "v_new"_a, "k_cache"_a, "v_cache"_a, "out"_a, "seq_lens"_a,
+           "page_table"_a, "stream"_a)
+      .def("take_error", [](AttentionPlan& p) { return p.op->take_device_error(); })
       .def_prop_ro("num_tiles", [](const AttentionPlan& p) { return p.op->num_tiles(); });
   nb::class_<PrefillAttentionPlan>(m, "PrefillAttentionPlan")
       .def(nb::init<int, int, int, bool, float, std::vector<int>, std::vector<int>>(), "num_q_heads"_a,

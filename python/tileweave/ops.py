@@ -8,14 +8,15 @@ implementation, so it works inside ``torch.compile`` graphs and under CUDA-graph
   ``pack_ffn_weights`` once at load time, then ``ffn_packed(x, packed)`` (about 3% faster).
 - ``decode_gemm(x, w)``: y = x W^T on the tile executor (``pack_gemm_weight`` + ``packed=``).
 - ``decode_attention(q, k_new, v_new, k_cache, v_cache, lengths, page_table=None)``: one query
-  token per sequence, RoPE on q and k_new, k_new/v_new appended to the cache, split-KV attention.
+  token per sequence, RoPE on q and k_new, k_new/v_new appended to the cache, split-KV attention;
+  lengths (and the page table) may stay on the GPU (``check_errors`` reports bad values there).
 - ``attention(q, k, v, causal=False, cu_seqlens=None, ...)``: prefill (self-)attention over packed
   sequences of any lengths (q [total_q, Hq, D] with cu_seqlens) or a batch of equal ones
   (q [B, L, Hq, D]), GQA, optional log-sum-exp; sm_90 (H100/H200).
 - ``DecodeStep``: a whole Llama/Qwen2 decode step in one launch, state on the device.
 
-Every op keeps a plan per shape (and, for decode_attention, per lengths and page table; for
-attention, per cu_seqlens): its first call for a shape allocates and uploads, so run it once
+Every op keeps a plan per shape (for attention, per cu_seqlens too; decode_attention's lengths
+are read by the GPU at run time): its first call for a shape allocates and uploads, so run it once
 before capturing a CUDA graph. A plan's workspace is its own: run one shape on one stream at a
 time. bf16 tensors, row-major, contiguous, 16-byte aligned, all on one GPU; errors name the
 argument.
@@ -32,8 +33,8 @@ from . import _tileweave as _tw
 from .model import InvalidArgument
 
 __all__ = [
-    "DecodeStep", "PackedFfnWeights", "PackedGemmWeight", "attention", "clear_plans", "decode_attention", "decode_gemm",
-    "ffn", "ffn_packed", "pack_ffn_weights", "pack_gemm_weight", "random_state_dict",
+    "DecodeStep", "PackedFfnWeights", "PackedGemmWeight", "attention", "check_errors", "clear_plans",
+    "decode_attention", "decode_gemm", "ffn", "ffn_packed", "pack_ffn_weights", "pack_gemm_weight", "random_state_dict",
 ]
 
 
@@ -93,10 +94,9 @@ def _plan(kind: str, device: torch.device, *args):
 
 
 def clear_plans() -> None:
-    """Frees every op's plans (device workspaces). Each distinct shape -- and for decode_attention
-    each distinct lengths/page table, for attention each distinct cu_seqlens -- keeps one until then:
-    a loop whose lengths change every step should call this now and then. Graphs that captured a
-    freed plan must not be replayed."""
+    """Frees every op's plans (device workspaces). Each distinct shape -- and for attention each
+    distinct cu_seqlens -- keeps one until then. Graphs that captured a freed plan must not be
+    replayed."""
     torch.cuda.synchronize()
     _plans.clear()
 
@@ -245,23 +245,24 @@ def decode_gemm(x: torch.Tensor, w: Union[torch.Tensor, PackedGemmWeight]) -> to
 
 @torch.library.custom_op("tileweave::decode_attention", mutates_args=("k_cache", "v_cache"))
 def _attention_op(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor,
-                  v_cache: torch.Tensor, lengths: List[int], page_table: List[int], pages_per_seq: int,
-                  scale: float, rope_theta: float, append: bool) -> torch.Tensor:
+                  v_cache: torch.Tensor, lengths: torch.Tensor, page_table: Optional[torch.Tensor], scale: float,
+                  rope_theta: float, append: bool) -> torch.Tensor:
     b, hq, d = q.shape
-    paged = pages_per_seq > 0
+    paged = page_table is not None
     out = torch.empty_like(q)
     _check_aligned(q=q, k_new=k_new, v_new=v_new, k_cache=k_cache, v_cache=v_cache, out=out)
     hkv = k_cache.shape[1]
+    # One plan per shape: the lengths and the page table are read by the GPU at run time.
     plan = _plan("AttentionPlan", q.device, b, hq, hkv, d, paged, 0 if paged else k_cache.shape[2],
-                 k_cache.shape[2] if paged else 0, k_cache.shape[0] if paged else 0, pages_per_seq, scale, rope_theta,
-                 append, tuple(lengths), tuple(page_table))
+                 k_cache.shape[2] if paged else 0, k_cache.shape[0] if paged else 0,
+                 page_table.shape[1] if paged else 0, scale, rope_theta, append)
     plan.run(q.data_ptr(), k_new.data_ptr(), v_new.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
-             _stream(q.device))
+             lengths.data_ptr(), page_table.data_ptr() if paged else 0, _stream(q.device))
     return out
 
 
 @_attention_op.register_fake
-def _(q, k_new, v_new, k_cache, v_cache, lengths, page_table, pages_per_seq, scale, rope_theta, append):
+def _(q, k_new, v_new, k_cache, v_cache, lengths, page_table, scale, rope_theta, append):
     return torch.empty_like(q)
 
 
@@ -269,10 +270,21 @@ def _int_list(v, name: str) -> List[int]:
     if isinstance(v, torch.Tensor):
         if v.dtype not in (torch.int32, torch.int64):
             raise InvalidArgument(f"{name} must hold integers, got {v.dtype}")
-        v = v.tolist()  # the plan depends on the values: a GPU tensor costs a sync here
+        v = v.tolist()
     if not isinstance(v, (list, tuple)):
         raise InvalidArgument(f"{name} must be a list of ints or an integer tensor, got {type(v).__name__}")
     return v
+
+
+def _device_ints(t: torch.Tensor, name: str, shape: Tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """An integer CUDA tensor as the int32 array the kernel reads (converted on the GPU if int64)."""
+    if t.dtype not in (torch.int32, torch.int64):
+        raise InvalidArgument(f"{name} must hold integers (int32 or int64), got {t.dtype}")
+    if t.device != device:
+        raise InvalidArgument(f"{name} is on {t.device}, q on {device}")
+    if tuple(t.shape) != shape:
+        raise InvalidArgument(f"{name} must have shape {shape}, got {tuple(t.shape)}")
+    return t.to(torch.int32).contiguous()
 
 
 def decode_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor,
@@ -282,9 +294,15 @@ def decode_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
 
     q [B, Hq, D]; k_new, v_new [B, Hkv, D] (before RoPE; written into the cache at row lengths[b] - 1
     when append). Caches: contiguous [B, Hkv, S, D], or paged [num_pages, Hkv, page_size, D] with
-    page_table [B, pages_per_seq] (ints). lengths[b]: tokens in sequence b after the append (host
-    values: the plan is made from them; a tensor is read back). RoPE is rotate-half with base
-    rope_theta (None: none); scale defaults to 1/sqrt(D). Hq/Hkv in 1..8, D 64 or 128."""
+    page_table [B, pages_per_seq]. lengths[b]: tokens in sequence b after the append. RoPE is
+    rotate-half with base rope_theta (None: none); scale defaults to 1/sqrt(D). Hq/Hkv in 1..8, D 64
+    or 128.
+
+    lengths and page_table may live on the GPU (integer CUDA tensors): the kernel reads them when it
+    runs -- no host sync, one plan for every length, and a CUDA graph replayed after they change
+    uses the new values. Their values are checked there: a call with a bad one returns NaN and
+    leaves the caches alone, and check_errors() raises naming it. Lists (or CPU tensors) are checked
+    here, before anything runs, then uploaded."""
     _require_cuda()
     _check(q, "q", (None, None, None))
     b, hq, d = q.shape
@@ -293,25 +311,59 @@ def decode_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
     _check(v_cache, "v_cache", tuple(k_cache.shape), device=q.device)
     _check(k_new, "k_new", (b, hkv, d), device=q.device)
     _check(v_new, "v_new", (b, hkv, d), device=q.device)
-    lens = _int_list(lengths, "lengths")
-    if len(lens) != b:
-        raise InvalidArgument(f"lengths has {len(lens)} entries for batch {b}")
-    if page_table is None:
-        if k_cache.shape[0] != b:
-            raise InvalidArgument(f"k_cache (contiguous) must have shape ({b}, {hkv}, S, {d}), got {tuple(k_cache.shape)}"
-                                  " (a paged cache needs page_table)")
-        table, pages_per_seq = [], 0
+    if page_table is None and k_cache.shape[0] != b:
+        raise InvalidArgument(f"k_cache (contiguous) must have shape ({b}, {hkv}, S, {d}), got {tuple(k_cache.shape)}"
+                              " (a paged cache needs page_table)")
+    on_gpu = isinstance(lengths, torch.Tensor) and lengths.device.type == "cuda"
+    if page_table is not None and on_gpu != (isinstance(page_table, torch.Tensor) and page_table.device.type == "cuda"):
+        raise InvalidArgument("lengths and page_table must both be CUDA tensors (checked on the GPU) or both host "
+                              "values (checked here)")
+    table = None
+    if on_gpu:
+        lens = _device_ints(lengths, "lengths", (b,), q.device)
+        if page_table is not None:
+            if page_table.dim() != 2 or page_table.shape[0] != b:
+                raise InvalidArgument(f"page_table must be [batch = {b}, pages_per_seq], got {tuple(page_table.shape)}")
+            table = _device_ints(page_table, "page_table", tuple(page_table.shape), q.device)
     else:
-        rows = _int_list(page_table, "page_table")
-        if len(rows) != b or any(not isinstance(r, (list, tuple)) or len(r) != len(rows[0]) for r in rows):
-            raise InvalidArgument(f"page_table must be [batch = {b}, pages_per_seq] ints")
-        pages_per_seq = len(rows[0])
-        table = [int(p) for r in rows for p in r]
+        host = [int(x) for x in _int_list(lengths, "lengths")]
+        if len(host) != b:
+            raise InvalidArgument(f"lengths has {len(host)} entries for batch {b}")
+        if page_table is None:
+            cap = k_cache.shape[2]
+        else:
+            rows = _int_list(page_table, "page_table")
+            if len(rows) != b or any(not isinstance(r, (list, tuple)) or len(r) != len(rows[0]) for r in rows):
+                raise InvalidArgument(f"page_table must be [batch = {b}, pages_per_seq] ints")
+            cap = len(rows[0]) * k_cache.shape[2]
+        for i, n in enumerate(host):
+            if not 1 <= n <= cap:
+                raise InvalidArgument(f"lengths[{i}] = {n} is outside [1, {cap}] (the new token and the cache's "
+                                      "capacity)")
+        if page_table is not None:
+            num_pages, page_size = k_cache.shape[0], k_cache.shape[2]
+            for i, r in enumerate(rows):
+                for j in range((host[i] + page_size - 1) // page_size):
+                    if not 0 <= int(r[j]) < num_pages:
+                        raise InvalidArgument(f"page_table[{i}][{j}] = {r[j]} is outside [0, {num_pages})")
+            table = torch.tensor([[int(p) for p in r] for r in rows], dtype=torch.int32, device=q.device)
+        lens = torch.tensor(host, dtype=torch.int32, device=q.device)
     if isinstance(scale, bool) or not (scale is None or isinstance(scale, (int, float))):
         raise InvalidArgument(f"scale must be a number or None, got {scale!r}")
-    return _attention_op(q, k_new, v_new, k_cache, v_cache, [int(x) for x in lens], table, pages_per_seq,
-                         0.0 if scale is None else float(scale), 0.0 if rope_theta is None else float(rope_theta),
-                         bool(append))
+    return _attention_op(q, k_new, v_new, k_cache, v_cache, lens, table, 0.0 if scale is None else float(scale),
+                         0.0 if rope_theta is None else float(rope_theta), bool(append))
+
+
+def check_errors() -> None:
+    """Raises InvalidArgument naming the first bad value that decode_attention calls with lengths or a
+    page table on the GPU met since the last check (such calls return NaN instead of raising), and
+    clears it. Synchronises the device."""
+    _require_cuda()
+    for key, plan in list(_plans.items()):
+        if key[0] == "AttentionPlan":
+            msg = plan.take_error()
+            if msg:
+                raise InvalidArgument(msg)
 
 
 # ---- prefill attention ----

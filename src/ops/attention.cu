@@ -41,6 +41,39 @@ detail::DecodeKernel pick_kernel(int d, int g, bool paged, bool bulk, int warps)
 
 [[noreturn]] void bad(const std::string& what) { throw InvalidArgument("decode attention: " + what); }
 
+// Lengths on the device: a tile takes at least this many 16-token units (fewer tiles at short
+// contexts, where partials and merges cost more than the spread gains; the decode step's measured
+// choice, decode_step_sm90.hpp).
+constexpr int kDeviceMinUnits = 8;
+constexpr int kCutThreads = 1024;
+
+// A plan for lengths on the device is made for full caches (and any valid page table): the most work
+// any launch may get.
+std::vector<int> full_lengths(const DecodeAttentionShape& s) {
+  if (s.batch < 1) bad("batch " + std::to_string(s.batch) + " must be >= 1");
+  const bool paged = s.layout == KvLayout::Paged;
+  const int64_t cap = paged ? int64_t(s.pages_per_seq) * s.page_size : s.max_seq_len;
+  if (cap < 1 || cap > INT32_MAX)
+    bad(std::string(paged ? "pages_per_seq x page_size" : "max_seq_len") + " = " + std::to_string(cap) +
+        " tokens per sequence is outside [1, 2^31)");
+  return std::vector<int>(s.batch, int(cap));
+}
+std::vector<int> any_page_table(const DecodeAttentionShape& s) {
+  if (s.layout != KvLayout::Paged) return {};
+  if (s.num_pages < 1) bad("num_pages " + std::to_string(s.num_pages) + " must be >= 1");
+  std::vector<int> t(size_t(s.batch) * s.pages_per_seq);
+  for (size_t i = 0; i < t.size(); ++i) t[i] = int(i % size_t(s.num_pages));
+  return t;
+}
+
+// Launched to overlap the kernel before on Hopper (which may write the lengths: read after the wait);
+// the attention kernel after it may be scheduled at once, and waits for this one to finish.
+__global__ void __launch_bounds__(kCutThreads) decode_cut_kernel(const __grid_constant__ kernels::DecodeCutArgs a) {
+  runtime::grid_dependency_wait();
+  runtime::allow_next_launch();
+  kernels::decode_cut<kCutThreads>(a);
+}
+
 template <class T>
 T* device_copy(const std::vector<T>& h) {
   T* d = nullptr;
@@ -75,6 +108,7 @@ DecodeAttention::DecodeAttention(const DecodeAttentionShape& shape, std::vector<
   if (shape_.overlap_previous && major < 9)
     bad("overlap_previous needs sm_90 (Hopper); this device is sm_" + std::to_string(major) + "x");
   bulk_ = shape_.kv_load == KvLoad::Bulk || (shape_.kv_load == KvLoad::Auto && major >= 9 && kAutoBulk);
+  hopper_ = major >= 9;
 
   // Tiles: every SM streams (tiles_per_sm blocks each).
   plan_ = plan_decode_for(shape_, seq_lens_, sms);
@@ -114,6 +148,30 @@ DecodeAttention::DecodeAttention(const DecodeAttentionShape& shape, std::vector<
   TW_CUDA_CHECK(cudaMemset(d_merge_count_, 0, npairs * sizeof(int)));
 }
 
+DecodeAttention::DecodeAttention(const DecodeAttentionShape& shape)
+    : DecodeAttention(shape, full_lengths(shape), any_page_table(shape)) {
+  device_lengths_ = true;
+  TW_CUDA_CHECK(cudaMalloc(&d_cut_, 5 * sizeof(int)));
+  TW_CUDA_CHECK(cudaMemset(d_cut_, 0, 5 * sizeof(int)));
+}
+
+std::string DecodeAttention::take_device_error() {
+  if (!device_lengths_) return "";
+  int e[3] = {0, 0, 0};
+  TW_CUDA_CHECK(cudaDeviceSynchronize());
+  TW_CUDA_CHECK(cudaMemcpy(e, d_cut_ + 2, sizeof e, cudaMemcpyDeviceToHost));
+  if (e[0] == kernels::kDecodeInputOk) return "";
+  TW_CUDA_CHECK(cudaMemset(d_cut_ + 2, 0, 3 * sizeof(int)));
+  const int cap = full_lengths(shape_)[0];
+  if (e[0] == kernels::kDecodeBadLength)
+    return "decode attention: seq_lens[" + std::to_string(e[1]) + "] = " + std::to_string(e[2]) + " is outside [1, " +
+           std::to_string(cap) + "] (the new token and the cache's capacity); that launch wrote NaN";
+  const int pps = std::max(1, shape_.pages_per_seq);
+  return "decode attention: page_table[" + std::to_string(e[1] / pps) + "][" + std::to_string(e[1] % pps) +
+         "] = " + std::to_string(e[2]) + " is outside [0, " + std::to_string(shape_.num_pages) +
+         "); that launch wrote NaN";
+}
+
 DecodeAttention::~DecodeAttention() {
   cudaFree(d_page_table_);
   cudaFree(d_pair_info_);
@@ -121,6 +179,7 @@ DecodeAttention::~DecodeAttention() {
   cudaFree(d_o_part_);
   cudaFree(d_lse_part_);
   cudaFree(d_merge_count_);
+  cudaFree(d_cut_);
 }
 
 void DecodeAttention::reset_merge_counts() {
@@ -137,13 +196,20 @@ kernels::DecodeParams DecodeAttention::device_params(const DecodeAttentionTensor
   if (misaligned(t.k_cache) || misaligned(t.v_cache)) bad("k_cache and v_cache must be 16-byte aligned");
   if (misaligned(t.out) || misaligned(t.q)) bad("q and out must be 16-byte aligned");
   if (shape_.append && (misaligned(t.k_new) || misaligned(t.v_new))) bad("k_new and v_new must be 16-byte aligned");
+  if (device_lengths_) {
+    if (!t.seq_lens) bad("this plan takes its lengths at run time: seq_lens (int32 on the device) must be given");
+    if (shape_.layout == KvLayout::Paged && !t.page_table)
+      bad("this plan takes its page table at run time: page_table (int32 on the device) must be given");
+  } else if (t.seq_lens || t.page_table) {
+    bad("seq_lens / page_table given to a plan made for fixed lengths (DecodeAttention(shape) takes them at run time)");
+  }
   DecodeParams p;
   p.q = t.q;
   p.k_new = shape_.append ? t.k_new : nullptr;
   p.v_new = shape_.append ? t.v_new : nullptr;
   p.k_cache = t.k_cache;
   p.v_cache = t.v_cache;
-  p.page_table = d_page_table_;
+  p.page_table = device_lengths_ ? t.page_table : d_page_table_;
   p.max_seq_len = shape_.max_seq_len;
   p.page_size = shape_.page_size;
   p.pages_per_seq = shape_.pages_per_seq;
@@ -153,7 +219,8 @@ kernels::DecodeParams DecodeAttention::device_params(const DecodeAttentionTensor
   p.num_tiles = plan_.num_tiles;
   p.total_units = plan_.total_units;
   const bool uniform = std::all_of(seq_lens_.begin(), seq_lens_.end(), [&](int l) { return l == seq_lens_[0]; });
-  p.uniform_len = uniform ? seq_lens_[0] : 0;
+  p.uniform_len = uniform && !device_lengths_ ? seq_lens_[0] : 0;
+  p.cut = device_lengths_ ? d_cut_ : nullptr;
   p.num_kv_heads = shape_.num_kv_heads;
   p.ring_slots = slots_;
   p.o_part = d_o_part_;
@@ -170,9 +237,31 @@ kernels::DecodeParams DecodeAttention::device_params(const DecodeAttentionTensor
 
 void DecodeAttention::run(const DecodeAttentionTensors& t, cudaStream_t stream) const {
   const DecodeParams p = device_params(t);
+  if (device_lengths_) {
+    kernels::DecodeCutArgs a;
+    a.seq_lens = t.seq_lens;
+    a.page_table = shape_.layout == KvLayout::Paged ? t.page_table : nullptr;
+    a.batch = shape_.batch;
+    a.num_kv_heads = shape_.num_kv_heads;
+    a.capacity = full_lengths(shape_)[0];
+    a.page_size = shape_.page_size;
+    a.pages_per_seq = shape_.pages_per_seq;
+    a.num_pages = shape_.num_pages;
+    a.max_tiles = plan_.num_tiles;
+    a.min_units = shape_.num_tiles > 0 ? 1 : kDeviceMinUnits;  // a fixed tile count is taken as given
+    a.pair_info = reinterpret_cast<int2*>(d_pair_info_);
+    a.tile_first = reinterpret_cast<int4*>(d_tile_first_);
+    a.cut = d_cut_;
+    a.error = d_cut_ + 2;
+    a.out = t.out;
+    a.out_elems = int64_t(shape_.batch) * shape_.num_q_heads * shape_.head_dim;
+    runtime::launch_kernel(decode_cut_kernel, dim3(1), dim3(kCutThreads), 0, stream, hopper_, a);
+  }
   const detail::DecodeKernel k = pick_kernel(shape_.head_dim, group_, shape_.layout == KvLayout::Paged, bulk_, warps_);
+  // With device lengths the attention kernel overlaps the cut kernel on Hopper (its blocks wait for
+  // the cut; elsewhere the stream's order does).
   runtime::launch_kernel(k.fn, dim3(plan_.num_tiles), dim3(32 * warps_), smem_, stream,
-                         shape_.overlap_previous, p);
+                         shape_.overlap_previous || (device_lengths_ && hopper_), p);
 }
 
 std::vector<DecodeTileDesc> DecodeAttention::tiles() const { return decode_tile_descs(plan_); }

@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "attention_ref.cuh"
@@ -271,6 +273,92 @@ TEST(AttentionDecode, BadInputThrowsBeforeLaunch) {
   DecodeAttention ok(s, {5, 5});
   DecodeAttentionTensors t;
   EXPECT_THROW(ok.run(t, nullptr), tw::InvalidArgument);
+
+  // Lengths on the device: a plan for a cache of no tokens is refused; a run without the device
+  // lengths (or a fixed-length plan given some) throws before the launch.
+  DecodeAttentionShape z = s;
+  z.max_seq_len = 0;
+  EXPECT_THROW(DecodeAttention{z}, tw::InvalidArgument);
+  DeviceBuffer<bf16> q(2 * 32 * 128), kv(2 * 8 * 100 * 128), out(2 * 32 * 128);
+  DeviceBuffer<int> lens(2);
+  DecodeAttentionTensors dt{q.ptr, q.ptr, q.ptr, kv.ptr, kv.ptr, out.ptr};
+  DecodeAttention dyn(s);
+  EXPECT_THROW(dyn.run(dt, nullptr), tw::InvalidArgument);
+  dt.seq_lens = lens.ptr;
+  EXPECT_THROW(ok.run(dt, nullptr), tw::InvalidArgument);
+}
+
+// Lengths and page table on the device (DecodeAttention(shape)): one plan serves two batches of
+// lengths of the same shape (the second a shuffle of the first), each launched twice; bad lengths and
+// pages give NaN, leave the caches alone and are named by take_device_error, and the plan computes
+// normally afterwards.
+TEST(AttentionDecode, DeviceLengthsOnePlanEveryLength) {
+  TW_REQUIRE_GPU();
+  const uint64_t seed = tw::test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (const KvLayout layout : {KvLayout::Contiguous, KvLayout::Paged}) {
+    SCOPED_TRACE(layout == KvLayout::Paged ? "paged" : "contiguous");
+    std::vector<int> lens_a = {1, 17, 300, 4096, 33, 2, 1000};
+    std::vector<int> lens_b = lens_a;
+    std::shuffle(lens_b.begin(), lens_b.end(), rng);
+    tw::test::AttnData a({lens_a, 32, 8, 128, layout, 16}, rng), b({lens_b, 32, 8, 128, layout, 16}, rng);
+    DecodeAttention op(a.shape);
+    EXPECT_TRUE(op.device_lengths());
+    DeviceBuffer<bf16> d_out(size_t(a.B) * 32 * 128);
+    DeviceBuffer<int> d_lens(a.B), d_table(std::max<size_t>(a.table.size(), 1));
+    for (tw::test::AttnData* d : {&a, &b, &a}) {
+      d_lens.upload(d->c.lens);
+      if (!d->table.empty()) d_table.upload(d->table);
+      DecodeAttentionTensors t = d->tensors(d_out.ptr);
+      t.seq_lens = d_lens.ptr;
+      t.page_table = d->table.empty() ? nullptr : d_table.ptr;
+      for (int launch = 0; launch < 2; ++launch) {
+        d->restore_stale_rows();
+        d_out.poison();
+        op.run(t, nullptr);
+        TW_CUDA_CHECK(cudaDeviceSynchronize());
+        EXPECT_LT(tw::test::rel_error(d_out.download(), d->ref), 1e-2) << "launch " << launch;
+      }
+      EXPECT_EQ(op.take_device_error(), "");
+    }
+
+    // Bad values: NaN out, the caches untouched, the first bad value named; then a good launch.
+    std::vector<int> bad_lens = lens_a;
+    bad_lens[3] = layout == KvLayout::Paged ? a.shape.pages_per_seq * 16 + 1 : int(a.shape.max_seq_len) + 1;
+    d_lens.upload(bad_lens);
+    if (!a.table.empty()) d_table.upload(a.table);
+    DecodeAttentionTensors t = a.tensors(d_out.ptr);
+    t.seq_lens = d_lens.ptr;
+    t.page_table = a.table.empty() ? nullptr : d_table.ptr;
+    const std::vector<bf16> k_before = a.d_k->download();
+    op.run(t, nullptr);
+    TW_CUDA_CHECK(cudaDeviceSynchronize());
+    for (bf16 v : d_out.download()) ASSERT_TRUE(std::isnan(bf(v)));
+    const std::vector<bf16> k_after = a.d_k->download();  // bytes: the poisoned rows are NaN
+    EXPECT_EQ(std::memcmp(k_after.data(), k_before.data(), k_before.size() * sizeof(bf16)), 0)
+        << "a cancelled launch wrote the cache";
+    const std::string e = op.take_device_error();
+    EXPECT_NE(e.find("seq_lens[3] = " + std::to_string(bad_lens[3]) + " is outside"), std::string::npos) << e;
+    EXPECT_EQ(op.take_device_error(), "");  // reported once
+    if (layout == KvLayout::Paged) {
+      std::vector<int> bad_table = a.table;
+      bad_table[size_t(4) * a.shape.pages_per_seq + 1] = a.shape.num_pages;  // sequence 4 (33 tokens) uses 3 pages
+      d_lens.upload(lens_a);
+      d_table.upload(bad_table);
+      op.run(t, nullptr);
+      const std::string ep = op.take_device_error();
+      const std::string want = "page_table[4][1] = " + std::to_string(a.shape.num_pages) + " is outside";
+      EXPECT_NE(ep.find(want), std::string::npos) << ep;
+      d_table.upload(a.table);
+    }
+    d_lens.upload(lens_a);
+    a.restore_stale_rows();
+    d_out.poison();
+    op.run(t, nullptr);
+    TW_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_LT(tw::test::rel_error(d_out.download(), a.ref), 1e-2) << "after the bad launches";
+  }
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "tileweave/graph/attention_graph.hpp"  // shape, plan, tile list (host); tw::InvalidArgument
@@ -23,6 +24,10 @@ struct DecodeAttentionTensors {
   __nv_bfloat16* k_cache = nullptr;      // 16-byte aligned
   __nv_bfloat16* v_cache = nullptr;
   __nv_bfloat16* out = nullptr;          // [B, Hq, D]
+  // Only for a plan made without lengths (DecodeAttention(shape)): int32 on the device, read at run
+  // time -- seq_lens [B] (each cache after the append), page_table [B, pages_per_seq] when paged.
+  const int* seq_lens = nullptr;
+  const int* page_table = nullptr;
 };
 
 // RoPE frequencies as the kernel uses them: inv_freq[i] = float(theta^(-2i/D)), i < D/2; the angle
@@ -36,6 +41,13 @@ class DecodeAttention {
   // page table and allocates the workspace. seq_lens[b] counts the cache after the append: the new
   // token sits at position seq_lens[b] - 1.
   DecodeAttention(const DecodeAttentionShape& shape, std::vector<int> seq_lens, std::vector<int> page_table = {});
+  // Lengths (and the page table) on the device, given to each run (DecodeAttentionTensors): one plan
+  // for every length, and CUDA-graph replays see the lengths of the moment. Planned as if every cache
+  // were full (the kernel's warps, ring and grid); each launch starts with a one-block kernel that
+  // checks the lengths and the page ids in use and cuts the work for them (decode_cut). Bad values
+  // there cannot throw: the launch writes NaN to out, leaves the caches alone and keeps the first bad
+  // value for take_device_error().
+  explicit DecodeAttention(const DecodeAttentionShape& shape);
   ~DecodeAttention();
   DecodeAttention(const DecodeAttention&) = delete;
   DecodeAttention& operator=(const DecodeAttention&) = delete;
@@ -55,13 +67,18 @@ class DecodeAttention {
   // memory; decode_params.hpp names the words); nullptr turns it off. For bench_attention_trace.
   void set_trace(unsigned long long* trace) { trace_ = trace; }
 
-  const DecodePlan& plan() const { return plan_; }
+  bool device_lengths() const { return device_lengths_; }
+  // Lengths on the device: what the launches since the last call found wrong, naming the first bad
+  // value ("" if nothing), and clears it. Synchronises the device.
+  std::string take_device_error();
+
+  const DecodePlan& plan() const { return plan_; }  // with device lengths: the plan for full caches
   const std::vector<int>& seq_lens() const { return seq_lens_; }
   const std::vector<int>& page_table() const { return page_table_; }
   int num_tiles() const { return plan_.num_tiles; }
   int ring_slots() const { return slots_; }
   int warps_per_tile() const { return warps_; }  // 8 at one tile per SM (cp.async), else 4
-  int64_t kv_bytes() const;  // K and V bytes the launch reads
+  int64_t kv_bytes() const;  // K and V bytes the launch reads (device lengths: of full caches)
   bool bulk_copy() const { return bulk_; }  // the KvLoad chosen
   const DecodeAttentionShape& shape() const { return shape_; }
 
@@ -70,13 +87,14 @@ class DecodeAttention {
   std::vector<int> seq_lens_, page_table_;
   DecodePlan plan_;
   int group_ = 1, slots_ = 0, smem_ = 0, warps_ = 4;
-  bool bulk_ = false;
+  bool bulk_ = false, device_lengths_ = false, hopper_ = false;
   int* d_page_table_ = nullptr;
   int* d_pair_info_ = nullptr;
   int* d_tile_first_ = nullptr;
   float* d_o_part_ = nullptr;
   float* d_lse_part_ = nullptr;
   int* d_merge_count_ = nullptr;
+  int* d_cut_ = nullptr;  // device lengths: {tiles, units} of the launch, then {kind, index, value} of a bad input
   unsigned long long* trace_ = nullptr;
   std::vector<float> inv_freq_;
 };

@@ -109,51 +109,123 @@ def attention_ref(q, k_rows, v_rows, scale):
     return torch.einsum("hl,lhd->hd", torch.softmax(s, -1), v)
 
 
+class AttnCase:
+    """Random q, k_new, v_new and caches for ragged lengths (contiguous or paged, pages shuffled), and
+    the fp32 reference of decode_attention on them."""
+
+    def __init__(self, batch, hq, hkv, d, layout, seed, max_len=300):
+        g = torch.Generator().manual_seed(seed)
+        self.lens = torch.randint(1, max_len, (batch,), generator=g).tolist()  # some shorter than a 16-token unit
+        self.lens[0] = 1  # only the new token
+        self.q, self.k_new, self.v_new = (randn(batch, hq, d, seed=seed + 1), randn(batch, hkv, d, seed=seed + 2),
+                                          randn(batch, hkv, d, seed=seed + 3))
+        self.hkv, self.d = hkv, d
+        page = 16 if d == 128 else 32
+        self.page = page
+        if layout == "contiguous":
+            s = max_len + 5
+            self.k_cache, self.v_cache = randn(batch, hkv, s, d, seed=seed + 4), randn(batch, hkv, s, d, seed=seed + 5)
+            self.table = None
+        else:
+            pages_per_seq = (max_len + page - 1) // page + 1
+            per_seq = [(n + page - 1) // page for n in self.lens]
+            # Room for every sequence at its longest, so a test may grow the lengths later.
+            num_pages = batch * pages_per_seq + 3
+            perm = torch.randperm(num_pages, generator=g).tolist()
+            self.table = [perm[i * pages_per_seq: (i + 1) * pages_per_seq] for i in range(batch)]
+            self.k_cache = randn(num_pages, hkv, page, d, seed=seed + 4)
+            self.v_cache = randn(num_pages, hkv, page, d, seed=seed + 5)
+        self.k_before, self.v_before = self.k_cache.clone(), self.v_cache.clone()
+
+    def rows(self, cache, b, n):
+        """Sequence b's first n rows of a cache, [n, Hkv, D]."""
+        if self.table is None:
+            return cache[b, :, :n].transpose(0, 1)
+        idx = torch.tensor(self.table[b][: (n + self.page - 1) // self.page], device=DEV)
+        return cache[idx].transpose(1, 2).reshape(-1, self.hkv, self.d)[:n]
+
+    def check(self, out, lens, theta):
+        """out against the reference for these lengths; the caches hold the appended rows and nothing
+        else changed (from the state saved at construction, or at the last reset())."""
+        worst = 0.0
+        for b, n in enumerate(lens):
+            pos = torch.tensor(n - 1, device=DEV)
+            kn = rope_ref(self.k_new[b], pos, theta) if theta else self.k_new[b].float()
+            qb = rope_ref(self.q[b], pos, theta) if theta else self.q[b].float()
+            k_rows, v_rows = self.rows(self.k_before, b, n).clone(), self.rows(self.v_before, b, n).clone()
+            k_rows[-1], v_rows[-1] = kn.to(torch.bfloat16), self.v_new[b]
+            assert rel_err(self.rows(self.k_cache, b, n), k_rows) < 1e-2
+            assert torch.equal(self.rows(self.v_cache, b, n), v_rows)
+            worst = max(worst, rel_err(out[b], attention_ref(qb.to(torch.bfloat16), k_rows, v_rows, self.d ** -0.5)))
+        assert worst < 2e-2
+
+    def reset(self):
+        self.k_cache.copy_(self.k_before)
+        self.v_cache.copy_(self.v_before)
+
+
 @pytest.mark.parametrize("batch", [1, 19, 99])
 @pytest.mark.parametrize("hq, hkv, d", [(32, 8, 128), (7, 1, 64), (8, 8, 64)])
 @pytest.mark.parametrize("layout", ["contiguous", "paged"])
 @pytest.mark.parametrize("rope", [True, False])
-def test_decode_attention(batch, hq, hkv, d, layout, rope):
-    g = torch.Generator().manual_seed(batch * 31 + hq)
-    lens = torch.randint(1, 300, (batch,), generator=g).tolist()  # ragged, some shorter than a 16-token unit
-    lens[0] = 1  # only the new token
+@pytest.mark.parametrize("where", ["host", "gpu"])
+def test_decode_attention(batch, hq, hkv, d, layout, rope, where):
+    c = AttnCase(batch, hq, hkv, d, layout, seed=batch * 31 + hq)
     theta = 10000.0 if rope else None
-    q, k_new, v_new = randn(batch, hq, d, seed=1), randn(batch, hkv, d, seed=2), randn(batch, hkv, d, seed=3)
-    page = 16 if d == 128 else 32
-    if layout == "contiguous":
-        s = max(lens) + 5
-        k_cache, v_cache = randn(batch, hkv, s, d, seed=4), randn(batch, hkv, s, d, seed=5)
-        table = None
-        rows = lambda cache, b: cache[b, :, : lens[b]].transpose(0, 1)  # noqa: E731  [L, Hkv, D]
-    else:
-        per_seq = [(n + page - 1) // page for n in lens]
-        pages_per_seq = max(per_seq) + 1
-        num_pages = sum(per_seq) + 3
-        perm = torch.randperm(num_pages, generator=g).tolist()
-        table, nxt = [], 0
-        for n in per_seq:
-            table.append(perm[nxt: nxt + n] + [0] * (pages_per_seq - n))
-            nxt += n
-        k_cache, v_cache = randn(num_pages, hkv, page, d, seed=4), randn(num_pages, hkv, page, d, seed=5)
+    lens, table = c.lens, c.table
+    if where == "gpu":  # read by the kernel, int64 converted on the GPU
+        lens = torch.tensor(lens, dtype=torch.int64, device=DEV)
+        table = None if table is None else torch.tensor(table, dtype=torch.int32, device=DEV)
+    out = ops.decode_attention(c.q, c.k_new, c.v_new, c.k_cache, c.v_cache, lens, page_table=table, rope_theta=theta)
+    assert out.shape == c.q.shape
+    c.check(out, c.lens, theta)
 
-        def rows(cache, b):
-            idx = torch.tensor(table[b][: per_seq[b]], device=DEV)
-            return cache[idx].transpose(1, 2).reshape(-1, hkv, d)[: lens[b]]  # [L, Hkv, D]
 
-    k_before, v_before = k_cache.clone(), v_cache.clone()
-    out = ops.decode_attention(q, k_new, v_new, k_cache, v_cache, lens, page_table=table, rope_theta=theta)
-    assert out.shape == q.shape
-    worst = 0.0
-    for b in range(batch):
-        pos = torch.tensor(lens[b] - 1, device=DEV)
-        kn = rope_ref(k_new[b], pos, theta) if rope else k_new[b].float()
-        qb = rope_ref(q[b], pos, theta) if rope else q[b].float()
-        k_rows, v_rows = rows(k_before, b).clone(), rows(v_before, b).clone()
-        k_rows[-1], v_rows[-1] = kn.to(torch.bfloat16), v_new[b]
-        # The cache now holds the appended (roped) row, and nothing else changed for this sequence.
-        assert rel_err(rows(k_cache, b), k_rows) < 1e-2 and torch.equal(rows(v_cache, b), v_rows)
-        worst = max(worst, rel_err(out[b], attention_ref(qb.to(torch.bfloat16), k_rows, v_rows, d ** -0.5)))
-    assert worst < 2e-2
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+def test_decode_attention_graph_replays_see_new_lengths(layout):
+    """Lengths on the GPU: one plan for every length, and a captured CUDA graph replayed after the
+    lengths (and the page table) change computes with the new ones."""
+    c = AttnCase(7, 16, 4, 128, layout, seed=5)
+    lens = torch.tensor(c.lens, dtype=torch.int32, device=DEV)
+    table = None if c.table is None else torch.tensor(c.table, dtype=torch.int32, device=DEV)
+
+    def run():
+        return ops.decode_attention(c.q, c.k_new, c.v_new, c.k_cache, c.v_cache, lens, page_table=table)
+
+    ops.clear_plans()
+    run()  # the plan is made outside the capture
+    torch.cuda.synchronize()
+    c.reset()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    g = torch.Generator().manual_seed(9)
+    for _ in range(3):
+        new = torch.randint(1, 300, (7,), generator=g).tolist()
+        lens.copy_(torch.tensor(new, dtype=torch.int32))
+        if table is not None:  # the sequences' pages in another order
+            c.table = [row[::-1] for row in c.table]
+            table.copy_(torch.tensor(c.table, dtype=torch.int32))
+        c.reset()
+        graph.replay()
+        torch.cuda.synchronize()
+        c.check(out, new, 10000.0)
+    assert sum(1 for key in ops._plans if key[0] == "AttentionPlan") == 1
+    ops.check_errors()  # nothing to report
+
+
+def test_decode_attention_compiled_over_changing_lengths():
+    """Inside torch.compile (CUDA graphs), lengths on the GPU changing from call to call."""
+    c = AttnCase(5, 8, 2, 64, "contiguous", seed=11)
+    compiled = torch.compile(lambda lens: ops.decode_attention(c.q, c.k_new, c.v_new, c.k_cache, c.v_cache, lens),
+                             mode="reduce-overhead", fullgraph=True)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(4):
+        new = torch.randint(1, 300, (5,), generator=g).tolist()
+        c.reset()
+        out = compiled(torch.tensor(new, dtype=torch.int32, device=DEV))
+        torch.cuda.synchronize()
+        c.check(out, new, 10000.0)
 
 
 # ---- torch.compile and CUDA graphs ----
@@ -303,5 +375,35 @@ def test_bad_attention_lengths_are_refused_before_launch():
     kc, vc = randn(2, 2, 32, 64), randn(2, 2, 32, 64)
     with pytest.raises(tileweave.InvalidArgument, match="lengths has 3 entries for batch 2"):
         ops.decode_attention(q, kn, vn, kc, vc, [4, 5, 6])
-    with pytest.raises(tileweave.InvalidArgument, match="exceed max_seq_len 32"):
+    with pytest.raises(tileweave.InvalidArgument, match=r"lengths\[1\] = 40 is outside \[1, 32\]"):
         ops.decode_attention(q, kn, vn, kc, vc, [4, 40])
+    with pytest.raises(tileweave.InvalidArgument, match=r"lengths must have shape \(2,\)"):
+        ops.decode_attention(q, kn, vn, kc, vc, torch.tensor([4, 5, 6], device=DEV))
+    pc, pv = randn(6, 2, 16, 64), randn(6, 2, 16, 64)
+    with pytest.raises(tileweave.InvalidArgument, match=r"page_table\[1\]\[1\] = 6 is outside \[0, 6\)"):
+        ops.decode_attention(q, kn, vn, pc, pv, [4, 20], page_table=[[0, 1], [2, 6]])
+
+
+def test_bad_gpu_lengths_give_nan_and_a_named_error():
+    """Lengths on the GPU are checked there: the call returns NaN, leaves the caches alone, and
+    check_errors names the first bad value."""
+    q, kn, vn = randn(2, 8, 64), randn(2, 2, 64), randn(2, 2, 64)
+    kc, vc = randn(2, 2, 32, 64), randn(2, 2, 32, 64)
+    kc0, vc0 = kc.clone(), vc.clone()
+    ops.check_errors()
+    out = ops.decode_attention(q, kn, vn, kc, vc, torch.tensor([4, 40], dtype=torch.int32, device=DEV))
+    torch.cuda.synchronize()
+    assert torch.isnan(out.float()).all()
+    assert torch.equal(kc, kc0) and torch.equal(vc, vc0)
+    with pytest.raises(tileweave.InvalidArgument, match=r"seq_lens\[1\] = 40 is outside \[1, 32\]"):
+        ops.check_errors()
+    ops.check_errors()  # reported once
+    pc, pv = randn(6, 2, 16, 64), randn(6, 2, 16, 64)
+    out = ops.decode_attention(q, kn, vn, pc, pv, torch.tensor([4, 20], device=DEV),
+                               page_table=torch.tensor([[0, 1], [2, -3]], device=DEV))
+    with pytest.raises(tileweave.InvalidArgument, match=r"page_table\[1\]\[1\] = -3 is outside \[0, 6\)"):
+        ops.check_errors()
+    assert torch.isnan(out.float()).all()
+    # A good call on the same plan afterwards computes normally.
+    out = ops.decode_attention(q, kn, vn, kc, vc, torch.tensor([4, 30], dtype=torch.int32, device=DEV))
+    assert torch.isfinite(out.float()).all()

@@ -290,9 +290,14 @@ __device__ __forceinline__ void rope_pair(const DecodeParams& p, int pos, int i,
 struct DecodePair {
   int pair, u0, u1, len;
 };
+// The tables: written by the launch's cut kernel when the lengths are on the device (read through L2,
+// not the read-only path), else constant.
+__device__ __forceinline__ int2 pair_info_at(const DecodeParams& p, int i) {
+  return p.cut ? __ldcg(&p.pair_info[i]) : __ldg(&p.pair_info[i]);
+}
 __device__ __forceinline__ DecodePair next_pair(const DecodeParams& p, const DecodePair& c) {
   if (p.uniform_len > 0) return {c.pair + 1, c.u1, c.u1 + (c.u1 - c.u0), c.len};
-  return {c.pair + 1, c.u1, __ldg(&p.pair_info[c.pair + 2].x), __ldg(&p.pair_info[c.pair + 1].y)};
+  return {c.pair + 1, c.u1, pair_info_at(p, c.pair + 2).x, pair_info_at(p, c.pair + 1).y};
 }
 // The pair holding tile `tile`'s first unit u_lo.
 __device__ __forceinline__ DecodePair first_pair(const DecodeParams& p, int tile, int u_lo) {
@@ -300,7 +305,7 @@ __device__ __forceinline__ DecodePair first_pair(const DecodeParams& p, int tile
     const int n = decode_units(p.uniform_len), pair = u_lo / n;
     return {pair, pair * n, pair * n + n, p.uniform_len};
   }
-  const int4 f = __ldg(&p.tile_first[tile]);
+  const int4 f = p.cut ? __ldcg(&p.tile_first[tile]) : __ldg(&p.tile_first[tile]);
   return {f.x, f.y, f.z, f.w};
 }
 
@@ -388,12 +393,13 @@ __device__ __forceinline__ void store_bf16x4(__nv_bfloat16* dst, float4 v) {
 // (A merge with no smem, each thread over all partials for its own float4s, was no faster -- the
 // tail is L2 round trips -- and spilled in the attention -> o_proj kernel.)
 template <int D, int G, int kWarps, class Smem>
-__device__ void merge_pair(const DecodeParams& p, Smem& sm, float* scratch, int pair, int u0, int u1) {
+__device__ void merge_pair(const DecodeParams& p, Smem& sm, float* scratch, int pair, int u0, int u1, int num_tiles,
+                           int total_units) {
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int c0 = decode_tile_of(u0, p.num_tiles, p.total_units);
-  const int n = decode_tile_of(u1 - 1, p.num_tiles, p.total_units) - c0 + 1;
+  const int c0 = decode_tile_of(u0, num_tiles, total_units);
+  const int n = decode_tile_of(u1 - 1, num_tiles, total_units) - c0 + 1;
   // Tile c0's part of this pair is its second segment when the tile starts in an earlier pair.
-  const int shift = decode_tile_start(c0, p.num_tiles, p.total_units) < u0 ? 1 : 0;
+  const int shift = decode_tile_start(c0, num_tiles, total_units) < u0 ? 1 : 0;
   constexpr int kVec = G * D / 4, kPer = (kVec + 31) / 32;
   float mw[kPer], sw[kPer];
   float4 acc[kPer];
@@ -482,8 +488,20 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
     trace_put(p, tile, kDtSm, sm_id);
   }
 
-  const int u_lo = decode_tile_start(tile, p.num_tiles, p.total_units);
-  const int u_hi = decode_tile_start(tile + 1, p.num_tiles, p.total_units);
+  // The cut: the host's, or (lengths on the device) the one the launch's cut kernel wrote, read once
+  // that kernel is done. Tiles past it take no units.
+  int num_tiles = p.num_tiles, total_units = p.total_units;
+  if (p.cut) {
+    if constexpr (kStandalone) runtime::grid_dependency_wait();
+    num_tiles = __ldcg(&p.cut[0]);
+    total_units = __ldcg(&p.cut[1]);
+    if (tile >= num_tiles) {
+      if constexpr (kStandalone) runtime::allow_next_launch();
+      return;
+    }
+  }
+  const int u_lo = decode_tile_start(tile, num_tiles, total_units);
+  const int u_hi = decode_tile_start(tile + 1, num_tiles, total_units);
   const DecodePair first = first_pair(p, tile, u_lo);
   // This warp's stages: units u_lo + warp + 4k, k < my_n; stage k lives in ring slot k % slots.
   const int my_n = u_lo + warp < u_hi ? (u_hi - 1 - u_lo - warp) / kWarps + 1 : 0;
@@ -542,7 +560,7 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
   // launch each warp's first stage goes out before the wait for the kernel before (which may have
   // written q, k_new and v_new but not the cache rows read here); the next kernel may start once
   // this one is past that wait, so its early reads overlap this kernel alone.
-  const bool early = kStandalone && p.overlap;
+  const bool early = kStandalone && p.overlap && !p.cut;
   if (early) issue(0);
   if constexpr (kStandalone) {
     runtime::grid_dependency_wait();
@@ -690,8 +708,8 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
       const DecodePair pt = warp == 0 ? part[0] : part[1];
       int last = 0;
       if (pt.pair >= 0) {
-        const int n = decode_tile_of(pt.u1 - 1, p.num_tiles, p.total_units) -
-                      decode_tile_of(pt.u0, p.num_tiles, p.total_units) + 1;
+        const int n =
+            decode_tile_of(pt.u1 - 1, num_tiles, total_units) - decode_tile_of(pt.u0, num_tiles, total_units) + 1;
         int* count = p.merge_count + pt.pair;
         __threadfence();
         last = atomicAdd(count, 1) == n - 1;
@@ -707,7 +725,8 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
 #pragma unroll
     for (int w = 0; w < 2; ++w)
       if (sm.last[w]) {
-        merge_pair<D, G, kWarps>(p, sm, reinterpret_cast<float*>(ring), part[w].pair, part[w].u0, part[w].u1);
+        merge_pair<D, G, kWarps>(p, sm, reinterpret_cast<float*>(ring), part[w].pair, part[w].u0, part[w].u1, num_tiles,
+                                 total_units);
         ++merges;
       }
   }
@@ -716,6 +735,97 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
     stamp(kDtExit);
   }
   fence_proxy_async();  // this tile's generic smem writes before the next tile's bulk copies
+}
+
+// ---- the cut on the device (lengths given at run time) ----
+// One block, before each launch of a plan made without lengths (DecodeAttention(shape)): checks the
+// lengths (1 .. capacity) and the page ids in use (0 .. num_pages - 1), then writes plan_decode's
+// tables for them (graph/attention_graph.cpp: the same even cut of the units, over at most max_tiles
+// tiles of at least min_units). Bad input cancels the launch rather than reading or writing outside
+// the caches: out is filled with NaN, no tile runs (cut[0] = 0), and error[] keeps the first bad
+// value for the host (DecodeAttention::take_device_error).
+template <int kThreads>
+__device__ void decode_cut(const DecodeCutArgs& a) {
+  static_assert(kThreads % 32 == 0 && kThreads <= 1024, "one block");
+  constexpr int kWarps = kThreads / 32;
+  __shared__ int warp_sum[kWarps];
+  __shared__ int s_carry, s_bad;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  if (tid == 0) s_carry = 0, s_bad = 0;
+  __syncthreads();
+  auto report = [&](int kind, int index, int value) {
+    s_bad = 1;
+    if (atomicCAS(&a.error[0], 0, kind) == 0) a.error[1] = index, a.error[2] = value;
+  };
+  for (int b = tid; b < a.batch; b += kThreads) {
+    const int len = __ldcg(&a.seq_lens[b]);
+    if (len < 1 || len > a.capacity) report(kDecodeBadLength, b, len);
+  }
+  if (a.page_table != nullptr)
+    for (int64_t i = tid; i < int64_t(a.batch) * a.pages_per_seq; i += kThreads) {
+      const int b = int(i / a.pages_per_seq), j = int(i - int64_t(b) * a.pages_per_seq);
+      const int len = __ldcg(&a.seq_lens[b]);
+      if (len < 1 || len > a.capacity || j * a.page_size >= len) continue;
+      const int page = __ldcg(&a.page_table[i]);
+      if (page < 0 || page >= a.num_pages) report(kDecodeBadPage, int(i), page);
+    }
+  __syncthreads();
+  if (s_bad) {
+    const __nv_bfloat16 nan = __ushort_as_bfloat16(0x7FC0);
+    for (int64_t i = tid; i < a.out_elems; i += kThreads) a.out[i] = nan;
+    if (tid == 0) a.cut[0] = 0, a.cut[1] = 0;
+    return;
+  }
+
+  // Pair i = b * Hkv + h starts after the units of every pair before it: a block-wide scan over the
+  // sequences, kThreads at a time.
+  for (int b0 = 0; b0 < a.batch; b0 += kThreads) {
+    const int b = b0 + tid;
+    const int len = b < a.batch ? __ldcg(&a.seq_lens[b]) : 0;
+    const int units = b < a.batch ? decode_units(len) : 0;
+    int v = units * a.num_kv_heads;
+#pragma unroll
+    for (int o = 1; o < 32; o *= 2) {  // inclusive, within the warp
+      const int u = __shfl_up_sync(0xffffffffu, v, o);
+      if (lane >= o) v += u;
+    }
+    if (lane == 31) warp_sum[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+      int w = lane < kWarps ? warp_sum[lane] : 0;
+#pragma unroll
+      for (int o = 1; o < 32; o *= 2) {
+        const int u = __shfl_up_sync(0xffffffffu, w, o);
+        if (lane >= o) w += u;
+      }
+      if (lane < kWarps) warp_sum[lane] = w;
+    }
+    __syncthreads();
+    const int first = s_carry + (warp > 0 ? warp_sum[warp - 1] : 0) + v - units * a.num_kv_heads;
+    if (b < a.batch)
+      for (int h = 0; h < a.num_kv_heads; ++h) a.pair_info[b * a.num_kv_heads + h] = make_int2(first + h * units, len);
+    __syncthreads();  // every thread has read s_carry
+    if (tid == 0) s_carry += warp_sum[kWarps - 1];
+    __syncthreads();
+  }
+  const int npairs = a.batch * a.num_kv_heads, total = s_carry;
+  const int tiles = max(1, min(a.max_tiles, (total + a.min_units - 1) / a.min_units));
+  if (tid == 0) {
+    a.pair_info[npairs] = make_int2(total, 0);
+    a.cut[0] = tiles;
+    a.cut[1] = total;
+  }
+  __syncthreads();  // the block's pair_info writes, before it searches them
+  for (int c = tid; c < tiles; c += kThreads) {
+    const int u = decode_tile_start(c, tiles, total);
+    int lo = 0, hi = npairs - 1;  // the last pair starting at or before u (every pair holds a unit)
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (__ldcg(&a.pair_info[mid].x) <= u) lo = mid; else hi = mid - 1;
+    }
+    const int2 f = __ldcg(&a.pair_info[lo]);
+    a.tile_first[c] = make_int4(lo, f.x, __ldcg(&a.pair_info[lo + 1].x), f.y);
+  }
 }
 
 }  // namespace tw::kernels

@@ -49,6 +49,10 @@ struct DecodeParams {
   const int4* tile_first = nullptr;
   int num_tiles = 0, total_units = 0;
   int uniform_len = 0;  // > 0: every sequence has this length, and the plan is arithmetic (no loads)
+  // Lengths on the device (a plan made without them, DecodeAttention(shape)): the launch's cut kernel
+  // (decode_cut) writes pair_info, tile_first and cut = {tiles that take units, total units}; tiles
+  // from cut[0] on do nothing; num_tiles above is the grid. nullptr: the host's plan.
+  const int* cut = nullptr;
   int num_kv_heads = 0;
   int ring_slots = 2;  // per warp, 1..kDecodeMaxSlots; the smem size depends on it
   // Workspace: o_part [num_tiles][2][group][D] (normalised partial outputs of a tile's first and
@@ -64,6 +68,24 @@ struct DecodeParams {
   float scale_log2 = 0;  // softmax scale * log2(e)
   bool rope = false;
   float inv_freq[64] = {};  // RoPE (rotate-half): angle_i = float(pos) * inv_freq[i], i < D/2
+};
+
+// The cut kernel's arguments (lengths on the device): decode.cuh's decode_cut.
+enum DecodeInputError : int { kDecodeInputOk = 0, kDecodeBadLength = 1, kDecodeBadPage = 2 };
+struct DecodeCutArgs {
+  const int* seq_lens = nullptr;    // [B]: each cache after the append
+  const int* page_table = nullptr;  // [B, pages_per_seq], or nullptr (contiguous)
+  int batch = 0, num_kv_heads = 0;
+  int capacity = 0;                 // tokens a sequence may hold
+  int page_size = 0, pages_per_seq = 0, num_pages = 0;
+  int max_tiles = 0;                // the grid
+  int min_units = 1;                // 16-token units a tile takes at least
+  int2* pair_info = nullptr;        // out: DecodeParams' tables and cut
+  int4* tile_first = nullptr;
+  int* cut = nullptr;
+  int* error = nullptr;             // {DecodeInputError, index, value} of the first bad value; 0 = none
+  __nv_bfloat16* out = nullptr;     // filled with NaN when the input is bad
+  int64_t out_elems = 0;
 };
 
 }  // namespace tw::kernels
