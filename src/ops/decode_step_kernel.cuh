@@ -28,8 +28,8 @@
 // tile, and arrives on `ready` as soon as it has acquired the tile's producers (before the stages that
 // wait for ring slots), so a tile the consumers have popped never waits on the producer for
 // anything that waits on them; the producer's own waits
-// (queue slot, ring slot, counters) are released by the consumers finishing earlier tiles or by other
-// CTAs. Across CTAs the executor's argument holds (runtime/executor.cuh): one CTA per SM, all
+// (queue slot, ring slot, counters, an o_proj / down tile's publication) are released by the consumers
+// finishing earlier tiles or by other CTAs. Across CTAs the executor's argument holds (runtime/executor.cuh): one CTA per SM, all
 // resident, tickets in topological order, the next ticket drawn only after the current tile is issued.
 #pragma once
 
@@ -95,6 +95,7 @@ struct StepShared {
   DeviceTile tile[kQueue];
   int32_t id[kQueue], count[kQueue];
   uint64_t full[kQueue], empty[kQueue], ready[kQueue];
+  uint64_t released;  // an o_proj / down tile has published (one phase per such tile: run_producer)
   AttnChunk chunk[kMaxStages];
   // The cache lengths of the launch (constant while it runs) and the units before each sequence,
   // filled by the producer at its first attention tile.
@@ -367,6 +368,8 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
   int qs = 0;
   uint32_t qphase = 0;
   bool lengths_loaded = false;
+  int prev_kind = -1;
+  uint32_t held = 0;  // o_proj / down tiles waited for (the phase of `released`)
   for (bool first = true;; first = false) {
     __syncwarp();  // lane 0's prefetch (slots.next*) is visible to the warp
     int32_t id = sh.slots.next_id;
@@ -380,6 +383,20 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
       return staged ? uint32_t(Cfg::kKAtoms * Cfg::kWAtomBytes) + residual_stage_bytes<Cfg>(p) : uint32_t(Cfg::kStageBytes);
     };
     const int kst0 = weights ? o.slice_start[t.ks] : 0, n = weights ? stages_of(o, t) : 0;
+    // After an o_proj or down tile, nothing of the next tile goes out before that tile has published
+    // its part of the stream. The SM's copies in flight delay its own later memory operations: with
+    // the next tile's weights (6 stages) issued ahead of them, the writer's reductions and release
+    // reached L2 late, and its consumers saw it late (trace, H200, Llama-3.2-1B B = 1: gate/up's mean
+    // wait for its producers 6.3 -> 1.5 us held). The weights then start later; end to end the hold
+    // gains 1-1.5% (1B B = 1 970.5 -> 959.7, B = 16 1688.4 -> 1674.5, 8B 4534.9 -> 4470.5 us,
+    // decode_step_hold_ab.json). Holding after qkv and attention tiles too, or only after the next
+    // tile's first stage, gained less or lost at B = 16.
+    if (prev_kind == kResidual) {
+      if (lane == 0) mbar_wait(&sh.released, held & 1u, "released");
+      ++held;
+      __syncwarp();
+    }
+    prev_kind = kind;
     const int s0 = ps.stage;
     // Weights depend on nothing: a weight tile's first stage goes out before the tile is queued or
     // polls its producers (in an overlapped launch, before the wait for the previous kernel).
@@ -1067,6 +1084,7 @@ __device__ void run_consumer(const Ring<Cfg>& ring, StepShared& sh, float* scrat
         finish_tile(p, t, id, ct);
         break;
     }
+    if (o.kind == kResidual && ct == 0) mbar_arrive(&sh.released);  // after its release (run_producer)
     // The queue slot is free once every consumer warp is past its `ready` wait.
     __syncwarp();
     if (ct % 32 == 0) mbar_arrive(&sh.empty[qs]);
@@ -1089,6 +1107,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
       mbar_init(&sh.empty[i], Cfg::kConsumerWarps);
       mbar_init(&sh.ready[i], 1);
     }
+    mbar_init(&sh.released, 1);
     ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
     runtime::first_ticket(p.ep, sh.slots);  // the epoch is read by the producer, after the grid wait
     // The next kernel in the stream (the next step) may start as soon as SMs free up: its blocks only
