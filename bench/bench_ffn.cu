@@ -311,14 +311,9 @@ int main(int argc, char** argv) {
   for (const Model& md : models) {
     const int64_t n1 = (md.gated ? 2 : 1) * md.f;
     const double wbytes = double(n1 * md.d + md.d * md.f) * 2;
-    const int sets = std::max(2, int(std::ceil(3.0 * gpu.prop.l2CacheSize / wbytes)) + 1);
-    std::vector<bf16*> wgu(sets), wd(sets);
-    for (int s = 0; s < sets; ++s) {
-      wgu[s] = dev_alloc<bf16>(n1 * md.d);
-      wd[s] = dev_alloc<bf16>(md.d * md.f);
-      fill_random<<<1024, 256>>>(wgu[s], n1 * md.d, 17 + s, 1.f / std::sqrt(float(md.d)));
-      fill_random<<<1024, 256>>>(wd[s], md.d * md.f, 1017 + s, 1.f / std::sqrt(float(md.f)));
-    }
+    const FfnWeightSets ws(md.d, md.f, md.gated, gpu.prop.l2CacheSize);
+    const int sets = ws.sets;
+    const std::vector<bf16*>&wgu = ws.gate_up, &wd = ws.down;
     for (int64_t m : ms) {
       bf16* x = dev_alloc<bf16>(m * md.d);
       bf16* y_ref = dev_alloc<bf16>(m * md.d);
@@ -412,10 +407,6 @@ int main(int argc, char** argv) {
               {"best_seq_pct_floor", 100 * floor_us / best_seq}, {"best_seq_speedup_vs_unfused", t_unfused_seq / best_seq}});
       rows.push_back({md.name, m, floor_us, t_unfused, t_cusync, best, best_name, t_unfused_seq, best_seq, best_seq_name});
       for (void* p : {(void*)x, (void*)y_ref, (void*)y, (void*)gu, (void*)h}) TW_CUDA_CHECK(cudaFree(p));
-    }
-    for (int s = 0; s < sets; ++s) {
-      TW_CUDA_CHECK(cudaFree(wgu[s]));
-      TW_CUDA_CHECK(cudaFree(wd[s]));
     }
   }
   const std::string path = rf.write(gpu);

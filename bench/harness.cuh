@@ -175,6 +175,30 @@ inline void fill_noise_bf16(__nv_bfloat16* p, size_t n, uint64_t seed, float sca
   TW_CUDA_CHECK_LAUNCH();
 }
 
+// An FFN's weights in sets (gate|up, or the one first matrix, [n1, d]; down [d, f]), enough of them
+// that L2 holds none of a launch's weights when launches take the sets in turn; noise scaled by
+// 1 / sqrt(fan-in).
+struct FfnWeightSets {
+  int sets = 0;
+  std::vector<__nv_bfloat16*> gate_up, down;
+  FfnWeightSets(int64_t d, int64_t f, bool gated, size_t l2_bytes) {
+    const int64_t n1 = (gated ? 2 : 1) * f;
+    sets = std::max(2, int(std::ceil(3.0 * double(l2_bytes) / (double(n1 * d + d * f) * 2))) + 1);
+    for (int s = 0; s < sets; ++s) {
+      gate_up.push_back(nullptr);
+      down.push_back(nullptr);
+      TW_CUDA_CHECK(cudaMalloc(&gate_up.back(), size_t(n1 * d) * 2));
+      TW_CUDA_CHECK(cudaMalloc(&down.back(), size_t(d * f) * 2));
+      fill_noise_bf16(gate_up.back(), size_t(n1 * d), 17 + s, 1.f / std::sqrt(float(d)));
+      fill_noise_bf16(down.back(), size_t(d * f), 1017 + s, 1.f / std::sqrt(float(f)));
+    }
+  }
+  ~FfnWeightSets() {
+    for (int s = 0; s < sets; ++s) cudaFree(gate_up[s]), cudaFree(down[s]);
+  }
+  FfnWeightSets(const FfnWeightSets&) = delete;
+};
+
 // ||a - b|| / ||b|| over two bf16 device arrays; infinite if a holds a non-finite value.
 inline double rel_diff_bf16(const __nv_bfloat16* a_dev, const __nv_bfloat16* b_dev, size_t n) {
   std::vector<__nv_bfloat16> a(n), b(n);

@@ -1,0 +1,206 @@
+// The shape sweep of issue 16: FFN and plain-MLP shapes that no model table names, generated from a
+// seed, each against cuBLASLt-unfused (two GEMMs and, when gated, the elementwise SiLU*mul) on the
+// same weights, with the streaming-read floor measured in the same run. What a user gets: FusedFfn
+// with its default options (the planner's tiling, weights as given: `us`, `speedup`), and the same
+// on weights packed once for streaming (FfnOptions::packed_weights, ops.ffn_packed: `packed_us`,
+// `packed_speedup`, `packed_pct_floor`).
+//   bench_sweep [--seed N] [--ffn N] [--out DIR]
+// The grid: N shapes (default 64), gated and plain in turn, d and F multiples of 128 in [1024, 16384]
+// drawn from the seed, M through {1, 8, 16, 32, 37, 64, 100, 128, 200, 256, 512, 2048, 4096} in turn
+// (a shape per M at least five times). Times are back to back (launches in one CUDA graph, time per
+// launch; weight sets rotated so L2 holds none of a launch's weights), as the bars read them.
+// Writes sweep.json: per case op, shape, us, peer, peer_us, speedup (peer_us / us), pct_floor,
+// memory_bound (M <= 64), the output's difference from cuBLAS; and a summary.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cublas_baseline.cuh"
+#include "harness.cuh"
+#include "tileweave/ops/ffn.hpp"
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+using namespace tw::bench;
+
+constexpr int64_t kMs[] = {1, 8, 16, 32, 37, 64, 100, 128, 200, 256, 512, 2048, 4096};
+
+struct Shape {
+  int64_t m, d, f;
+  bool gated;
+};
+
+std::vector<Shape> ffn_grid(uint64_t seed, int count) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int64_t> dim(8, 128);  // x 128: 1024 .. 16384
+  std::vector<Shape> out;
+  for (int i = 0; i < count; ++i)
+    out.push_back({kMs[i % std::size(kMs)], 128 * dim(rng), 128 * dim(rng), i % 2 == 0});
+  return out;
+}
+
+template <class T>
+T* dev_alloc(int64_t n) {
+  T* p = nullptr;
+  TW_CUDA_CHECK(cudaMalloc(&p, std::max<int64_t>(n, 1) * sizeof(T)));
+  return p;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  uint64_t seed = 16;
+  int ffn_count = 64;
+  std::string out_dir;
+  for (int i = 1; i < argc; ++i) {
+    const bool has = i + 1 < argc;
+    if (!std::strcmp(argv[i], "--seed") && has) seed = std::stoull(argv[++i]);
+    else if (!std::strcmp(argv[i], "--ffn") && has) ffn_count = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--out") && has) out_dir = argv[++i];
+    else {
+      std::fprintf(stderr, "bench_sweep: unknown or incomplete argument '%s'\nusage: bench_sweep [--seed N] [--ffn N] [--out DIR]\n",
+                   argv[i]);
+      return 2;
+    }
+  }
+  if (ffn_count < 1) {
+    std::fprintf(stderr, "bench_sweep: --ffn %d must be >= 1\n", ffn_count);
+    return 2;
+  }
+  if (!out_dir.empty()) setenv("TW_RESULTS_DIR", out_dir.c_str(), 1);
+  const Gpu gpu = current_gpu();
+  const Floor floor = measure_floor(gpu);
+  std::printf("%s: floor %.3f TB/s; seed %llu, %d FFN/MLP shapes\n", gpu.prop.name, floor.tbps(),
+              (unsigned long long)seed, ffn_count);
+  ResultFile rf("sweep", gpu, floor);
+  rf.doc["seed"] = seed;
+  rf.doc["method"] = "back to back: the launches of one CUDA graph (>= 8, weight sets in turn so L2 holds none of a "
+                     "launch's weights), median graph time / launches; ours = FusedFfn with default options on "
+                     "unpacked weights; peer = cuBLASLt (heuristic's first algorithm, 32 MiB workspace) for each "
+                     "GEMM and, gated, the SiLU*mul kernel between them";
+
+  cublasLtHandle_t lt;
+  cublas_check(cublasLtCreate(&lt), "cublasLtCreate");
+  const size_t lt_ws_bytes = size_t(32) << 20;
+  void* lt_ws = dev_alloc<char>(lt_ws_bytes);
+
+  int n = 0, at_peer = 0, mem_cases = 0, mem_at_floor = 0, prefill = 0, prefill_ok = 0;
+  int packed_at_peer = 0, packed_mem_at_floor = 0, packed_prefill_ok = 0;
+  double worst_speedup = 1e30, packed_worst = 1e30;
+  std::printf("%4s %-5s %5s %6s %6s %10s %10s %8s %7s %10s %8s %7s\n", "#", "op", "M", "d", "F", "ours us", "cuBLASLt",
+              "speedup", "%floor", "packed us", "speedup", "%floor");
+  for (const Shape& s : ffn_grid(seed, ffn_count)) {
+    const int64_t n1 = (s.gated ? 2 : 1) * s.f;
+    const double wbytes = double(n1 * s.d + s.d * s.f) * 2;
+    const FfnWeightSets ws(s.d, s.f, s.gated, gpu.prop.l2CacheSize);
+    const int sets = ws.sets;
+    const std::vector<bf16*>&wgu = ws.gate_up, &wd = ws.down;
+    bf16 *x = dev_alloc<bf16>(s.m * s.d), *y = dev_alloc<bf16>(s.m * s.d), *y_ref = dev_alloc<bf16>(s.m * s.d),
+         *gu = dev_alloc<bf16>(s.m * n1), *h = dev_alloc<bf16>(s.m * s.f);
+    fill_noise_bf16(x, size_t(s.m * s.d), 99 + s.m);
+    TW_CUDA_CHECK(cudaDeviceSynchronize());
+
+    nlohmann::json c{{"op", s.gated ? "ffn" : "mlp"}, {"m", s.m}, {"d", s.d}, {"f", s.f}, {"gated", s.gated},
+                     {"weight_bytes", wbytes}, {"memory_bound", s.m <= 64}};
+    const double floor_us = wbytes / (floor.tbps() * 1e12) * 1e6;
+    c["floor_us"] = floor_us;
+    LtGemm g1(lt, s.m, n1, s.d, lt_ws, lt_ws_bytes), g2(lt, s.m, s.d, s.f, lt_ws, lt_ws_bytes);
+    auto unfused = [&](int k, cudaStream_t st) {
+      g1.run(x, wgu[k], s.gated ? gu : h, st);
+      if (s.gated) silu_mul_kernel<<<(s.m * s.f / 2 + 255) / 256, 256, 0, st>>>(gu, h, s.m, s.f);
+      g2.run(h, wd[k], y_ref, st);
+    };
+    const double peer_us = time_us_seq(unfused, sets);
+    unfused(0, 0);
+    c["peer"] = "cublaslt_unfused";
+    c["peer_us"] = peer_us;
+    // One form of ours: its back-to-back time, recorded under `prefix` (0 when the op refuses the shape:
+    // the case records why, and counts as a miss).
+    auto measure = [&](const std::string& prefix, const tw::FfnOptions& opt) -> double {
+      try {
+        const tw::FusedFfn ffn({s.m, s.d, s.f, s.gated}, opt);
+        std::vector<bf16*> pgu, pd;  // packed copies of the sets, made once as at model load
+        if (ffn.uses_packed_weights())
+          for (int k = 0; k < sets; ++k) {
+            pgu.push_back(dev_alloc<bf16>(ffn.packed_size().gate_up));
+            pd.push_back(dev_alloc<bf16>(ffn.packed_size().down));
+            ffn.pack(wgu[k], wd[k], pgu[k], pd[k], 0);
+          }
+        auto w1 = [&](int k) { return pgu.empty() ? wgu[k] : pgu[k]; };
+        auto w2 = [&](int k) { return pd.empty() ? wd[k] : pd[k]; };
+        TW_CUDA_CHECK(cudaDeviceSynchronize());
+        const double t = time_us_seq([&](int k, cudaStream_t st) { ffn.run(x, w1(k), w2(k), y, st); }, sets);
+        ffn.run(x, w1(0), w2(0), y, 0);
+        TW_CUDA_CHECK(cudaDeviceSynchronize());
+        c[prefix + "us"] = t;
+        c[prefix + "speedup"] = peer_us / t;
+        c[prefix + "pct_floor"] = 100 * floor_us / t;
+        c[prefix + "rel_diff_vs_cublas"] = rel_diff_bf16(y, y_ref, size_t(s.m * s.d));
+        c[prefix + "mainloop"] = ffn.uses_sm90() ? "sm90" : "sm80";
+        for (bf16* q : pgu) TW_CUDA_CHECK(cudaFree(q));
+        for (bf16* q : pd) TW_CUDA_CHECK(cudaFree(q));
+        return t;
+      } catch (const tw::InvalidArgument& e) {
+        c[prefix + "error"] = e.what();
+        return 0.0;
+      }
+    };
+    tw::FfnOptions packed;
+    packed.packed_weights = true;
+    const double us = measure("", {}), packed_us = measure("packed_", packed);
+    ++n;
+    if (packed_us > 0) {
+      const double sp = peer_us / packed_us;
+      packed_worst = std::min(packed_worst, sp);
+      packed_at_peer += sp >= 1.0;
+      if (s.m <= 64 && wbytes >= 64e6) packed_mem_at_floor += floor_us / packed_us >= 0.9;
+      if (s.m >= 2048) packed_prefill_ok += sp >= 1.05;
+    } else {
+      packed_worst = 0;
+    }
+    if (us > 0) {
+      const double sp = peer_us / us;
+      worst_speedup = std::min(worst_speedup, sp);
+      at_peer += sp >= 1.0;
+      if (s.m <= 64 && wbytes >= 64e6) ++mem_cases, mem_at_floor += floor_us / us >= 0.9;
+      if (s.m >= 2048) ++prefill, prefill_ok += sp >= 1.05;
+      std::printf("%4d %-5s %5lld %6lld %6lld %10.1f %10.1f %8.3f %6.1f%% %10.1f %8.3f %6.1f%%\n", n, s.gated ? "ffn" : "mlp",
+                  (long long)s.m, (long long)s.d, (long long)s.f, us, peer_us, sp, 100 * floor_us / us, packed_us,
+                  packed_us > 0 ? peer_us / packed_us : 0.0, packed_us > 0 ? 100 * floor_us / packed_us : 0.0);
+    } else {
+      if (s.m <= 64 && wbytes >= 64e6) ++mem_cases;
+      if (s.m >= 2048) ++prefill;
+      worst_speedup = 0;
+      std::printf("%4d %-5s %5lld %6lld %6lld  refused: %s\n", n, s.gated ? "ffn" : "mlp", (long long)s.m, (long long)s.d,
+                  (long long)s.f, c["error"].get<std::string>().c_str());
+    }
+    std::fflush(stdout);
+    rf.add(c);
+    for (void* p : {(void*)x, (void*)y, (void*)y_ref, (void*)gu, (void*)h}) TW_CUDA_CHECK(cudaFree(p));
+  }
+  rf.doc["summary"] = {{"cases", n},
+                       {"at_or_above_peer", at_peer},
+                       {"worst_speedup", worst_speedup},
+                       {"memory_bound_ge_64mb", mem_cases},
+                       {"memory_bound_ge_64mb_at_90pct_floor", mem_at_floor},
+                       {"prefill_m_ge_2048", prefill},
+                       {"prefill_at_1_05x_peer", prefill_ok},
+                       {"packed_at_or_above_peer", packed_at_peer},
+                       {"packed_worst_speedup", packed_worst},
+                       {"packed_memory_bound_ge_64mb_at_90pct_floor", packed_mem_at_floor},
+                       {"packed_prefill_at_1_05x_peer", packed_prefill_ok}};
+  const std::string path = rf.write(gpu);
+  std::printf("\n%d cases: %d at or above cuBLASLt-unfused (worst %.3fx); memory-bound >= 64 MB: %d of %d at >= 90%% of the "
+              "floor; prefill (M >= 2048): %d of %d at >= 1.05x\npacked weights: %d at or above (worst %.3fx); "
+              "memory-bound >= 64 MB: %d of %d at >= 90%%; prefill: %d of %d at >= 1.05x -> %s\n",
+              n, at_peer, worst_speedup, mem_at_floor, mem_cases, prefill_ok, prefill, packed_at_peer, packed_worst,
+              packed_mem_at_floor, mem_cases, packed_prefill_ok, prefill, path.c_str());
+  return 0;
+}
