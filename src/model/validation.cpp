@@ -64,13 +64,27 @@ Tiling sm90_op_tiling(int64_t m, int64_t n, int64_t k, int64_t target_kib, int s
   return t;
 }
 
+int fill_split(int64_t m, int64_t n_rows, int64_t k, int64_t target_kib, int sms) {
+  const int64_t rows = sm90::act_rows_for(m), step = sm90::stage_cols_for(int(rows));
+  const int64_t tiles = ((m + rows - 1) / rows) * ((n_rows + sm90::kTileRows - 1) / sm90::kTileRows);
+  if (2 * tiles >= sms) return 0;
+  const int64_t target = (target_kib << 10) / (2 * sm90::kTileRows);  // K columns
+  const int64_t by_size = std::max<int64_t>(1, (k + target / 2) / target);
+  const int64_t to_fill = (int64_t(3) * sms + 4 * tiles - 1) / (4 * tiles);
+  const int64_t most = std::min<int64_t>(std::max<int64_t>(1, (k + step - 1) / step / 2), kMaxSlices);
+  return by_size >= to_fill ? 0 : int(std::min(to_fill, most));
+}
+
 FfnTiling sm90_ffn_tiling(const FfnShape& s, int sms, int split_gate_up, int split_down, const std::string& down_slices) {
   const int rows = sm90::act_rows_for(s.m);
+  const int64_t n1 = s.gated ? 2 * s.f : s.f, down_kib = int64_t(512) * std::max(1, rows / 128);
   FfnTiling t;
-  t.gate_up = sm90_op_tiling(s.m, s.gated ? 2 * s.f : s.f, s.d, 4096, split_gate_up, "even", sms);
+  t.gate_up = sm90_op_tiling(s.m, n1, s.d, 4096, split_gate_up ? split_gate_up : fill_split(s.m, n1, s.d, 4096, sms),
+                             "even", sms);
   if (s.gated) t.gate_up.bn = sm90::kTileRows / 2;
-  t.down = sm90_op_tiling(s.m, s.d, s.f, int64_t(512) * std::max(1, rows / 128), ffn_down_split(s, split_down, sms),
-                          down_slices, sms);
+  int down = ffn_down_split(s, split_down, sms);
+  if (down == 0) down = fill_split(s.m, s.d, s.f, down_kib, sms);
+  t.down = sm90_op_tiling(s.m, s.d, s.f, down_kib, down, down_slices, sms);
   return t;
 }
 

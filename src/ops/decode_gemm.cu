@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "ffn_sm90.hpp"
+#include "tileweave/model/validation.hpp"  // sm90_op_tiling
 #include "tileweave/order/orders.hpp"
 #include "tileweave/runtime/exec_plan.hpp"
 #include "tileweave/util/cuda_check.hpp"
@@ -35,7 +36,7 @@ DecodeGemm::DecodeGemm(int64_t m, int64_t n, int64_t k, const DecodeGemmOptions&
   const int64_t rows = ffn_sm90::act_rows_for(m), step = ffn_sm90::stage_cols_for(int(rows));
   const int64_t out_tiles = ((m + rows - 1) / rows) * ((n + ffn_sm90::kTileRows - 1) / ffn_sm90::kTileRows);
   const int split = opt.split_k ? opt.split_k : one_wave_split(out_tiles, (k + step - 1) / step, sms);
-  const Tiling t = ffn_sm90::op_tiling(m, n, k, 0, split, opt.k_slices);
+  const Tiling t = sm90_op_tiling(m, n, k, 0, split, opt.k_slices, sms);
   const int x = g_.add_tensor("x", m, k, 2, TensorRole::Input);
   const int w = g_.add_tensor("w", n, k, 2, TensorRole::Weight);
   const int y = g_.add_tensor("y", m, n, 2, TensorRole::Output);

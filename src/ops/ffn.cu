@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "ffn_sm90.hpp"
-#include "tileweave/model/validation.hpp"  // ffn_down_split: the rule the planner scores too
+#include "tileweave/model/validation.hpp"  // sm90_ffn_tiling: the tiling the planner scores too
 #include "tileweave/kernels/sm80/weight_tile.cuh"
 #include "tileweave/order/orders.hpp"
 #include "tileweave/runtime/executor.cuh"
@@ -216,24 +216,17 @@ bool use_sm90(const FfnOptions& opt) {
   return major == 9;
 }
 
-// sm90 tiles: 128 weight rows x all activation rows of a row block, K in slices of about 512 KiB
-// of weights (more above 128 rows: each slice's fp32 reduction is 512 B per activation row), the
-// down GEMM's last slices shorter (down_slices). Measured on the H200 (bench/results/h200/
-// ffn.json): 512 KiB beat 128 KiB by 10-15% at M <= 64.
+// sm90 tiles: 128 weight rows x all activation rows of a row block (model/validation.hpp's
+// sm90_ffn_tiling: the planner scores the same tiling). The first GEMM in ~4 MiB slices (unsplit at
+// the Llama sizes: its tiles then end in plain stores, and a down tile's h columns are complete when
+// one tile per column block is; H200, packed weights, against 512 KiB slices: 8B 87.5 -> 85.3 us at
+// M = 1, 103.0 -> 91.9 at M = 64, 127.6 -> 106.9 at M = 128 unpacked; 70B 362.6 -> 327.3 at M = 64),
+// the down GEMM in ~512 KiB x rows/128 (512 KiB beat 128 KiB by 10-15% at M <= 64), each split
+// further where its tiles would leave SMs idle.
 FfnTiling sm90_tiling(const FfnShape& s, const FfnOptions& opt) {
   if (opt.bk || opt.k_split_warps)
     throw InvalidArgument("FFN: bk and k_split_warps are sm80 options (mainloop '" + opt.mainloop + "' runs sm90 tiles)");
-  // The first GEMM gets 4 MiB slices (unsplit at the Llama sizes): its tiles then end in plain
-  // stores, and a down tile's h columns are complete when one tile per column block is. Measured
-  // on the H200 (packed weights) against 512 KiB slices: 8B 87.5 -> 85.3 us at M = 1, 103.0 ->
-  // 91.9 at M = 64, 127.6 -> 106.9 at M = 128 (unpacked); 70B 362.6 -> 327.3 at M = 64.
-  const int rows = ffn_sm90::act_rows_for(s.m);
-  FfnTiling t;
-  t.gate_up = ffn_sm90::op_tiling(s.m, s.gated ? 2 * s.f : s.f, s.d, 4096, opt.split_gate_up, "even");
-  if (s.gated) t.gate_up.bn = ffn_sm90::kTileRows / 2;  // 64 h columns: their gate and up rows
-  t.down = ffn_sm90::op_tiling(s.m, s.d, s.f, int64_t(512) * std::max(1, rows / 128),
-                               ffn_down_split(s, opt.split_down, ffn_sm90::sm_count()), opt.down_slices);
-  return t;
+  return sm90_ffn_tiling(s, ffn_sm90::sm_count(), opt.split_gate_up, opt.split_down, opt.down_slices);
 }
 
 }  // namespace
@@ -253,29 +246,6 @@ int sm_count() {
     return 132;
   }
   return sms;
-}
-
-Tiling op_tiling(int64_t m, int64_t n, int64_t k, int64_t target_kib, int split, const std::string& slices) {
-  int levels = -1;
-  if (slices == "even") levels = 0;
-  if (slices.rfind("tail:", 0) == 0 && slices.size() == 6 && slices[5] >= '0' && slices[5] <= '4') levels = slices[5] - '0';
-  if (levels < 0) throw InvalidArgument("sm90 tiles: K slices must be 'even' or 'tail:<0..4>', got '" + slices + "'");
-  if (split < 0) throw InvalidArgument("sm90 tiles: split must be >= 0, got " + std::to_string(split));
-  const int rows = act_rows_for(m), step = stage_cols_for(rows);
-  const int64_t target = (target_kib << 10) / (2 * kTileRows);  // K columns
-  Tiling t{rows, kTileRows, step,
-           normalise_split(k, split ? split : static_cast<int>(std::max<int64_t>(1, (k + target / 2) / target)), step)};
-  if (levels > 0) {
-    const int64_t tiles_per_slice = ((m + rows - 1) / rows) * ((n + kTileRows - 1) / kTileRows);
-    t.k_cuts = tail_k_cuts(k, step, (k + t.split_k - 1) / t.split_k, tiles_per_slice, sm_count(), levels);
-    t.split_k = static_cast<int64_t>(t.k_cuts.size()) + 1;
-  }
-  if (t.split_k > kMaxSlices)
-    throw InvalidArgument("sm90 tiles: " + std::to_string(t.split_k) + " K slices in one op; the tile body takes at most " +
-                          std::to_string(kMaxSlices));
-  if (k / step > INT16_MAX)
-    throw InvalidArgument("sm90 tiles: K = " + std::to_string(k) + " is too long for the tile body's slice table");
-  return t;
 }
 
 }  // namespace ffn_sm90

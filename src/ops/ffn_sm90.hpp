@@ -66,11 +66,6 @@ void pack_weights(const __nv_bfloat16* w, __nv_bfloat16* out, int64_t rows, int6
 // need it). Throws InvalidArgument naming `op` and the operand.
 void check_operand(const char* op, const void* p, const char* name);
 
-// The tiling of one GEMM op [m, k] x [n, k]^T for this body: kTileRows weight rows x all activation
-// rows per tile, K in slices of ~target_kib KiB of weights (split > 0: that many slices), the last
-// ones shorter for slices = "tail:<n>" (tail_k_cuts), or "even". InvalidArgument on bad values.
-Tiling op_tiling(int64_t m, int64_t n, int64_t k, int64_t target_kib, int split, const std::string& slices);
-
 // The SMs the tiles are spread over (132 where no GPU is visible, e.g. the CLI).
 int sm_count();
 

@@ -52,6 +52,30 @@ TEST(Validation, FfnTiling) {
   EXPECT_THROW(sm90_op_tiling(256, 4096, 14336, 512, 0, "tail:9", 132), InvalidArgument);
 }
 
+// Ops whose tiles would leave over half the SMs idle are split to give 3/4 of them a tile; the Llama
+// shapes, which fill them, keep their slices.
+TEST(Validation, FfnTilingFillsTheSms) {
+  // Plain MLP, M = 256 (one block of 256 rows), d = 12160, F = 2432: 19 first-GEMM tiles -> 6
+  // slices (114 tiles); 95 down tiles fill over half the SMs: as before.
+  const FfnTiling p = sm90_ffn_tiling({256, 12160, 2432, false}, 132);
+  EXPECT_EQ(p.gate_up.split_k, 6);
+  EXPECT_EQ(fill_split(256, 2432, 12160, 4096, 132), 6);
+  EXPECT_EQ(fill_split(256, 12160, 2432, 1024, 132), 0);
+  EXPECT_EQ(fill_split(32, 2 * 4480, 14848, 4096, 132), 0);  // 70 gate/up tiles: no split (it lost)
+  EXPECT_EQ(fill_split(32, 2 * 3200, 15360, 4096, 132), 2);  // 50: two slices
+  // A split is capped by two stages per slice: K = 256 at 8 rows is two stages of 128.
+  EXPECT_EQ(fill_split(8, 128, 256, 4096, 132), 1);
+  // Llama-3-8B at M = 16: 224 gate/up tiles fill the SMs; down's 32 tiles in ~512 KiB slices (7)
+  // already give 224 tiles: both as before.
+  const FfnTiling l = sm90_ffn_tiling({16, 4096, 14336, true}, 132);
+  EXPECT_EQ(l.gate_up.split_k, 1);
+  EXPECT_EQ(fill_split(16, 2 * 14336, 4096, 4096, 132), 0);
+  EXPECT_EQ(fill_split(16, 4096, 14336, 512, 132), 0);
+  EXPECT_GE(l.down.split_k, 7);
+  // A given split wins.
+  EXPECT_EQ(sm90_ffn_tiling({256, 12160, 2432, false}, 132, 3).gate_up.split_k, 3);
+}
+
 TEST(Validation, CasesAndGraphsMatch) {
   EXPECT_EQ(validation_shapes().size(), 4u);
   EXPECT_EQ(validation_orders().size(), 6u);

@@ -139,6 +139,9 @@ std::vector<Case> cases() {
     // Prefill-sized: the down GEMM's 4 x 32 output tiles fill the SMs, so sm90 runs it unsplit
     // (ffn_down_split); M = 1000 leaves the last row block short.
     c.emplace_back(ml, 1000, 4096, 1032, true, "kslices/col_major", "tile");
+    // A plain MLP whose two GEMMs have 9 and 12 output tiles: on sm90 both split to fill the SMs
+    // (fill_split: 11 and 9 slices).
+    c.emplace_back(ml, 256, 1536, 1152, false, "kslices/col_major", "tile");
   }
   return c;
 }

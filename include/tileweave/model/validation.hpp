@@ -28,9 +28,9 @@ const std::vector<ValidationShape>& validation_shapes();
 const std::vector<std::string>& validation_orders();
 const ValidationShape& find_validation_shape(const std::string& name);  // InvalidArgument if unknown
 
-// The executor's tiling rules for the sm90 tile body, as host code (src/ops/ffn.cu and
-// decode_gemm.cu apply the same rules; the bench checks that the graphs agree). `sms`: the SM count
-// the tail slices and DecodeGemm's split are sized for.
+// The executor's tiling rules for the sm90 tile body, as host code: src/ops/ffn.cu and decode_gemm.cu
+// run these functions, and the planner and the validation grid score them. `sms`: the SM count the
+// tail slices and the splits are sized for.
 // The sm90 FFN's down split: split_down when given, else 1 (no K split) when the down GEMM's output
 // tiles keep at least 3/4 of the SMs busy, else 0 (slices of ~512 KiB x M/128 of weights).
 // Measured on the H200 (bench/results/h200/ffn_split_down.json, 2026-11-24), unsplit against the
@@ -38,9 +38,18 @@ const ValidationShape& find_validation_shape(const std::string& name);  // Inval
 // tiles) 516.6 / 1057.6 / 2091.1 against 545.6 / 1081.6 / 2180.9; 70B M = 512-4096 (128 tiles and
 // up) 2.5-17% faster unsplit.
 int ffn_down_split(const FfnShape& s, int split_down, int sms);
+// K slices for an op of the sm90 body (n_rows weight rows) whose tiles, in slices of ~target_kib of
+// weights, would leave over half the SMs idle: enough to give 3/4 of them a tile (each slice at least
+// two stages, at most kMaxSlices); 0 when the size rule already does. Shapes no model table names
+// need it: a plain MLP with F = 2432 at M = 256 has 19 first-GEMM tiles, which streamed its weights
+// on 19 SMs at 0.33x cuBLASLt. Measured on the sweep (H200, seed 16, against the build before):
+// ops of 19-65 tiles gained (0.33 -> 0.49x, 0.39 -> 0.74x, 0.78 -> 1.09x, ...), ops of 70-90 tiles
+// split in two lost to the reduction (1.05 -> 0.90x at 70): hence the half.
+int fill_split(int64_t m, int64_t n_rows, int64_t k, int64_t target_kib, int sms);
 Tiling sm90_op_tiling(int64_t m, int64_t n, int64_t k, int64_t target_kib, int split, const std::string& slices, int sms);
-// FusedFfn's options on sm90 (the defaults are FfnOptions'): gate/up in ~4 MiB slices, down in
-// ~512 KiB x rows/128 with "tail:1" slices; split_gate_up / split_down > 0 and down_slices as
+// FusedFfn's tiling on sm90 (src/ops/ffn.cu runs it; the defaults are FfnOptions'): gate/up in ~4 MiB
+// slices, down in ~512 KiB x rows/128 with "tail:1" slices, either split further when its tiles would
+// not fill 3/4 of the SMs (fill_split); split_gate_up / split_down > 0 and down_slices as
 // FfnOptions::split_gate_up / split_down / down_slices.
 FfnTiling sm90_ffn_tiling(const FfnShape& s, int sms, int split_gate_up = 0, int split_down = 0,
                           const std::string& down_slices = "tail:1");
