@@ -290,23 +290,36 @@ __device__ __forceinline__ void rope_pair(const DecodeParams& p, int pos, int i,
 struct DecodePair {
   int pair, u0, u1, len;
 };
-// The tables: written by the launch's cut kernel when the lengths are on the device (read through L2,
-// not the read-only path), else constant.
+// The tables: constant, or (kMaybeCut: the standalone op, whose plan may take its lengths on the
+// device) written by the launch's cut kernel, then read through L2, not the read-only path. The
+// executor's tiles never see a device cut: compiled without the branch, they keep their registers.
+template <bool kMaybeCut>
 __device__ __forceinline__ int2 pair_info_at(const DecodeParams& p, int i) {
-  return p.cut ? __ldcg(&p.pair_info[i]) : __ldg(&p.pair_info[i]);
+  return kMaybeCut && p.cut ? __ldcg(&p.pair_info[i]) : __ldg(&p.pair_info[i]);
 }
+template <bool kMaybeCut>
 __device__ __forceinline__ DecodePair next_pair(const DecodeParams& p, const DecodePair& c) {
   if (p.uniform_len > 0) return {c.pair + 1, c.u1, c.u1 + (c.u1 - c.u0), c.len};
-  return {c.pair + 1, c.u1, pair_info_at(p, c.pair + 2).x, pair_info_at(p, c.pair + 1).y};
+  return {c.pair + 1, c.u1, pair_info_at<kMaybeCut>(p, c.pair + 2).x, pair_info_at<kMaybeCut>(p, c.pair + 1).y};
 }
 // The pair holding tile `tile`'s first unit u_lo.
+template <bool kMaybeCut>
 __device__ __forceinline__ DecodePair first_pair(const DecodeParams& p, int tile, int u_lo) {
   if (p.uniform_len > 0) {
     const int n = decode_units(p.uniform_len), pair = u_lo / n;
     return {pair, pair * n, pair * n + n, p.uniform_len};
   }
-  const int4 f = p.cut ? __ldcg(&p.tile_first[tile]) : __ldg(&p.tile_first[tile]);
+  const int4 f = kMaybeCut && p.cut ? __ldcg(&p.tile_first[tile]) : __ldg(&p.tile_first[tile]);
   return {f.x, f.y, f.z, f.w};
+}
+// The launch's cut: {tiles, units}.
+template <bool kMaybeCut>
+__device__ __forceinline__ int cut_tiles(const DecodeParams& p) {
+  return kMaybeCut && p.cut ? __ldcg(&p.cut[0]) : p.num_tiles;
+}
+template <bool kMaybeCut>
+__device__ __forceinline__ int cut_units(const DecodeParams& p) {
+  return kMaybeCut && p.cut ? __ldcg(&p.cut[1]) : p.total_units;
 }
 
 // The rows a pair's prologue needs, loaded a segment ahead into registers so that a pair boundary
@@ -392,10 +405,10 @@ __device__ __forceinline__ void store_bf16x4(__nv_bfloat16* dst, float4 v) {
 // G x D output; the warps are then merged through `scratch` ([warps][G * D / 4][2] floats) and sm.o.
 // (A merge with no smem, each thread over all partials for its own float4s, was no faster -- the
 // tail is L2 round trips -- and spilled in the attention -> o_proj kernel.)
-template <int D, int G, int kWarps, class Smem>
-__device__ void merge_pair(const DecodeParams& p, Smem& sm, float* scratch, int pair, int u0, int u1, int num_tiles,
-                           int total_units) {
+template <int D, int G, int kWarps, bool kMaybeCut, class Smem>
+__device__ void merge_pair(const DecodeParams& p, Smem& sm, float* scratch, int pair, int u0, int u1) {
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int num_tiles = cut_tiles<kMaybeCut>(p), total_units = cut_units<kMaybeCut>(p);
   const int c0 = decode_tile_of(u0, num_tiles, total_units);
   const int n = decode_tile_of(u1 - 1, num_tiles, total_units) - c0 + 1;
   // Tile c0's part of this pair is its second segment when the tile starts in an earlier pair.
@@ -488,21 +501,21 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
     trace_put(p, tile, kDtSm, sm_id);
   }
 
-  // The cut: the host's, or (lengths on the device) the one the launch's cut kernel wrote, read once
-  // that kernel is done. Tiles past it take no units.
-  int num_tiles = p.num_tiles, total_units = p.total_units;
-  if (p.cut) {
-    if constexpr (kStandalone) runtime::grid_dependency_wait();
-    num_tiles = __ldcg(&p.cut[0]);
-    total_units = __ldcg(&p.cut[1]);
-    if (tile >= num_tiles) {
-      if constexpr (kStandalone) runtime::allow_next_launch();
-      return;
+  // The cut: the host's, or (lengths on the device: the standalone op only) the one the launch's cut
+  // kernel wrote, read once that kernel is done. Tiles past it take no units.
+  if constexpr (kStandalone) {
+    if (p.cut) {
+      runtime::grid_dependency_wait();
+      if (tile >= __ldcg(&p.cut[0])) {
+        runtime::allow_next_launch();
+        return;
+      }
     }
   }
+  const int num_tiles = cut_tiles<kStandalone>(p), total_units = cut_units<kStandalone>(p);
   const int u_lo = decode_tile_start(tile, num_tiles, total_units);
   const int u_hi = decode_tile_start(tile + 1, num_tiles, total_units);
-  const DecodePair first = first_pair(p, tile, u_lo);
+  const DecodePair first = first_pair<kStandalone>(p, tile, u_lo);
   // This warp's stages: units u_lo + warp + 4k, k < my_n; stage k lives in ring slot k % slots.
   const int my_n = u_lo + warp < u_hi ? (u_hi - 1 - u_lo - warp) / kWarps + 1 : 0;
   auto unit_of = [&](int k) { return u_lo + warp + kWarps * k; };
@@ -523,7 +536,7 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
   auto issue = [&](int k) {
     if (k < my_n) {
       const int u = unit_of(k);
-      while (u >= ip.u1) ip = next_pair(p, ip);
+      while (u >= ip.u1) ip = next_pair<kStandalone>(p, ip);
       const int tok0 = (u - ip.u0) * kDecodeStageTokens;
       const int valid = min(kDecodeStageTokens, ip.len - tok0);
       const int64_t base = kv_offset<kPaged, D>(p, ip.pair, tok0);
@@ -585,7 +598,7 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
     const bool more = seg_hi < u_hi;
     DecodePair np = sp;
     if (more) {
-      np = next_pair(p, sp);
+      np = next_pair<kStandalone>(p, sp);
       rows = load_rows<D, G>(p, sp.pair + 1);
     }
 
@@ -725,8 +738,8 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
 #pragma unroll
     for (int w = 0; w < 2; ++w)
       if (sm.last[w]) {
-        merge_pair<D, G, kWarps>(p, sm, reinterpret_cast<float*>(ring), part[w].pair, part[w].u0, part[w].u1, num_tiles,
-                                 total_units);
+        merge_pair<D, G, kWarps, kStandalone>(p, sm, reinterpret_cast<float*>(ring), part[w].pair, part[w].u0,
+                                              part[w].u1);
         ++merges;
       }
   }
