@@ -2,6 +2,7 @@
 // kernel (independent of the code under test). Fresh random inputs every run, outputs poisoned.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <string>
@@ -432,5 +433,30 @@ TEST(FusedFfn, Bk128MatchesReference) {
   bad.mainloop = "sm80";
   bad.bk = 96;
   EXPECT_THROW(FusedFfn({16, 1024, 2816, true}, bad), InvalidArgument);
+}
+
+// Shapes drawn from a seed, as issue 16's sweep draws them (bench_sweep), at test sizes: d and F
+// multiples of 8 in 64 .. 2048, M in 1 .. 300, gated or plain, each on every mainloop with the
+// planner's defaults (the splits of fill_split and ffn_down_split included). TW_SHAPE_SEED picks
+// the grid: the default is the same every run, any other one a grid no test names.
+TEST(FusedFfn, RandomShapeGrid) {
+  TW_REQUIRE_GPU();
+  uint64_t seed = 16;
+  if (const char* v = std::getenv("TW_SHAPE_SEED")) seed = std::strtoull(v, nullptr, 10);
+  SCOPED_TRACE("TW_SHAPE_SEED=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (int i = 0; i < 12; ++i) {
+    const int64_t m = 1 + int64_t(rng() % 300), d = 8 * (8 + int64_t(rng() % 249)), f = 8 * (8 + int64_t(rng() % 249));
+    const bool gated = rng() % 2 == 0;
+    FfnData data({m, d, f, gated});
+    for (const std::string& ml : kMainloops) {
+      if (ml != "sm80" && !have_sm90()) continue;
+      FfnOptions opt;
+      set_mainloop(opt, ml);
+      opt.spin_limit = kSpinLimit;
+      FusedFfn ffn(data.s, opt);
+      EXPECT_LT(data.check(ffn), kTol) << ml << " M=" << m << " d=" << d << " F=" << f << (gated ? " gated" : " plain");
+    }
+  }
 }
 }  // namespace
