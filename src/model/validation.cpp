@@ -38,6 +38,11 @@ int normalise_split(int64_t k, int split, int64_t step) {
   return static_cast<int>((k + slice - 1) / slice);
 }
 constexpr int kMaxSlices = 64;  // the sm90 body's slice table (src/ops/ffn_sm90.hpp)
+// K slices of ~target_kib KiB of a 128-row tile's weights.
+int64_t slices_by_size(int64_t k, int64_t target_kib) {
+  const int64_t target = (target_kib << 10) / (2 * sm90::kTileRows);  // K columns
+  return std::max<int64_t>(1, (k + target / 2) / target);
+}
 }  // namespace
 
 Tiling sm90_op_tiling(int64_t m, int64_t n, int64_t k, int64_t target_kib, int split, const std::string& slices, int sms) {
@@ -48,9 +53,8 @@ Tiling sm90_op_tiling(int64_t m, int64_t n, int64_t k, int64_t target_kib, int s
   if (split < 0) throw InvalidArgument("sm90 tiles: split must be >= 0, got " + std::to_string(split));
   if (split == 0 && target_kib <= 0) throw InvalidArgument("sm90 tiles: a split or a slice size is needed");
   const int rows = sm90::act_rows_for(m), step = sm90::stage_cols_for(rows);
-  const int64_t target = (target_kib << 10) / (2 * sm90::kTileRows);  // K columns
   Tiling t{rows, sm90::kTileRows, step,
-           normalise_split(k, split ? split : static_cast<int>(std::max<int64_t>(1, (k + target / 2) / target)), step), {}};
+           normalise_split(k, split ? split : static_cast<int>(slices_by_size(k, target_kib)), step), {}};
   if (levels > 0) {
     const int64_t tiles_per_slice = ((m + rows - 1) / rows) * ((n + sm90::kTileRows - 1) / sm90::kTileRows);
     t.k_cuts = tail_k_cuts(k, step, (k + t.split_k - 1) / t.split_k, tiles_per_slice, sms, levels);
@@ -68,8 +72,7 @@ int fill_split(int64_t m, int64_t n_rows, int64_t k, int64_t target_kib, int sms
   const int64_t rows = sm90::act_rows_for(m), step = sm90::stage_cols_for(int(rows));
   const int64_t tiles = ((m + rows - 1) / rows) * ((n_rows + sm90::kTileRows - 1) / sm90::kTileRows);
   if (2 * tiles >= sms) return 0;
-  const int64_t target = (target_kib << 10) / (2 * sm90::kTileRows);  // K columns
-  const int64_t by_size = std::max<int64_t>(1, (k + target / 2) / target);
+  const int64_t by_size = slices_by_size(k, target_kib);
   const int64_t to_fill = (int64_t(3) * sms + 4 * tiles - 1) / (4 * tiles);
   const int64_t most = std::min<int64_t>(std::max<int64_t>(1, (k + step - 1) / step / 2), kMaxSlices);
   return by_size >= to_fill ? 0 : int(std::min(to_fill, most));

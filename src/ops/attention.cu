@@ -162,7 +162,7 @@ std::string DecodeAttention::take_device_error() {
   TW_CUDA_CHECK(cudaMemcpy(e, d_cut_ + 2, sizeof e, cudaMemcpyDeviceToHost));
   if (e[0] == kernels::kDecodeInputOk) return "";
   TW_CUDA_CHECK(cudaMemset(d_cut_ + 2, 0, 3 * sizeof(int)));
-  const int cap = full_lengths(shape_)[0];
+  const int cap = seq_lens_[0];  // the plan's lengths: every cache full
   if (e[0] == kernels::kDecodeBadLength)
     return "decode attention: seq_lens[" + std::to_string(e[1]) + "] = " + std::to_string(e[2]) + " is outside [1, " +
            std::to_string(cap) + "] (the new token and the cache's capacity); that launch wrote NaN";
@@ -243,7 +243,7 @@ void DecodeAttention::run(const DecodeAttentionTensors& t, cudaStream_t stream) 
     a.page_table = shape_.layout == KvLayout::Paged ? t.page_table : nullptr;
     a.batch = shape_.batch;
     a.num_kv_heads = shape_.num_kv_heads;
-    a.capacity = full_lengths(shape_)[0];
+    a.capacity = seq_lens_[0];  // the plan's lengths: every cache full
     a.page_size = shape_.page_size;
     a.pages_per_seq = shape_.pages_per_seq;
     a.num_pages = shape_.num_pages;

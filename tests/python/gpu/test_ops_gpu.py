@@ -6,14 +6,7 @@ runs this file. fp32 references from the same bf16 inputs; errors are relative L
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed: the GPU op tests need it")
-import tileweave  # noqa: E402
-
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA GPU visible to torch: GPU op tests skipped", allow_module_level=True)
-if not tileweave.has_cuda:
-    pytest.skip("tileweave was built without CUDA (TILEWEAVE_CUDA=1 pip install . builds the GPU ops)",
-                allow_module_level=True)
+from gpu_env import tileweave, torch  # skips this module where there is no GPU, torch or GPU build
 
 from tileweave import ops  # noqa: E402
 

@@ -503,16 +503,13 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
 
   // The cut: the host's, or (lengths on the device: the standalone op only) the one the launch's cut
   // kernel wrote, read once that kernel is done. Tiles past it take no units.
-  if constexpr (kStandalone) {
-    if (p.cut) {
-      runtime::grid_dependency_wait();
-      if (tile >= __ldcg(&p.cut[0])) {
-        runtime::allow_next_launch();
-        return;
-      }
-    }
-  }
+  if constexpr (kStandalone)
+    if (p.cut) runtime::grid_dependency_wait();
   const int num_tiles = cut_tiles<kStandalone>(p), total_units = cut_units<kStandalone>(p);
+  if (kStandalone && tile >= num_tiles) {
+    runtime::allow_next_launch();
+    return;
+  }
   const int u_lo = decode_tile_start(tile, num_tiles, total_units);
   const int u_hi = decode_tile_start(tile + 1, num_tiles, total_units);
   const DecodePair first = first_pair<kStandalone>(p, tile, u_lo);
