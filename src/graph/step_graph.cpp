@@ -65,8 +65,10 @@ DecodeAttentionShape DecodeStepShape::attention(const ModelConfig& c) const {
     a.num_pages = pool_pages();
     a.pages_per_seq = pages_per_seq();
   }
-  a.rope_theta = 0;  // applied by the QKV epilogue
-  a.append = false;  // likewise: the attention reads the new row from the cache
+  // RoPE and the append are the step kernel's own (finish_qkv: the norm's scale comes first), not the
+  // standalone attention's; the graph reads the new row from the cache (see build_step_graph).
+  a.rope_theta = 0;
+  a.append = false;
   return a;
 }
 
@@ -78,8 +80,6 @@ StepTiling plan_step_tiling(const ModelConfig& c, int batch, int sms, int max_sp
   const int rows = step_act_rows(batch);
   const int64_t d = c.hidden_size, f = c.intermediate_size, qkv = c.q_dim() + 2 * c.kv_dim();
   StepTiling t;
-  // q|k|v rows are packed in pairs (each rotary dimension with its partner half a head away), so a
-  // tile holds 64 pairs = 128 consecutive output columns, like a plain tile.
   t.qkv = plan_gemm(qkv, d, sm90::kTileRows, rows, sms, max_split);
   t.o_proj = plan_gemm(d, c.q_dim(), sm90::kTileRows, rows, sms, max_split, kMaxWriterSlices, true);
   t.gate_up = plan_gemm(f, d, sm90::kTileRows / 2, rows, sms, max_split);
@@ -147,8 +147,10 @@ StepGraph build_step_graph(const ModelConfig& c, const DecodeStepShape& s, const
 
     GemmExtras qx;
     qx.bias = L.b_qkv;
-    // A QKV tile writes the roped k and v of its columns' KV heads into the caches at each sequence's
-    // new position (the attention then reads that row like any other).
+    // The new k and v of a QKV tile's KV heads reach the caches at each sequence's new position: the
+    // kernel's QKV tiles add them into a sums buffer and the attention tile holding the new row appends
+    // them (decode_step_sm90.hpp); the graph has the QKV tiles write that row, which gives every
+    // attention tile the same producers and the model the same bytes (one row per pair).
     L.op_qkv = G.add_gemm_ex(p + "qkv", OpKind::Gemm, L.x, L.w_qkv, L.qkv, t.qkv, qx, {L.k_cache, L.v_cache}, [&](Tile& tile) {
       const int64_t c0 = tile.tn * t.qkv.bn, c1 = std::min(qd + 2 * kvd, c0 + t.qkv.bn);
       for (int64_t col = std::max(c0, qd) / D * D; col < c1; col += D) {

@@ -78,11 +78,13 @@ struct DecodeStep::Buffers {
   }
   struct Layer {
     bf16 *w_qkv, *w_o, *w_gate_up, *w_down, *bias;
-    bf16 *h, *attn, *q, *k_cache, *v_cache;
+    bf16 *h, *attn, *k_cache, *v_cache;
   };
   std::vector<Layer> layers;
   float* xres = nullptr;  // the residual stream's buffers (decode_step_sm90.hpp)
   int64_t xres_elems = 0;
+  float* qkv_acc = nullptr;  // [B][q|k|v] sums, then [B][4] sums of squares (StepParams::qkv_acc)
+  int64_t qkv_acc_elems = 0;
   bf16 *embed = nullptr, *w_lm = nullptr;
   unsigned long long* maxima = nullptr;
   float *o_part = nullptr, *lse_part = nullptr, *logits = nullptr;
@@ -150,16 +152,17 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : cfg
   const int x_cols = sm90::stage_cols_for(R), x_blocks = int((d + x_cols - 1) / x_cols);
   b.xres_elems = step::kResidualBuffers * int64_t(x_blocks) * B * x_cols;
   b.xres = b.alloc<float>(b.xres_elems);
+  b.qkv_acc_elems = int64_t(B) * (qkv + 4);
+  b.qkv_acc = b.alloc<float>(b.qkv_acc_elems);
   for (int l = 0; l < L; ++l) {
     Buffers::Layer y{};
-    y.w_qkv = b.alloc<bf16>(packed_elems(qkv / 2, d, true));
+    y.w_qkv = b.alloc<bf16>(packed_elems(qkv, d, false));
     y.w_o = b.alloc<bf16>(packed_elems(d, qd, false));
     y.w_gate_up = b.alloc<bf16>(packed_elems(f, d, true));
     y.w_down = b.alloc<bf16>(packed_elems(d, f, false));
     y.bias = cfg_.qkv_bias ? b.alloc<bf16>(qkv) : nullptr;
     y.h = b.alloc<bf16>(act_elems(R, f));
     y.attn = b.alloc<bf16>(act_elems(R, qd));
-    y.q = b.alloc<bf16>(int64_t(B) * qd);
     y.k_cache = b.alloc<bf16>(b.cache_elems);
     y.v_cache = b.alloc<bf16>(b.cache_elems);
     b.layers.push_back(y);
@@ -208,7 +211,7 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : cfg
     a.x_out = x_out;
     const int64_t step_cols = o.tiling.bk;
     for (int64_t ks = 0; ks <= o.tiling.split_k; ++ks) a.slice_start[ks] = int16_t((o.k_begin(ks) + step_cols - 1) / step_cols);
-    if (a.split > 1 && kind != step::kResidual) {  // residual writers add into the stream
+    if (a.split > 1 && kind != step::kResidual && kind != step::kQkv) {  // those add into the stream / qkv_acc
       // One fragment-order block per output tile, then each tile's partial sums of squares.
       b.ws_elems[op] = o.grid_n * int64_t(ffn_sm90::kTileRows) * R + o.grid_n * int64_t(R);
       b.ws[op] = b.alloc<float>(b.ws_elems[op]);
@@ -227,19 +230,17 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : cfg
   for (int l = 0; l < L; ++l) {
     const auto& gl = g_.layers[l];
     const Buffers::Layer& y = b.layers[l];
-    StepOpArgs& q = ops[gl.op_qkv] = gemm(gl.op_qkv, step::kQkv, y.w_qkv, nullptr, 2 * l, -1);
-    q.bias = y.bias;
-    q.out = y.q;
-    q.k_cache = y.k_cache;
-    q.v_cache = y.v_cache;
+    ops[gl.op_qkv] = gemm(gl.op_qkv, step::kQkv, y.w_qkv, nullptr, 2 * l, -1);
     StepOpArgs& at = ops[gl.op_attention];
     at.kind = step::kAttention;
     at.x_in = at.x_out = -1;
-    at.act = y.q;
+    at.bias = y.bias;
     at.out = y.attn;
     at.k_cache = y.k_cache;
     at.v_cache = y.v_cache;
-    ops[gl.op_o_proj] = gemm(gl.op_o_proj, step::kResidual, y.w_o, y.attn, 2 * l, 2 * l + 1);
+    StepOpArgs& o = ops[gl.op_o_proj] = gemm(gl.op_o_proj, step::kResidual, y.w_o, y.attn, 2 * l, 2 * l + 1);
+    o.zero = b.qkv_acc;
+    o.zero_elems = int32_t(b.qkv_acc_elems);
     StepOpArgs& gu = ops[gl.op_gate_up] = gemm(gl.op_gate_up, step::kGateUp, y.w_gate_up, nullptr, 2 * l + 1, -1);
     gu.out = y.h;
     ops[gl.op_down] = gemm(gl.op_down, step::kResidual, y.w_down, y.h, 2 * l + 1, 2 * l + 2);
@@ -288,6 +289,9 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : cfg
   p.x_cols = x_cols;
   p.x_blocks = x_blocks;
   p.writers = 2 * L + 1;
+  p.qkv_acc = b.qkv_acc;
+  p.qkv_ss = b.qkv_acc + int64_t(B) * qkv;
+  p.qkv_cols = int32_t(qkv);
   const std::vector<float> inv = cfg_.rope_inv_freq();
   std::copy(inv.begin(), inv.end(), p.inv_freq);
   TW_CUDA_CHECK(cudaDeviceSynchronize());
@@ -298,7 +302,7 @@ DecodeStep::~DecodeStep() = default;
 void DecodeStep::load_weights(const HostWeights& w) {
   w.check(cfg_);  // every tensor present with its size, before anything is uploaded
   Buffers& b = *buf_;
-  const int L = cfg_.num_layers, D = cfg_.head_dim;
+  const int L = cfg_.num_layers;
   const int64_t d = cfg_.hidden_size, f = cfg_.intermediate_size, V = cfg_.vocab_size;
   const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), qkv = qd + 2 * kvd;
   std::vector<uint16_t> host;
@@ -318,19 +322,15 @@ void DecodeStep::load_weights(const HostWeights& w) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     const Buffers::Layer& y = b.layers[l];
     const auto& g_in = w.at(p + "input_layernorm.weight");
-    // q|k|v rows paired for RoPE in the epilogue: pair i of head h is (row hD + i, row hD + D/2 + i),
-    // stacked as [first halves; second halves] (the packed layout's pairs).
     const std::vector<uint16_t>* parts[3] = {&w.at(p + "self_attn.q_proj.weight"), &w.at(p + "self_attn.k_proj.weight"),
                                              &w.at(p + "self_attn.v_proj.weight")};
     host.assign(qkv * d, 0);
-    for (int64_t row = 0; row < qkv; ++row) {
+    for (int64_t row = 0; row < qkv; ++row) {  // q | k | v
       const int part = row < qd ? 0 : row < qd + kvd ? 1 : 2;
       const int64_t local = row - (part == 0 ? 0 : part == 1 ? qd : qd + kvd);
-      const int64_t head = row / D, i = row % D, pair = head * (D / 2) + i % (D / 2);
-      const int64_t at = (i < D / 2 ? pair : qkv / 2 + pair) * d;
-      fold_row(parts[part]->data() + local * d, g_in, d, host.data() + at);
+      fold_row(parts[part]->data() + local * d, g_in, d, host.data() + row * d);
     }
-    pack(qkv / 2, d, true, y.w_qkv);
+    pack(qkv, d, false, y.w_qkv);
     if (cfg_.qkv_bias) {
       host.clear();
       for (const char* n : {"q_proj", "k_proj", "v_proj"}) {
@@ -371,7 +371,7 @@ void DecodeStep::random_weights(uint64_t seed, float std) {
   uint64_t s = splitmix64(seed);
   auto fill = [&](bf16* p, int64_t n) { fill_random(p, n, s = splitmix64(s), std, nullptr); };
   for (const Buffers::Layer& y : b.layers) {
-    fill(y.w_qkv, packed_elems(qkv / 2, d, true));
+    fill(y.w_qkv, packed_elems(qkv, d, false));
     fill(y.w_o, packed_elems(d, qd, false));
     fill(y.w_gate_up, packed_elems(f, d, true));
     fill(y.w_down, packed_elems(d, f, false));
@@ -487,6 +487,7 @@ void DecodeStep::reset() {
   TW_CUDA_CHECK(cudaMemset(b.merge_count, 0, sizeof(int32_t) * opt_.batch * cfg_.num_kv_heads));
   TW_CUDA_CHECK(cudaMemset(b.maxima, 0, sizeof(unsigned long long) * 2 * opt_.batch));
   TW_CUDA_CHECK(cudaMemset(b.xres, 0, sizeof(float) * b.xres_elems));
+  TW_CUDA_CHECK(cudaMemset(b.qkv_acc, 0, sizeof(float) * b.qkv_acc_elems));
   launches_ = 0;
 }
 

@@ -6,11 +6,11 @@
 // Roles, as in the fused FFN (ffn_sm90.cu): warp 0 is the executor and the only copy engine user. It
 // takes tickets, pushes each tile to an 8-deep queue for the two consumer warpgroups, and streams the
 // tile's operands through one shared-memory ring of stages: packed weights (and, for o_proj and down,
-// their act-layout activations) for weight tiles, K/V rows (and q) for attention tiles. The norm
+// their act-layout activations) for weight tiles, cached K/V rows for attention tiles. The norm
 // consumers (qkv, gate/up, LM head) write their stages' activations themselves, from the fp32
-// residual stream (consume_weight_tile). What depends on nothing goes out before the
-// tile waits on its producers' counters: a weight tile's first stage, an attention tile's cached K/V
-// rows of earlier tokens. The ring runs on across tiles and across op kinds, so the next tile's
+// residual stream (consume_weight_tile). What depends on nothing goes out before the tile waits on
+// its producers' counters: a weight tile's first stage, an attention tile's K/V (the QKV tiles leave
+// q|k|v as sums in qkv_acc, which the attention's consumers finish: finish_qkv). The ring runs on across tiles and across op kinds, so the next tile's
 // operands stream while the consumers finish this one.
 //
 // Dependencies. The producer warp polls the tile's counters (acquire), fences the async proxy and
@@ -20,8 +20,8 @@
 // -> producer's arrive (release, CTA) -> consumer's wait (acquire, CTA), so they see those writes.
 // Such data is read with ld.global.cg (L1 is not coherent with other SMs).
 //
-// Timelines (opt.trace): besides the executor's words, a weight tile stamps kTraceMark1 when its
-// split arrives and kTraceMark2 once it has the split's sums; an attention tile's kTraceComputed is
+// Timelines (opt.trace): besides the executor's words, a gate/up or LM head tile stamps kTraceMark1
+// when its split arrives and kTraceMark2 once it has the split's sums; an attention tile's kTraceComputed is
 // the end of its stages (before the pair counts and merges).
 //
 // No deadlock: inside a CTA the producer issues every stage of a tile before it touches the next
@@ -101,11 +101,9 @@ struct StepShared {
   // filled by the producer at its first attention tile.
   int32_t seq_len[kMaxRows];
   int32_t seq_units[kMaxRows + 1];
-  // Per activation row, for the consumers' epilogues: the norm's scale, the new token's position
-  // and its KV-cache row (KV head 0), a reduction slot (sums of squares, or maxima keys).
+  // Per activation row, for the consumers' epilogues: the norm's scale (or a slice's sums of squares),
+  // a reduction slot (the LM head's maxima keys).
   float rstd[kMaxRows];
-  int32_t pos[kMaxRows];
-  int64_t kv_base[kMaxRows];
   unsigned long long red[kMaxRows];
   uint32_t flag, last[2];
   AttnChunk part[2];  // an attention tile's partial segments: its first and its last
@@ -313,10 +311,14 @@ __device__ __forceinline__ void issue_acts(const Ring<Cfg>& ring, int s, const S
     bulk_load(ring.x_atom(s, a), o.act + int64_t(kst * Cfg::kKAtoms + a) * Cfg::kMPad * 64, Cfg::kXAtomBytes,
               &ring.full[s], policy);
 }
-// An attention stage: K at the stage's start, V after `stage_tokens` rows of K, then q.
+// An attention stage: K at the stage's start, V after `stage_tokens` rows of K, then the q rows of
+// the pair's group (bf16, written by the consumers: finish_qkv). The copies bring the cached rows of
+// earlier tokens; the stage's last row, when it is the new token's, is the consumers' to write.
+__device__ __forceinline__ bool holds_new_row(const AttnChunk& c) { return c.tok0 + c.ntok == c.len; }
+__device__ __forceinline__ int cached_rows(const AttnChunk& c) { return c.ntok - (holds_new_row(c) ? 1 : 0); }
 template <int D>
-__device__ __forceinline__ uint32_t attention_stage_bytes(const StepParams& p, const AttnChunk& c) {
-  return uint32_t(4 * c.ntok * D) + ((c.flags & kSegFirst) ? uint32_t(p.group * D * 2) : 0u);
+__device__ __forceinline__ uint32_t attention_stage_bytes(const AttnChunk& c) {
+  return uint32_t(4 * cached_rows(c) * D);
 }
 template <class Cfg, int D>
 __device__ __forceinline__ void issue_kv(const StepParams& p, const Ring<Cfg>& ring, int s, const StepOpArgs& o,
@@ -326,8 +328,9 @@ __device__ __forceinline__ void issue_kv(const StepParams& p, const Ring<Cfg>& r
   uint8_t* v_dst = k_dst + stage_tokens * D * 2;
   const int64_t hs = int64_t(h) * kv_head_stride(p);
   const uint64_t policy = l2_evict_first();
-  for (int tok = c.tok0; tok < c.tok0 + c.ntok;) {  // page by page (one piece when contiguous)
-    const int end = p.page_table ? min(c.tok0 + c.ntok, (tok / p.page_size + 1) * p.page_size) : c.tok0 + c.ntok;
+  const int tok_end = c.tok0 + cached_rows(c);
+  for (int tok = c.tok0; tok < tok_end;) {  // page by page (one piece when contiguous)
+    const int end = p.page_table ? min(tok_end, (tok / p.page_size + 1) * p.page_size) : tok_end;
     const int64_t row = kv_row(p, b, tok) + hs;
     const uint32_t bytes = uint32_t(end - tok) * D * 2, at = uint32_t(tok - c.tok0) * D * 2;
     bulk_load(k_dst + at, o.k_cache + row * D, bytes, &ring.full[s], policy);
@@ -335,15 +338,6 @@ __device__ __forceinline__ void issue_kv(const StepParams& p, const Ring<Cfg>& r
     tok = end;
   }
 }
-// q of the pair's group (the QKV epilogue stored it roped, [B, q_dim] row-major; the op's `act`).
-template <class Cfg, int D>
-__device__ __forceinline__ void issue_q(const StepParams& p, const Ring<Cfg>& ring, int s, const StepOpArgs& o,
-                                        const AttnChunk& c, int stage_tokens) {
-  const int b = c.pair / p.num_kv_heads, h = c.pair - b * p.num_kv_heads;
-  const bf16* q = o.act + int64_t(b) * p.q_dim + int64_t(h) * p.group * D;
-  bulk_load(ring.w_atom(s, 0) + 4 * stage_tokens * D, q, uint32_t(p.group * D * 2), &ring.full[s], l2_evict_last());
-}
-
 // A norm consumer's stage holds, in its activation bytes, the stage's block of the residual stream:
 // fp32 [B][stage columns], one bulk copy (columns >= K are zero: never written); the consumers
 // convert it to the act layout in place (consume_weight_tile). One copy, not one per row: a copy
@@ -464,37 +458,29 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
         }
       }
     } else if (kind == kAttention) {
-      // Cached rows of earlier tokens depend on nothing: while the producers are not done, stages
-      // holding no new token's row (written by this launch's QKV tiles) go out before the wait, their
-      // q (if they start a segment) after it. The pre-issued stages are consecutive from s0.
+      // The copies bring cached rows of earlier tokens only (q and the new row come from the QKV tiles'
+      // sums, which the consumers read after `ready`): nothing here depends on this launch's tiles, so
+      // while the producers are not done a ring's worth of stages goes out before the wait (no more:
+      // the consumers free slots only past `ready`).
       AttnChunk c;
       bool have = false;
-      int pre = 0;
+      auto issue = [&] {
+        const int s = acquire_stage(ring, ps);
+        sh.chunk[s] = c;
+        arm_stage(ring, s, attention_stage_bytes<D>(c));
+        issue_kv<Cfg, D>(p, ring, s, o, c, kStageTokens);
+        have = walk_next(p, sh, walk, kStageTokens, c);
+      };
       if (lane == 0) {
         have = walk_next(p, sh, walk, kStageTokens, c);
         if (!ready)
-          for (; have && pre < ps.count && c.tok0 + c.ntok < c.len; ++pre) {
-            const int s = acquire_stage(ring, ps);
-            sh.chunk[s] = c;
-            arm_stage(ring, s, attention_stage_bytes<D>(p, c));
-            issue_kv<Cfg, D>(p, ring, s, o, c, kStageTokens);
-            have = walk_next(p, sh, walk, kStageTokens, c);
-          }
+          for (int pre = 0; have && pre < ps.count; ++pre) issue();
       }
       if (!ready) runtime::wait_counters_warp(ep, sh.slots.epoch, t);
       if (lane == 0) {
         runtime::trace_mark(ep, id, runtime::kTraceReady);
         mbar_arrive(&sh.ready[entry]);
-        ptx::fence_proxy_async(ptx::space_global);
-        for (int j = 0, s = s0; j < pre; ++j, s = (s + 1 == ps.count ? 0 : s + 1))
-          if (sh.chunk[s].flags & kSegFirst) issue_q<Cfg, D>(p, ring, s, o, sh.chunk[s], kStageTokens);
-        for (; have; have = walk_next(p, sh, walk, kStageTokens, c)) {
-          const int s = acquire_stage(ring, ps);
-          sh.chunk[s] = c;
-          arm_stage(ring, s, attention_stage_bytes<D>(p, c));
-          issue_kv<Cfg, D>(p, ring, s, o, c, kStageTokens);
-          if (c.flags & kSegFirst) issue_q<Cfg, D>(p, ring, s, o, c, kStageTokens);
-        }
+        while (have) issue();
       }
     } else {
       if (!ready) runtime::wait_counters_warp(ep, sh.slots.epoch, t);
@@ -538,37 +524,35 @@ __device__ __forceinline__ void finish_tile(const StepParams& p, const DeviceTil
 }
 
 // Per-row tables of a weight tile's epilogue (threads ct < R), then a consumer barrier.
-__device__ __forceinline__ void prepare_rows(const StepParams& p, StepShared& sh, const StepOpArgs& o, int ct) {
-  if (ct < p.act_rows) {
-    const int m = ct;
-    if (o.kind == kQkv && m < p.batch) {
-      const int pos = __ldcg(&p.seq_lens[m]);
-      sh.pos[m] = pos;
-      sh.kv_base[m] = kv_row(p, m, pos);
-    }
-    sh.red[m] = 0;
-  }
+__device__ __forceinline__ void prepare_rows(const StepParams& p, StepShared& sh, int ct) {
+  if (ct < p.act_rows) sh.red[ct] = 0;
   consumer_sync();
 }
 
-// The epilogue of a weight tile on the (summed) accumulators. Register 4q+e of consumer thread ct
-// (sm90::acc_coord, one 64-row block per warpgroup) is weight row r + 8 (e >> 1) of the tile and
-// activation row 8q + 2 (ct % 4) + (e & 1). Paired tiles (gate/up, q|k|v) hold in rows r and r + 8
-// a column and its partner: registers e = 0, 1 and e + 2.
-template <class Cfg, int D>
+// RoPE (rotate-half) on dimensions (i, i + D/2) at position pos. The angle in float as transformers
+// computes it, reduced to [-pi, pi] in double, then the hardware sine and cosine (sincosf's
+// large-argument path would put an array in local memory).
+__device__ __forceinline__ void rotate(const StepParams& p, int pos, int i, float& a, float& b) {
+  const double angle = double(float(pos) * p.inv_freq[i]);
+  float sn, cs;
+  __sincosf(float(angle - rint(angle * 0.15915494309189535) * 6.283185307179586), &sn, &cs);
+  const float a2 = a * cs - b * sn, b2 = b * cs + a * sn;
+  a = a2, b = b2;
+}
+
+// The epilogue of a gate/up or LM head tile on the (summed) accumulators. Register 4q+e of consumer
+// thread ct (sm90::acc_coord, one 64-row block per warpgroup) is weight row r + 8 (e >> 1) of the
+// tile, r = warp * 16 + lane / 4, and activation row 8q + 2 (ct % 4) + (e & 1). Gate/up tiles hold in
+// rows r and r + 8 a column and its partner: registers e = 0, 1 and e + 2.
+template <class Cfg>
 __device__ void weight_epilogue(const StepParams& p, StepShared& sh, const StepOpArgs& o, const DeviceTile& t,
                                 const float (&acc)[Cfg::kAcc], int ct, uint32_t epoch) {
   const int lane = ct % 32, warp = ct / 32;
   const ActLayout act{p.act_rows};
   const int B = p.batch;
-  if (o.kind == kQkv || o.kind == kGateUp) {
-    const int pc = t.tn * (kTileRows / 2) + warp * 8 + lane / 4;  // pair index
-    if (pc >= o.n / (o.kind == kQkv ? 2 : 1)) return;
-    constexpr int kHalf = D / 2;
-    const int head = pc / kHalf, i = pc - head * kHalf, col = head * D + i;
-    // The thread's two bias values, loaded before any store (see add_residual).
-    const float bias_a = o.kind == kQkv && o.bias ? __bfloat162float(__ldg(o.bias + col)) : 0.f;
-    const float bias_b = o.kind == kQkv && o.bias ? __bfloat162float(__ldg(o.bias + col + kHalf)) : 0.f;
+  if (o.kind == kGateUp) {
+    const int pc = t.tn * (kTileRows / 2) + warp * 8 + lane / 4;
+    if (pc >= o.n) return;
 #pragma unroll
     for (int q = 0; q < Cfg::kAcc / 4; ++q)
 #pragma unroll
@@ -576,32 +560,7 @@ __device__ void weight_epilogue(const StepParams& p, StepShared& sh, const StepO
         const int m = 8 * q + 2 * (lane % 4) + e;
         if (m >= B) continue;
         const float r = sh.rstd[m];
-        float a = acc[4 * q + e] * r, b = acc[4 * q + e + 2] * r;
-        if (o.kind == kGateUp) {
-          o.out[act.index(m, pc)] = __float2bfloat16(silu(a) * b);
-          continue;
-        }
-        a += bias_a, b += bias_b;
-        const int hq = p.q_dim / D, hkv = p.num_kv_heads;
-        if (head < hq + hkv) {  // RoPE (rotate-half) on q and k
-          // The angle in float as transformers computes it, reduced to [-pi, pi] in double, then the
-          // hardware sine and cosine (sincosf's large-argument path would put an array in local memory).
-          const double angle = double(float(sh.pos[m]) * p.inv_freq[i]);
-          float sn, cs;
-          __sincosf(float(angle - rint(angle * 0.15915494309189535) * 6.283185307179586), &sn, &cs);
-          const float a2 = a * cs - b * sn, b2 = b * cs + a * sn;
-          a = a2, b = b2;
-        }
-        bf16* dst;
-        if (head < hq) {
-          dst = o.out + int64_t(m) * p.q_dim + col;
-        } else {
-          const bool is_k = head < hq + hkv;
-          const int kh = head - hq - (is_k ? 0 : hkv);
-          dst = (is_k ? o.k_cache : o.v_cache) + (sh.kv_base[m] + int64_t(kh) * kv_head_stride(p)) * D + i;
-        }
-        dst[0] = __float2bfloat16(a);
-        dst[kHalf] = __float2bfloat16(b);
+        o.out[act.index(m, pc)] = __float2bfloat16(silu(acc[4 * q + e] * r) * (acc[4 * q + e + 2] * r));
       }
     return;
   }
@@ -677,6 +636,12 @@ __device__ __forceinline__ void add_to_residual(const StepParams& p, const StepO
     for (int i = ct; i < p.batch * (kTileRows / 4); i += kConsumers) {
       const int m = i / (kTileRows / 4), col = c0 + 4 * (i % (kTileRows / 4));
       if (col < o.n) z[residual_at(p, m, col) / 4] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    if (o.zero) {  // o_proj: its share of qkv_acc and qkv_ss (zero_elems is a multiple of 4)
+      const int chunk = ((o.zero_elems + o.grid_n - 1) / o.grid_n + 3) & ~3, z0 = t.tn * chunk;
+      const int z1 = min(o.zero_elems, z0 + chunk);
+      for (int i = z0 / 4 + ct; i < z1 / 4; i += kConsumers)
+        reinterpret_cast<float4*>(o.zero)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
 }
@@ -772,10 +737,10 @@ __device__ void consume_weight_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, S
 // A norm consumer's tile after its mainloop, its rows' sums of squares in sh.rstd: split over K, the
 // slices add their partial sums (fp32 blocks in fragment order, vector reductions) and sums of
 // squares, and the last slice to arrive takes them and re-zeroes the block; then the epilogue.
-template <class Cfg, int D>
+template <class Cfg>
 __device__ void finish_norm_tile(const StepParams& p, StepShared& sh, const StepOpArgs& o, const DeviceTile& t,
                                  int32_t id, float (&acc)[Cfg::kAcc], int ct, uint32_t epoch) {
-  prepare_rows(p, sh, o, ct);
+  prepare_rows(p, sh, ct);
   const int B = p.batch;
   if (o.split > 1) {
     float4* block = reinterpret_cast<float4*>(o.ws) + int64_t(t.tn) * (kConsumers * Cfg::kAcc / 4);
@@ -797,8 +762,32 @@ __device__ void finish_norm_tile(const StepParams& p, StepShared& sh, const Step
   }
   if (ct < B) sh.rstd[ct] = rsqrtf(__fdividef(sh.rstd[ct], float(o.k)) + p.eps);
   consumer_sync();
-  weight_epilogue<Cfg, D>(p, sh, o, t, acc, ct, epoch);
+  weight_epilogue<Cfg>(p, sh, o, t, acc, ct, epoch);
   finish_tile(p, t, id, ct, o.kind != kLmHead);  // the LM head's maxima are read by ordinary loads
+}
+
+// A QKV tile after its mainloop: its K slice's part of x Wᵀ added into qkv_acc, unscaled (the scale
+// needs every slice's sums of squares), and, in output tile 0's slices, the slice's sums of squares
+// into qkv_ss. Fire-and-forget reductions, then the release: no slice waits for another (a split-K
+// reduction here -- partials, the last slice's count, its loads -- was ~3.6 us of each layer's
+// critical path at Llama-3.2-1B B = 1 on the H200). The attention finishes q, k and v (finish_qkv).
+template <class Cfg>
+__device__ void finish_qkv_tile(const StepParams& p, StepShared& sh, const StepOpArgs& o, const DeviceTile& t,
+                                int32_t id, const float (&acc)[Cfg::kAcc], int ct) {
+  const int lane = ct % 32, B = p.batch;
+  consumer_sync();  // the slice's sums of squares (consume_weight_tile) are in sh.rstd
+  if (t.tn == 0 && ct < B)
+    asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(p.qkv_ss + 4 * ct), "f"(sh.rstd[ct]) : "memory");
+  const int r0 = t.tn * kTileRows + (ct / 32) * 16 + lane / 4;
+#pragma unroll
+  for (int i = 0; i < Cfg::kAcc; ++i) {
+    int m;  // through an opaque move, as in add_to_residual: not every address up front
+    asm volatile("mov.b32 %0, %1;\n" : "=r"(m) : "r"(8 * (i / 4) + 2 * (lane % 4) + (i & 1)));
+    const int col = r0 + 8 * ((i & 3) >> 1);
+    if (m < B && col < o.n)
+      asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(p.qkv_acc + m * p.qkv_cols + col), "f"(acc[i]) : "memory");
+  }
+  finish_tile(p, t, id, ct, false);  // read with ordinary loads (finish_qkv)
 }
 
 // Attention tile: count stages of K/V through the ring. Warp w of 8 takes the 16-token units u of a
@@ -925,12 +914,63 @@ __device__ void merge_pair(const StepParams& p, float* scratch, const AttnChunk&
   consumer_sync();
 }
 
-// Returns whether the tile wrote attention outputs (a whole pair's, or a merge's): only then do the
-// o_proj tiles read what it wrote.
+// q of the pair's group (at a segment's first stage) and the pair's new k and v (at the stage holding
+// the new row) from the QKV tiles' sums in qkv_acc: the norm's scale, the bias and RoPE, rounded to
+// bf16 where the math reads them -- q into the stage's q rows, k and v into its last row and into the
+// caches. An item is two adjacent dimensions and their partners half a head away (both halves of two
+// rotations). All consumers, after the tile's `ready`; a consumer barrier must follow.
+template <int D>
+__device__ void finish_qkv(const StepParams& p, const StepOpArgs& op, const AttnChunk& c, bf16* ks, bf16* vs,
+                           bf16* qs, int ct) {
+  constexpr int kHalf = D / 2, kItems = D / 4;  // items per head
+  const int b = c.pair / p.num_kv_heads, h = c.pair - b * p.num_kv_heads, G = p.group, pos = c.len - 1;
+  const int nq = (c.flags & kSegFirst) ? G * kItems : 0, n = nq + (holds_new_row(c) ? 2 * kItems : 0);
+  if (ct >= n) return;
+  const float* row = p.qkv_acc + int64_t(b) * p.qkv_cols;
+  const float rstd = rsqrtf(__fdividef(__ldcg(p.qkv_ss + 4 * b), float(p.hidden)) + p.eps);
+  for (int it = ct; it < n; it += kConsumers) {
+    int col, j;  // the head's first column in q|k|v, the item's first dimension
+    bf16* dst;   // the head's row in the stage
+    bool rope = true;
+    if (it < nq) {
+      const int g = it / kItems;
+      j = 2 * (it - g * kItems);
+      col = (h * G + g) * D;
+      dst = qs + g * D;
+    } else {
+      const int kv = (it - nq) / kItems;  // 0: k, 1: v
+      j = 2 * (it - nq - kv * kItems);
+      col = p.q_dim + (kv * p.num_kv_heads + h) * D;
+      dst = (kv == 0 ? ks : vs) + (c.ntok - 1) * D;
+      rope = kv == 0;
+    }
+    const float2 lo = __ldcg(reinterpret_cast<const float2*>(row + col + j));
+    const float2 hi = __ldcg(reinterpret_cast<const float2*>(row + col + j + kHalf));
+    float a0 = lo.x * rstd, a1 = lo.y * rstd, b0 = hi.x * rstd, b1 = hi.y * rstd;
+    if (op.bias) {
+      const float2 ba = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(op.bias + col + j));
+      const float2 bb = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(op.bias + col + j + kHalf));
+      a0 += ba.x, a1 += ba.y, b0 += bb.x, b1 += bb.y;
+    }
+    if (rope) rotate(p, pos, j, a0, b0), rotate(p, pos, j + 1, a1, b1);
+    const __nv_bfloat162 lo2 = __floats2bfloat162_rn(a0, a1), hi2 = __floats2bfloat162_rn(b0, b1);
+    *reinterpret_cast<__nv_bfloat162*>(dst + j) = lo2;
+    *reinterpret_cast<__nv_bfloat162*>(dst + j + kHalf) = hi2;
+    if (it >= nq) {
+      bf16* cache = (col < p.q_dim + p.num_kv_heads * D ? op.k_cache : op.v_cache) +
+                    (kv_row(p, b, pos) + int64_t(h) * kv_head_stride(p)) * D;
+      *reinterpret_cast<__nv_bfloat162*>(cache + j) = lo2;
+      *reinterpret_cast<__nv_bfloat162*>(cache + j + kHalf) = hi2;
+    }
+  }
+}
+
+// Returns whether the tile wrote what others read: attention outputs (a whole pair's, or a merge's),
+// which the o_proj tiles read, or a new row of the caches, which later launches read.
 template <class Cfg, int D>
 __device__ bool attention_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, StepShared& sh, float* scratch,
                                const StepParams& p, const StepOpArgs& op, const DeviceTile& t, int32_t id, int count,
-                               int ct) {
+                               uint64_t* ready, uint32_t ready_phase, int ct) {
   constexpr int kStageTokens = attention_tokens(Cfg::kStageBytes, D);
   const int lane = ct % 32, warp = ct / 32, g = lane / 4, tq = lane % 4;
   uint32_t qa[D / 16][2];
@@ -943,12 +983,18 @@ __device__ bool attention_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, StepSh
     const int s = ps.stage;
     mbar_wait(&ring.full[s], ps.phase, "full");
     const AttnChunk c = sh.chunk[s];
-    const bf16* ks = reinterpret_cast<const bf16*>(ring.w_atom(s, 0));
-    const bf16* vs = ks + kStageTokens * D;
+    bf16* ks = reinterpret_cast<bf16*>(ring.w_atom(s, 0));
+    bf16* vs = ks + kStageTokens * D;
+    bf16* qs = vs + kStageTokens * D;
+    if ((c.flags & kSegFirst) || holds_new_row(c)) {
+      mbar_wait(ready, ready_phase, "ready");  // the QKV tiles' sums are complete
+      finish_qkv<D>(p, op, c, ks, vs, qs, ct);
+      consumer_sync();
+      wrote |= holds_new_row(c);
+    }
     if (c.flags & kSegFirst) {
       // q as A fragments (rows: the group's heads; rows >= G zero). k-step s = 2j + h pairs with
       // chunk t + 4j of a K row, half h (the permuted head dimension of attend_unit).
-      const bf16* qs = vs + kStageTokens * D;
 #pragma unroll
       for (int k = 0; k < D / 16; ++k) {
         const int d = 8 * (tq + 4 * (k / 2)) + 4 * (k % 2);
@@ -1060,14 +1106,16 @@ __device__ void run_consumer(const Ring<Cfg>& ring, StepShared& sh, float* scrat
         if (o.kind == kResidual) {
           add_to_residual<Cfg>(p, o, t, acc, ct, epoch);
           finish_tile(p, t, id, ct, false);  // the stream is read with ordinary loads
+        } else if (o.kind == kQkv) {
+          finish_qkv_tile<Cfg>(p, sh, o, t, id, acc, ct);
         } else {
-          finish_norm_tile<Cfg, D>(p, sh, o, t, id, acc, ct, epoch);
+          finish_norm_tile<Cfg>(p, sh, o, t, id, acc, ct, epoch);
         }
         break;
       }
       case kAttention:
       {
-        const bool wrote = attention_tile<Cfg, D>(ring, ps, sh, scratch, p, o, t, id, count, ct);
+        const bool wrote = attention_tile<Cfg, D>(ring, ps, sh, scratch, p, o, t, id, count, &sh.ready[qs], qphase, ct);
         mbar_wait(&sh.ready[qs], qphase, "ready");
         // Partials only, or nothing: a relaxed count (finish_tile).
         finish_tile(p, t, id, ct, wrote, wrote ? cuda::memory_order_release : cuda::memory_order_relaxed);

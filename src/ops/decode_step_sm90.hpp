@@ -15,8 +15,9 @@ namespace tw::step {
 // What a tile of an op does (the graph's op kinds, with the GEMM epilogues told apart).
 enum StepKind : int32_t {
   kEmbed = 0,   // embedding rows into the residual stream x0
-  kQkv,         // q|k|v = rmsnorm(x) Wqkv^T (+ b): RoPE on q and k, q stored, k and v appended to the caches
-  kAttention,   // split-KV attention of the new tokens over the caches: O (act layout)
+  kQkv,         // x Wqkv^T: every K slice adds its part into qkv_acc (output tile 0's slices: the rows' sums of squares into qkv_ss)
+  kAttention,   // the norm's scale, bias and RoPE on q|k|v, the new k and v appended to the caches, then
+                // split-KV attention of the new tokens over the caches: O (act layout)
   kResidual,    // x' = x + a W^T (o_proj, down): every K slice adds its part into the residual stream
   kGateUp,      // h = silu(rmsnorm(x) Wg^T) * (rmsnorm(x) Wu^T): act layout
   kLmHead,      // logits = rmsnorm(x) Wlm^T: running maxima per row (and the logits, if kept)
@@ -68,13 +69,15 @@ struct StepOpArgs {
   int32_t packed_atoms; // 64-column atoms per packed weight tile (= atoms of the act-layout input)
   int32_t cols;         // embed: columns per tile
   int32_t x_in, x_out;  // residual-stream writers read (norm consumers; residual writers' slice 0) and written, or -1
+  int32_t zero_elems;   // o_proj: floats of `zero` its slice-0 tiles zero between them (qkv_acc and qkv_ss)
   const __nv_bfloat16* w;    // packed weights
-  const __nv_bfloat16* act;  // input (act layout) of the attention (q), o_proj and down
-  float* ws;                 // split-K partials of a norm consumer (one block per output tile, fragment
+  const __nv_bfloat16* act;  // input (act layout) of o_proj and down
+  float* zero;
+  float* ws;                 // split-K partials of gate/up or the LM head (one block per output tile, fragment
                              // order), then [grid_n][R] partial sums of squares of its input rows
-  const __nv_bfloat16* bias;      // [n] or null
-  __nv_bfloat16* out;             // act layout; qkv: q [batch, q_dim] row-major
-  __nv_bfloat16* k_cache;         // qkv: append; attention: read
+  const __nv_bfloat16* bias;      // attention: the q|k|v bias [q_dim + 2 kv_dim] or null
+  __nv_bfloat16* out;             // act layout
+  __nv_bfloat16* k_cache;         // attention: read, and the new row appended
   __nv_bfloat16* v_cache;
   int16_t slice_start[kMaxSlices + 1];  // first K stage of each slice
 };
@@ -110,6 +113,16 @@ struct StepParams {
   float* xres;                    // kResidualBuffers x [x_blocks][B][x_cols] fp32 residual stream
   int32_t x_cols, x_blocks;       // the stream's column blocks: a norm consumer's stage columns
   int32_t writers;                // residual-stream writers per launch (2L + 1)
+  // q|k|v of the layer as the QKV tiles' K slices add them (red.add): [B][qkv_cols] fp32 sums of x Wᵀ
+  // before the norm's scale, the bias and RoPE, which the attention applies (a rotation and a scale are
+  // linear, but the scale needs every slice's sums of squares, so no QKV tile can finish a row: there is
+  // no split-K reduction and no last slice). qkv_ss [B][4]: the rows' sums of squares (element 0),
+  // added by the slice tiles of output tile 0. One buffer for every layer: o_proj's slice-0 tiles zero
+  // it (StepOpArgs::zero) after the attention's tiles read it (o_proj waits for all of them) and before
+  // the next layer's QKV tiles add (they wait for down, which waits for gate/up, which waits for o_proj).
+  float* qkv_acc;
+  float* qkv_ss;
+  int32_t qkv_cols;               // q_dim + 2 kv_dim
   float inv_freq[64];             // RoPE: angle_i = pos * inv_freq[i], i < D/2
 };
 

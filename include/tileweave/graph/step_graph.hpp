@@ -35,7 +35,8 @@ struct DecodeStepShape {
   int tp = 1;
   int pages_per_seq() const { return static_cast<int>((max_seq_len + page_size - 1) / page_size); }
   int pool_pages() const { return num_pages > 0 ? num_pages : batch * pages_per_seq(); }
-  // The attention op's shape for config c (RoPE is not its business: the QKV epilogue applies it).
+  // The attention op's shape for config c (RoPE is not the standalone attention's: the step kernel's
+  // attention tiles apply it, after the norm's scale, to the QKV slices' sums).
   DecodeAttentionShape attention(const ModelConfig& c) const;
 };
 

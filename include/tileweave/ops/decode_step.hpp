@@ -1,7 +1,7 @@
 // A whole decode step of a Llama/Qwen2-family model in one persistent launch of the tile executor:
-// embedding, every layer (RMSNorm folded into the QKV, gate/up and LM-head weights; RoPE and the
-// KV-cache append in the QKV epilogue; split-KV attention over the whole GPU; o_proj and down with the
-// residual), the LM head and greedy sampling. The step's tile graph is graph/step_graph.hpp; the
+// embedding, every layer (RMSNorm folded into the QKV, gate/up and LM-head weights; the QKV slices'
+// sums finished -- norm scale, bias, RoPE -- and the KV-cache append by the attention's tiles; split-KV
+// attention over the whole GPU; o_proj and down with the residual), the LM head and greedy sampling. The step's tile graph is graph/step_graph.hpp; the
 // kernel dispatches each ticket to the tile body of its op kind (src/ops/decode_step_kernel.cuh).
 //
 // The state lives on the device, so steps run back to back with no host round trip (and may be
