@@ -18,14 +18,14 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // a sequence's last token) would cut the caches into one block per row.
 constexpr int64_t kUnit = kernels::kDecodeStageTokens;
 
-// K slices per op at most. Every op of a step waits for the whole op before it, so a norm consumer's
-// last-slice reduction (partials in, arrival, sums out, epilogue, release) is on the step's critical
-// path once per op; beyond 4 slices that chain cost more than spreading the op over more SMs gained
+// K slices per op at most, where the slices reduce (gate/up, the LM head). Every op of a step waits
+// for the whole op before it, so a norm consumer's last-slice reduction (partials in, arrival, sums
+// out, epilogue, release) is on the step's critical path once per op; beyond 4 slices that chain cost more than spreading the op over more SMs gained
 // (H200, Llama-3.2-1B shape, B = 1, KV 1024, when o_proj and down reduced the same way: 1149.7 us with
 // up to 8 slices, 1108.9 with 4, 1205.6 with 2, 1419.3 unsplit).
 constexpr int64_t kMaxStepSlices = 4;
-// o_proj and down add their slices into the residual stream with no reduction between them, so more
-// slices cost little: up to 8, as many as keep every tile in one wave (H200, B = 1 KV 1024 / B = 16 KV
+// o_proj and down add their slices into the residual stream (qkv into its sums buffer) with no
+// reduction between them, so more slices cost little: up to 8, as many as keep every tile in one wave (H200, B = 1 KV 1024 / B = 16 KV
 // 4096: Llama-3.2-1B 1019.5 -> 964.1 / 1811.4 -> 1761.7 us with 8 slices instead of 4; Llama-3-8B
 // with 5 (160 tiles on 132 SMs) 7293 -> 7441 us at B = 16: its second wave is a tail).
 constexpr int64_t kMaxWriterSlices = 8;
@@ -80,7 +80,11 @@ StepTiling plan_step_tiling(const ModelConfig& c, int batch, int sms, int max_sp
   const int rows = step_act_rows(batch);
   const int64_t d = c.hidden_size, f = c.intermediate_size, qkv = c.q_dim() + 2 * c.kv_dim();
   StepTiling t;
-  t.qkv = plan_gemm(qkv, d, sm90::kTileRows, rows, sms, max_split);
+  // The QKV slices add into a sums buffer with no reduction between them (the attention finishes the
+  // rows), so qkv is cut like the residual writers: in one wave (Llama-3-8B: 2 slices, 96 tiles,
+  // instead of 3 and a second wave of 12 tiles: B = 1 KV 1024 4300 -> 4188 us, B = 16 KV 4096 6608 ->
+  // 6500 on the H200, decode_step_qkv_one_wave_ab.json; the Llama-3.2-1B and Qwen2-0.5B cuts are as before).
+  t.qkv = plan_gemm(qkv, d, sm90::kTileRows, rows, sms, max_split, kMaxWriterSlices, true);
   t.o_proj = plan_gemm(d, c.q_dim(), sm90::kTileRows, rows, sms, max_split, kMaxWriterSlices, true);
   t.gate_up = plan_gemm(f, d, sm90::kTileRows / 2, rows, sms, max_split);
   t.down = plan_gemm(d, f, sm90::kTileRows, rows, sms, max_split, kMaxWriterSlices, true);

@@ -71,13 +71,15 @@ TEST(StepGraph, OpsDependenciesAndPlan) {
 TEST(StepGraph, PlannerFillsTheGpu) {
   const ModelConfig c = named_config("llama-3.2-1b");
   const StepTiling t = plan_step_tiling(c, 1, 132);
-  // qkv (24 tiles), o_proj and down (16 each) would need more slices to fill 132 SMs: qkv gets the cap
-  // of the ops whose slices reduce, 4, the residual writers 8; gate/up (128 tiles) and the LM head
+  // qkv (24 tiles), o_proj and down (16 each) would need more slices to fill 132 SMs. They add their
+  // slices into a buffer (no reduction): as many as keep one wave, up to 8 -- qkv 5, cut into whole
+  // 128-column stages: 4 slices of 4 stages; o_proj and down 8. Gate/up (128 tiles) and the LM head
   // (1002) none.
   EXPECT_EQ(t.qkv.split_k, 4);
-  EXPECT_EQ(t.o_proj.split_k, 8);  // residual writers: no reduction, up to 8 slices in one wave
+  EXPECT_EQ(t.o_proj.split_k, 8);
   EXPECT_EQ(t.down.split_k, 8);
   const StepTiling t8 = plan_step_tiling(named_config("llama-3-8b"), 1, 132);
+  EXPECT_EQ(t8.qkv.split_k, 2);     // 48 tiles: 2 slices fill 96 SMs, 3 would need a second wave
   EXPECT_EQ(t8.o_proj.split_k, 4);  // 32 tiles: 4 slices fill 128 SMs, 5 would need a second wave
   EXPECT_EQ(t8.down.split_k, 4);
   EXPECT_EQ(t.gate_up.split_k, 1);
