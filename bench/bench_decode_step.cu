@@ -34,11 +34,12 @@ std::vector<Case> parse_cases(const std::string& s) {
 }
 
 // Per op of the last launch (tile timelines): when its first ticket was taken and its last tile done,
-// the mean tile time from the consumers' start to the publication, and the mean wait for producers.
+// the mean tile time from the consumers' start to the publication, and the mean wait for producers;
+// every tile of layers 0 and 1 (and the embedding), and of the LM head and the sample.
 nlohmann::json op_timeline(const tw::DecodeStep& st) {
   const auto times = st.plan().read_trace();
   const tw::TileGraph& g = st.graph().graph;
-  nlohmann::json ops = nlohmann::json::array(), tiles = nlohmann::json::array();
+  nlohmann::json ops = nlohmann::json::array(), tiles = nlohmann::json::array(), lm_tiles = nlohmann::json::array();
   std::printf("  %-24s %6s %9s %9s %9s %9s\n", "op", "tiles", "first_us", "last_us", "tile_us", "wait_us");
   for (int op = 0; op < int(g.ops().size()); ++op) {
     const tw::Op& o = g.op(op);
@@ -52,10 +53,11 @@ nlohmann::json op_timeline(const tw::DecodeStep& st) {
       if (x.started >= 0 && x.done >= 0) busy += x.done - x.started, ++n;
       if (x.ready >= 0) wait += x.ready - x.taken, ++nw;
     }
-    if (o.name.rfind("layers.0.", 0) == 0 || o.name.rfind("layers.1.", 0) == 0 || o.name == "embed")
+    const bool early = o.name.rfind("layers.0.", 0) == 0 || o.name.rfind("layers.1.", 0) == 0 || o.name == "embed";
+    if (early || o.name == "lm_head" || o.name == "sample")
       for (int t = o.first_tile; t < o.first_tile + o.num_tiles; ++t) {
         const auto& x = times[t];
-        tiles.push_back({t, op, x.sm, x.taken, x.ready, x.started, x.computed, x.done, x.mark1, x.mark2});
+        (early ? tiles : lm_tiles).push_back({t, op, x.sm, x.taken, x.ready, x.started, x.computed, x.done, x.mark1, x.mark2});
       }
     ops.push_back({{"op", o.name}, {"tiles", o.num_tiles}, {"first_us", first}, {"last_us", last},
                    {"tile_us", n ? busy / n : 0.0}, {"wait_us", nw ? wait / nw : 0.0}});
@@ -64,7 +66,10 @@ nlohmann::json op_timeline(const tw::DecodeStep& st) {
       std::printf("  %-24s %6d %9.1f %9.1f %9.2f %9.2f\n", o.name.c_str(), o.num_tiles, first, last, n ? busy / n : 0.0,
                   nw ? wait / nw : 0.0);
   }
-  return {{"ops", ops}, {"tiles_layers_0_1", {{"columns", {"tile", "op", "sm", "taken", "ready", "started", "computed", "done", "mark1", "mark2"}}, {"rows", tiles}}}};
+  const nlohmann::json columns = {"tile", "op", "sm", "taken", "ready", "started", "computed", "done", "mark1", "mark2"};
+  return {{"ops", ops},
+          {"tiles_layers_0_1", {{"columns", columns}, {"rows", tiles}}},
+          {"tiles_lm_head", {{"columns", columns}, {"rows", lm_tiles}}}};
 }
 
 }  // namespace

@@ -31,14 +31,19 @@ constexpr int64_t kMaxStepSlices = 4;
 constexpr int64_t kMaxWriterSlices = 8;
 
 // One GEMM op of the step on the sm90 tile: out_cols output columns per tile (128, or 64 for paired
-// gate/up rows), K in the fewest slices of whole stages that give every SM a tile, at most kMaxStepSlices.
-Tiling plan_gemm(int64_t n, int64_t k, int64_t out_cols, int act_rows, int sms, int max_split,
-                 int64_t max_slices = kMaxStepSlices, bool one_wave = false) {
+// gate/up rows), K in as many slices of whole stages as keep the op's tiles in one wave on the SMs, at
+// most max_slices. Never a second wave: the op's every consumer waits for its last tile, so a second
+// wave of a few tiles is a tail on the step's critical path (H200 / H100, A/B in one call: Llama-3-8B's
+// qkv in 2 slices, 96 tiles, instead of 3, 144: B = 1 KV 1024 4300 -> 4188 us, B = 16 KV 4096 6608 ->
+// 6500, h200/decode_step_qkv_one_wave_ab.json; Qwen2-0.5B's gate/up unsplit, 76 tiles, instead of 2
+// slices, 152: B = 1 KV 1024 974 -> 907 us, B = 16 KV 4096 1556 -> 1471 on the H100,
+// h100/decode_step_gate_up_one_wave_ab.json).
+Tiling plan_gemm(int64_t n, int64_t k, int64_t out_cols, int act_rows, int sms, int max_split, int64_t max_slices) {
   const int64_t step = sm90::stage_cols_for(act_rows), stages = ceil_div(k, step);
   const int64_t tiles_n = ceil_div(n, out_cols);
   int64_t split = 1;
   if (10 * tiles_n < 9 * int64_t(sms)) {  // under 90% of the SMs busy unsplit
-    split = one_wave ? std::max<int64_t>(1, sms / tiles_n) : ceil_div(sms, tiles_n);
+    split = std::max<int64_t>(1, sms / tiles_n);
     // At least two stages per slice (the pipeline's fill and the split's reduction are per tile), and
     // each slice's fp32 partial (kTileRows x act_rows floats) at most half its weight bytes.
     split = std::min(split, std::max<int64_t>(1, stages / 2));
@@ -80,15 +85,13 @@ StepTiling plan_step_tiling(const ModelConfig& c, int batch, int sms, int max_sp
   const int rows = step_act_rows(batch);
   const int64_t d = c.hidden_size, f = c.intermediate_size, qkv = c.q_dim() + 2 * c.kv_dim();
   StepTiling t;
-  // The QKV slices add into a sums buffer with no reduction between them (the attention finishes the
-  // rows), so qkv is cut like the residual writers: in one wave (Llama-3-8B: 2 slices, 96 tiles,
-  // instead of 3 and a second wave of 12 tiles: B = 1 KV 1024 4300 -> 4188 us, B = 16 KV 4096 6608 ->
-  // 6500 on the H200, decode_step_qkv_one_wave_ab.json; the Llama-3.2-1B and Qwen2-0.5B cuts are as before).
-  t.qkv = plan_gemm(qkv, d, sm90::kTileRows, rows, sms, max_split, kMaxWriterSlices, true);
-  t.o_proj = plan_gemm(d, c.q_dim(), sm90::kTileRows, rows, sms, max_split, kMaxWriterSlices, true);
-  t.gate_up = plan_gemm(f, d, sm90::kTileRows / 2, rows, sms, max_split);
-  t.down = plan_gemm(d, f, sm90::kTileRows, rows, sms, max_split, kMaxWriterSlices, true);
-  t.lm_head = plan_gemm(c.vocab_size, d, sm90::kTileRows, rows, sms, max_split);
+  // qkv, o_proj and down add their slices into a buffer (the QKV sums, the residual stream): up to
+  // kMaxWriterSlices. Gate/up and the LM head reduce theirs: up to kMaxStepSlices.
+  t.qkv = plan_gemm(qkv, d, sm90::kTileRows, rows, sms, max_split, kMaxWriterSlices);
+  t.o_proj = plan_gemm(d, c.q_dim(), sm90::kTileRows, rows, sms, max_split, kMaxWriterSlices);
+  t.gate_up = plan_gemm(f, d, sm90::kTileRows / 2, rows, sms, max_split, kMaxStepSlices);
+  t.down = plan_gemm(d, f, sm90::kTileRows, rows, sms, max_split, kMaxWriterSlices);
+  t.lm_head = plan_gemm(c.vocab_size, d, sm90::kTileRows, rows, sms, max_split, kMaxStepSlices);
   t.attention_tiles = std::min(sms, kernels::kDecodeMaxTiles);
   t.embed_cols = std::min<int64_t>(d, 512);
   return t;

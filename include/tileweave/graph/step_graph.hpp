@@ -53,10 +53,10 @@ struct StepTiling {
   int64_t embed_cols = 0;   // columns per embedding tile
 };
 
-// The planner: sm90 weight tiles (128 weight rows x step_act_rows), each op's K cut into the fewest
-// slices that give every SM a tile (no slice under two pipeline stages, none whose fp32 partial
-// outweighs half its weights; at most 4 where the slices reduce, and where they add into a buffer
-// -- qkv, o_proj, down -- up to 8 in one wave: step_graph.cpp says why), one attention tile per SM (the
+// The planner: sm90 weight tiles (128 weight rows x step_act_rows), each op's K cut into as many
+// slices as keep its tiles in one wave (no slice under two pipeline stages, none whose fp32 partial
+// outweighs half its weights; at most 4 where the slices reduce, 8 where they add into a buffer --
+// qkv, o_proj, down: step_graph.cpp says why), one attention tile per SM (the
 // kernel uses fewer at short contexts: DecodeStepOptions::attention_min_tile_bytes).
 // max_split > 0 caps every op's K slices (an experiment's knob; 0: the planner's).
 StepTiling plan_step_tiling(const ModelConfig& c, int batch, int sms, int max_split = 0);
