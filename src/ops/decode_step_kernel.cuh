@@ -384,7 +384,8 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
     // wait for its producers 6.3 -> 1.5 us held). The weights then start later; end to end the hold
     // gains 1-1.5% (1B B = 1 970.5 -> 959.7, B = 16 1688.4 -> 1674.5, 8B 4534.9 -> 4470.5 us,
     // decode_step_hold_ab.json). Holding after qkv and attention tiles too, or only after the next
-    // tile's first stage, gained less or lost at B = 16.
+    // tile's first stage, gained less or lost at B = 16; after the QKV tiles as sums writers, mixed
+    // (1B B = 1 +1.5%, 8B B = 16 -0.9%: decode_step_hold_qkv_ab.json).
     if (prev_kind == kResidual) {
       if (lane == 0) mbar_wait(&sh.released, held & 1u, "released");
       ++held;
