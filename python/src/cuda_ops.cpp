@@ -49,8 +49,11 @@ cudaStream_t stream_of(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); 
 // and counters are its own, so one stream at a time.
 struct FfnPlan {
   std::unique_ptr<FusedFfn> op;
-  FfnPlan(int64_t m, int64_t d, int64_t ffn, bool gated, bool packed) {
+  // activation: "silu" (gated), or the plain chain's "identity", "relu", "gelu_tanh".
+  FfnPlan(int64_t m, int64_t d, int64_t ffn, const std::string& activation, bool packed) {
+    const bool gated = activation == "silu";
     FfnShape s{m, d, ffn, gated};
+    if (!gated) s.act = ffn_activation_from(activation == "identity" ? "none" : activation);
     FfnOptions o;
     o.packed_weights = packed;
     op = std::make_unique<FusedFfn>(s, o);
@@ -165,7 +168,8 @@ void bind_cuda_ops(nb::module_& m) {
   });
 
   nb::class_<FfnPlan>(m, "FfnPlan")
-      .def(nb::init<int64_t, int64_t, int64_t, bool, bool>(), "m"_a, "d"_a, "ffn"_a, "gated"_a, "packed"_a)
+      .def(nb::init<int64_t, int64_t, int64_t, const std::string&, bool>(), "m"_a, "d"_a, "ffn"_a, "activation"_a,
+           "packed"_a)
       .def("run", &FfnPlan::run, "x"_a, "w_gate_up"_a, "w_down"_a, "y"_a, "stream"_a)
       .def("pack", &FfnPlan::pack, "w_gate_up"_a, "w_down"_a, "out_gate_up"_a, "out_down"_a, "stream"_a)
       .def("packed_size", &FfnPlan::packed_size);

@@ -101,10 +101,14 @@ def clear_plans() -> None:
     _plans.clear()
 
 
+_ACTIVATIONS = ("silu", "identity", "relu", "gelu_tanh")
+
+
 def _activation(activation: str) -> bool:
-    if activation not in ("silu", "identity"):
-        raise InvalidArgument(f"activation must be 'silu' (gated: silu(x Wg^T) * (x Wu^T)) or 'identity' "
-                              f"(plain chain: x W0^T), got {activation!r}")
+    """Whether the FFN is gated (silu), after checking the name."""
+    if activation not in _ACTIVATIONS:
+        raise InvalidArgument(f"activation must be 'silu' (gated: silu(x Wg^T) * (x Wu^T)), or for the plain chain "
+                              f"act(x W0^T) 'identity', 'relu' or 'gelu_tanh', got {activation!r}")
     return activation == "silu"
 
 
@@ -112,24 +116,25 @@ def _activation(activation: str) -> bool:
 
 
 @torch.library.custom_op("tileweave::ffn", mutates_args=())
-def _ffn_op(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, gated: bool) -> torch.Tensor:
+def _ffn_op(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, activation: str) -> torch.Tensor:
     m, d = x.shape
     f = w_down.shape[1]
     y = torch.empty((m, d), dtype=x.dtype, device=x.device)
     _check_aligned(x=x, w_gate_up=w_gate_up, w_down=w_down, y=y)
-    _plan("FfnPlan", x.device, m, d, f, gated, False).run(x.data_ptr(), w_gate_up.data_ptr(), w_down.data_ptr(),
-                                                           y.data_ptr(), _stream(x.device))
+    _plan("FfnPlan", x.device, m, d, f, activation, False).run(x.data_ptr(), w_gate_up.data_ptr(), w_down.data_ptr(),
+                                                                y.data_ptr(), _stream(x.device))
     return y
 
 
 @_ffn_op.register_fake
-def _(x, w_gate_up, w_down, gated):
+def _(x, w_gate_up, w_down, activation):
     return x.new_empty(x.shape)
 
 
 def ffn(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, activation: str = "silu") -> torch.Tensor:
-    """y [M, d] = FFN(x [M, d]) in one launch. silu: w_gate_up = cat([W_gate, W_up]) [2F, d];
-    identity (the plain chain y = (x W0^T) W1^T): w_gate_up = W0 [F, d]. w_down [d, F]."""
+    """y [M, d] = FFN(x [M, d]) in one launch. silu: w_gate_up = cat([W_gate, W_up]) [2F, d]; identity,
+    relu, gelu_tanh (the plain chain y = act(x W0^T) W1^T; gelu_tanh as torch's gelu(approximate="tanh")):
+    w_gate_up = W0 [F, d]. w_down [d, F]."""
     _require_cuda()
     gated = _activation(activation)
     _check(x, "x", (None, None))
@@ -137,7 +142,7 @@ def ffn(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, activati
     _check(w_down, "w_down", (d, None), device=x.device)
     f = w_down.shape[1]
     _check(w_gate_up, "w_gate_up", ((2 if gated else 1) * f, d), device=x.device)
-    return _ffn_op(x, w_gate_up, w_down, gated)
+    return _ffn_op(x, w_gate_up, w_down, activation)
 
 
 @dataclass
@@ -148,7 +153,7 @@ class PackedFfnWeights:
     down: torch.Tensor
     d: int
     ffn: int
-    gated: bool
+    activation: str
 
 
 def pack_ffn_weights(w_gate_up: torch.Tensor, w_down: torch.Tensor, activation: str = "silu") -> PackedFfnWeights:
@@ -159,27 +164,27 @@ def pack_ffn_weights(w_gate_up: torch.Tensor, w_down: torch.Tensor, activation: 
     _check(w_down, "w_down", (None, None))
     d, f = w_down.shape
     _check(w_gate_up, "w_gate_up", ((2 if gated else 1) * f, d), device=w_down.device)
-    plan = _plan("FfnPlan", w_down.device, 1, d, f, gated, True)  # the layout does not depend on M
+    plan = _plan("FfnPlan", w_down.device, 1, d, f, activation, True)  # the layout does not depend on M
     n_gu, n_down = plan.packed_size()
     gu = torch.empty(n_gu, dtype=torch.bfloat16, device=w_down.device)
     dn = torch.empty(n_down, dtype=torch.bfloat16, device=w_down.device)
     plan.pack(w_gate_up.data_ptr(), w_down.data_ptr(), gu.data_ptr(), dn.data_ptr(), _stream(w_down.device))
-    return PackedFfnWeights(gu, dn, d, f, gated)
+    return PackedFfnWeights(gu, dn, d, f, activation)
 
 
 @torch.library.custom_op("tileweave::ffn_packed", mutates_args=())
 def _ffn_packed_op(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ffn_dim: int,
-                   gated: bool) -> torch.Tensor:
+                   activation: str) -> torch.Tensor:
     m, d = x.shape
     y = torch.empty((m, d), dtype=x.dtype, device=x.device)
     _check_aligned(x=x, y=y)
-    _plan("FfnPlan", x.device, m, d, ffn_dim, gated, True).run(x.data_ptr(), gate_up.data_ptr(), down.data_ptr(),
-                                                                y.data_ptr(), _stream(x.device))
+    _plan("FfnPlan", x.device, m, d, ffn_dim, activation, True).run(x.data_ptr(), gate_up.data_ptr(), down.data_ptr(),
+                                                                     y.data_ptr(), _stream(x.device))
     return y
 
 
 @_ffn_packed_op.register_fake
-def _(x, gate_up, down, ffn_dim, gated):
+def _(x, gate_up, down, ffn_dim, activation):
     return x.new_empty(x.shape)
 
 
@@ -189,7 +194,7 @@ def ffn_packed(x: torch.Tensor, packed: PackedFfnWeights) -> torch.Tensor:
     if not isinstance(packed, PackedFfnWeights):
         raise TypeError(f"packed must come from pack_ffn_weights(), got {type(packed).__name__}")
     _check(x, "x", (None, packed.d), device=packed.down.device)
-    return _ffn_packed_op(x, packed.gate_up, packed.down, packed.ffn, packed.gated)
+    return _ffn_packed_op(x, packed.gate_up, packed.down, packed.ffn, packed.activation)
 
 
 # ---- decode GEMM ----

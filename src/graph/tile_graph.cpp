@@ -393,8 +393,25 @@ void TileGraph::derive_deps(int first_new_tile) {
     }
 }
 
+const char* to_string(FfnActivation a) {
+  switch (a) {
+    case FfnActivation::Relu: return "relu";
+    case FfnActivation::GeluTanh: return "gelu_tanh";
+    default: return "none";
+  }
+}
+
+FfnActivation ffn_activation_from(const std::string& name) {
+  for (FfnActivation a : {FfnActivation::None, FfnActivation::Relu, FfnActivation::GeluTanh})
+    if (name == to_string(a)) return a;
+  throw InvalidArgument("activation '" + name + "' is not none, relu or gelu_tanh");
+}
+
 FfnGraph build_ffn_graph(const FfnShape& s, const FfnTiling& t) {
   check_positive(s.m, "M");
+  if (s.gated && s.act != FfnActivation::None)
+    throw InvalidArgument(std::string("a gated FFN's activation is SiLU(gate) * up: activation ") + to_string(s.act) +
+                          " is for the plain chain");
   check_positive(s.d, "d (hidden size)");
   check_positive(s.f, "ffn (intermediate size)");
   FfnGraph g;

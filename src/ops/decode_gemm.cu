@@ -77,7 +77,7 @@ void DecodeGemm::run(bf16* y, const bf16* x, const bf16* w, cudaStream_t stream)
   maps.h = maps.x;  // the body prefetches every map; this op reads only x
   maps.w1 = maps.w0;
   ffn_sm90::OpArgs ops[2]{};
-  ops[0] = {y, ws_, int32_t(m_), int32_t(n_), int32_t(o.grid_n), int32_t(o.tiling.split_k), 0,
+  ops[0] = {y, ws_, int32_t(m_), int32_t(n_), int32_t(o.grid_n), int32_t(o.tiling.split_k), 0, 0,
             packed_ ? w : nullptr, int32_t(ffn_sm90::packed_atoms(k_)), 0, {}};  // y: read by no tile
   for (int64_t ks = 0; ks <= o.tiling.split_k; ++ks) ops[0].slice_start[ks] = int16_t((o.k_begin(ks) + step - 1) / step);
   ops[1] = ops[0];  // no tile of op 1 exists

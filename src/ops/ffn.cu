@@ -4,6 +4,7 @@
 
 #include "ffn_sm90.hpp"
 #include "tileweave/model/validation.hpp"  // sm90_ffn_tiling: the tiling the planner scores too
+#include "tileweave/kernels/activation.cuh"
 #include "tileweave/kernels/sm80/weight_tile.cuh"
 #include "tileweave/order/orders.hpp"
 #include "tileweave/runtime/executor.cuh"
@@ -24,6 +25,7 @@ struct GemmOpDesc {
   float* ws;      // split-K accumulator [m, ws_cols] (zero between launches)
   int64_t m, n, k, slice;
   int32_t split, silu_mul;  // silu_mul: tile columns are 32 gate/up pairs, else 64 plain columns
+  int32_t act;              // plain columns: FfnActivation of the output (kernels::ffn_activate)
 };
 
 struct ChainParams {
@@ -79,7 +81,7 @@ __device__ void run_tile(const runtime::ExecParams& ep, runtime::BlockSlots& slo
   };
   if (o.split == 1) {
     for_each_result([&](int64_t m, int64_t col, float a, float b) {
-      o.c[m * o.n + col] = __float2bfloat16(o.silu_mul ? silu(a) * b : a);
+      o.c[m * o.n + col] = __float2bfloat16(o.silu_mul ? silu(a) * b : kernels::ffn_activate(o.act, a));
     });
   } else {
     // Split-K: every slice adds its partial sums into one fp32 accumulator with fire-and-forget
@@ -104,7 +106,7 @@ __device__ void run_tile(const runtime::ExecParams& ep, runtime::BlockSlots& slo
           p[o.n] = 0.f;
           o.c[m * o.n + col] = __float2bfloat16(silu(s0) * s1);
         } else {
-          o.c[m * o.n + col] = __float2bfloat16(s0);
+          o.c[m * o.n + col] = __float2bfloat16(kernels::ffn_activate(o.act, s0));
         }
       }
     }
@@ -374,9 +376,9 @@ FusedFfn::Launch FusedFfn::prepare(const bf16* x, const bf16* w_gate_up, const b
   const int64_t sl_dn = G.tile(dn.first_tile).k1 - G.tile(dn.first_tile).k0;
   Launch l{};
   l.cp.ops[g_.op_gate_up] = {x, w_gate_up, h_, ws_, shape_.m, shape_.f, shape_.d, sl_gu,
-                             static_cast<int32_t>(gu.tiling.split_k), shape_.gated ? 1 : 0};
+                             static_cast<int32_t>(gu.tiling.split_k), shape_.gated ? 1 : 0, int32_t(shape_.act)};
   l.cp.ops[g_.op_down] = {h_, w_down, y, ws_ + ws_down_offset_, shape_.m, shape_.d, shape_.f, sl_dn,
-                          static_cast<int32_t>(dn.tiling.split_k), 0};
+                          static_cast<int32_t>(dn.tiling.split_k), 0, 0};
   if (sm90_) {
     const int64_t m = shape_.m, d = shape_.d, f = shape_.f;
     const int step = static_cast<int>(gu.tiling.bk);
@@ -386,16 +388,16 @@ FusedFfn::Launch FusedFfn::prepare(const bf16* x, const bf16* w_gate_up, const b
     }
     l.maps.x = ffn_sm90::act_map(x, m, d, act_rows_);
     l.maps.h = ffn_sm90::act_map(h_, m, f, act_rows_);
-    auto args = [&](const Op& o, bf16* out, float* ws, bool silu, const bf16* w, bool publish) {
+    auto args = [&](const Op& o, bf16* out, float* ws, bool silu, int act, const bf16* w, bool publish) {
       ffn_sm90::OpArgs a{out, ws, int32_t(m), int32_t(o.n), int32_t(o.grid_n), int32_t(o.tiling.split_k), silu ? 1 : 0,
-                         packed_ ? w : nullptr, int32_t(ffn_sm90::packed_atoms(o.k)), publish ? 1 : 0, {}};
+                         act, packed_ ? w : nullptr, int32_t(ffn_sm90::packed_atoms(o.k)), publish ? 1 : 0, {}};
       // Slices as the graph cut them (whole stages; the last rounded up to cover K).
       for (int64_t ks = 0; ks <= o.tiling.split_k; ++ks) a.slice_start[ks] = int16_t((o.k_begin(ks) + step - 1) / step);
       return a;
     };
     // h is read by the down tiles (or, as two kernels, by the consumer kernel); y by no tile.
-    l.ops[g_.op_gate_up] = args(gu, h_, ws_, shape_.gated, w_gate_up, true);
-    l.ops[g_.op_down] = args(dn, y, ws_ + ws_down_offset_, false, w_down, false);
+    l.ops[g_.op_gate_up] = args(gu, h_, ws_, shape_.gated, int(shape_.act), w_gate_up, true);
+    l.ops[g_.op_down] = args(dn, y, ws_ + ws_down_offset_, false, 0, w_down, false);
   }
   return l;
 }

@@ -25,6 +25,7 @@
 #include <string>
 
 #include "tileweave/graph/tile_graph.hpp"
+#include "tileweave/kernels/activation.cuh"
 #include "tileweave/kernels/sm90/mainloop.cuh"
 #include "tileweave/runtime/executor.cuh"
 #include "tileweave/util/cuda_check.hpp"
@@ -190,7 +191,7 @@ __device__ __forceinline__ void for_each_output(const OpArgs& o, const DeviceTil
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int64_t col = r + 8 * (e >> 1), m = m0 + (e & 1);
-      if (col < o.n && m < o.m) f(m, col, v[e]);
+      if (col < o.n && m < o.m) f(m, col, kernels::ffn_activate(o.act, v[e]));
     }
   }
 }

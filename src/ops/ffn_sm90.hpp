@@ -28,6 +28,7 @@ struct OpArgs {
   int32_t m, n;        // activation rows, output columns
   int32_t grid_n;      // output column tiles
   int32_t split, silu;
+  int32_t act;  // plain columns: FfnActivation of the output (kernels::ffn_activate)
   const __nv_bfloat16* w_packed;  // weights in the packed layout, or null: read through the tensor maps
   int32_t packed_atoms;           // 64-column blocks per tile in the packed layout
   // 1 when another op of the launch reads this op's output: its tiles then fence and release their

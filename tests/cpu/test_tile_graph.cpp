@@ -78,6 +78,18 @@ TEST(TileGraph, BadInputIsNamed) {
     EXPECT_NE(std::string(e.what()).find("BK"), std::string::npos);
   }
   EXPECT_THROW(build_ffn_graph({16, 64, 128, true}, {{64, 128, 64, 1}, {64, 128, 64, 3}}), InvalidArgument);
+  // The plain chain's activation: a gated FFN has its own (SiLU * up); names round-trip.
+  FfnShape gated{16, 4096, 14336, true, FfnActivation::GeluTanh};
+  try {
+    build_ffn_graph(gated, {});
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("gelu_tanh"), std::string::npos);
+  }
+  EXPECT_NO_THROW(build_ffn_graph({16, 4096, 14336, false, FfnActivation::Relu}, {}));
+  for (FfnActivation a : {FfnActivation::None, FfnActivation::Relu, FfnActivation::GeluTanh})
+    EXPECT_EQ(ffn_activation_from(to_string(a)), a);
+  EXPECT_THROW(ffn_activation_from("swish"), InvalidArgument);
 }
 
 #include "tileweave/order/orders.hpp"

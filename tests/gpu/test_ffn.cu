@@ -26,6 +26,15 @@ __global__ void ref_silu_mul(const double* gu, double* h, int64_t m, int64_t f) 
   h[i] = g / (1.0 + exp(-g)) * u;
 }
 
+// The plain chain's activation, in double (relu, or GeLU with PyTorch's tanh approximation).
+__global__ void ref_activate(double* h, int64_t n, int act) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const double v = h[i];
+  if (act == 1) h[i] = v > 0 ? v : 0.0;
+  if (act == 2) h[i] = 0.5 * v * (1.0 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+}
+
 struct FfnData {
   FfnShape s;
   DeviceBuffer<bf16> x, wgu, wd, y;
@@ -52,6 +61,7 @@ struct FfnData {
     const int64_t n1 = (s.gated ? 2 : 1) * s.f;
     ref_linear_bf16w<bf16><<<(s.m * n1 + 255) / 256, 256>>>(x.ptr, wgu.ptr, gu.ptr, s.m, n1, s.d);
     if (s.gated) ref_silu_mul<<<(s.m * s.f + 255) / 256, 256>>>(gu.ptr, h.ptr, s.m, s.f);
+    else if (s.act != FfnActivation::None) ref_activate<<<(s.m * s.f + 255) / 256, 256>>>(gu.ptr, s.m * s.f, int(s.act));
     ref_linear_bf16w<double><<<(s.m * s.d + 255) / 256, 256>>>(s.gated ? h.ptr : gu.ptr, wd.ptr, out.ptr, s.m, s.d, s.f);
     TW_CUDA_CHECK_LAUNCH();
     ref = out.download();
@@ -439,6 +449,37 @@ TEST(FusedFfn, Bk128MatchesReference) {
 // multiples of 8 in 64 .. 2048, M in 1 .. 300, gated or plain, each on every mainloop with the
 // planner's defaults (the splits of fill_split and ffn_down_split included). TW_SHAPE_SEED picks
 // the grid: the default is the same every run, any other one a grid no test names.
+// data's shape on every mainloop this GPU has, with the planner's defaults, against the reference.
+void check_every_mainloop(FfnData& data, const std::string& what) {
+  for (const std::string& ml : kMainloops) {
+    if (ml != "sm80" && !have_sm90()) continue;
+    FfnOptions opt;
+    set_mainloop(opt, ml);
+    opt.spin_limit = kSpinLimit;
+    FusedFfn ffn(data.s, opt);
+    EXPECT_LT(data.check(ffn), kTol) << ml << " " << what << " M=" << data.s.m << " d=" << data.s.d << " F=" << data.s.f;
+  }
+}
+
+// The plain chain's activations on the first GEMM's output (issue 16): ReLU and tanh-GeLU on every
+// mainloop, at M = 1 (split-K: the activation must see the whole sum, not a slice's partial), 37 and
+// 200, odd sizes; a gated FFN with another activation, or an unknown name, is refused by name.
+TEST(FusedFfn, PlainChainActivations) {
+  TW_REQUIRE_GPU();
+  for (const FfnActivation act : {FfnActivation::Relu, FfnActivation::GeluTanh})
+    for (const auto& [m, d, f] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 1024, 2816}, {37, 520, 1096}, {200, 1536, 1152}}) {
+      FfnShape s{m, d, f, false};
+      s.act = act;
+      FfnData data(s);
+      check_every_mainloop(data, std::string(to_string(act)));
+    }
+  FfnShape gated{16, 1024, 2816, true};
+  gated.act = FfnActivation::Relu;
+  EXPECT_THROW(FusedFfn{gated}, InvalidArgument);
+  EXPECT_EQ(ffn_activation_from("gelu_tanh"), FfnActivation::GeluTanh);
+  EXPECT_THROW(ffn_activation_from("gelu"), InvalidArgument);
+}
+
 TEST(FusedFfn, RandomShapeGrid) {
   TW_REQUIRE_GPU();
   uint64_t seed = 16;
@@ -449,14 +490,7 @@ TEST(FusedFfn, RandomShapeGrid) {
     const int64_t m = 1 + int64_t(rng() % 300), d = 8 * (8 + int64_t(rng() % 249)), f = 8 * (8 + int64_t(rng() % 249));
     const bool gated = rng() % 2 == 0;
     FfnData data({m, d, f, gated});
-    for (const std::string& ml : kMainloops) {
-      if (ml != "sm80" && !have_sm90()) continue;
-      FfnOptions opt;
-      set_mainloop(opt, ml);
-      opt.spin_limit = kSpinLimit;
-      FusedFfn ffn(data.s, opt);
-      EXPECT_LT(data.check(ffn), kTol) << ml << " M=" << m << " d=" << d << " F=" << f << (gated ? " gated" : " plain");
-    }
+    check_every_mainloop(data, gated ? "gated" : "plain");
   }
 }
 }  // namespace

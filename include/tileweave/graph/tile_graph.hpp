@@ -179,9 +179,16 @@ class TileGraph {
 };
 
 // The Llama-style FFN: H = silu(X Wg^T) * (X Wu^T); Y = H Wd^T.
+// The plain chain's activation on its first GEMM's output (the gated FFN's is SiLU(gate) * up):
+// none, ReLU, or GeLU with the tanh approximation (PyTorch's gelu(approximate="tanh")).
+enum class FfnActivation : int32_t { None = 0, Relu = 1, GeluTanh = 2 };
+const char* to_string(FfnActivation a);
+FfnActivation ffn_activation_from(const std::string& name);  // "none" | "relu" | "gelu_tanh"; else InvalidArgument
+
 struct FfnShape {
   int64_t m = 16, d = 4096, f = 14336;
-  bool gated = true;  // false: the research notes' plain two-GEMM chain Y = (X W0^T) W1^T
+  bool gated = true;  // false: the research notes' plain two-GEMM chain Y = act(X W0^T) W1^T
+  FfnActivation act = FfnActivation::None;  // the plain chain's act; a gated FFN takes None
 };
 struct FfnTiling {
   Tiling gate_up{64, 128, 64, 1, {}};

@@ -28,11 +28,15 @@ def randn(*shape, std=1.0, seed=0):
 # ---- FFN ----
 
 
-def ffn_ref(x, w_gate_up, w_down, gated):
+def ffn_ref(x, w_gate_up, w_down, gated, activation="identity"):
     a = x.float() @ w_gate_up.float().T
     if gated:
         f = w_down.shape[1]
         a = torch.nn.functional.silu(a[:, :f]) * a[:, f:]
+    elif activation == "relu":
+        a = torch.relu(a)
+    elif activation == "gelu_tanh":
+        a = torch.nn.functional.gelu(a, approximate="tanh")
     h = a.to(torch.bfloat16).float()  # the op keeps h in bf16
     return h @ w_down.float().T
 
@@ -43,14 +47,14 @@ def ffn_weights(d, f, gated, seed=1):
 
 @pytest.mark.parametrize("m", [1, 19, 99])
 @pytest.mark.parametrize("d, f", [(256, 512), (520, 1048), (4096, 1024)])
-@pytest.mark.parametrize("activation", ["silu", "identity"])
+@pytest.mark.parametrize("activation", ["silu", "identity", "relu", "gelu_tanh"])
 def test_ffn(m, d, f, activation):
     gated = activation == "silu"
     wgu, wd = ffn_weights(d, f, gated)
     x = randn(m, d, seed=m)
     y = ops.ffn(x, wgu, wd, activation=activation)
     assert y.shape == (m, d) and y.dtype == torch.bfloat16
-    assert rel_err(y, ffn_ref(x, wgu, wd, gated)) < 2e-2
+    assert rel_err(y, ffn_ref(x, wgu, wd, gated, activation)) < 2e-2
 
 
 @needs_sm90
