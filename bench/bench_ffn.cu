@@ -47,13 +47,6 @@ __global__ void fill_random(bf16* p, int64_t n, uint64_t seed, float scale) {
   }
 }
 
-template <class T>
-T* dev_alloc(size_t n) {
-  T* p;
-  TW_CUDA_CHECK(cudaMalloc(&p, n * sizeof(T)));
-  return p;
-}
-
 struct Model {
   std::string name;
   int64_t d, f;

@@ -46,13 +46,6 @@ std::vector<Shape> ffn_grid(uint64_t seed, int count) {
   return out;
 }
 
-template <class T>
-T* dev_alloc(int64_t n) {
-  T* p = nullptr;
-  TW_CUDA_CHECK(cudaMalloc(&p, std::max<int64_t>(n, 1) * sizeof(T)));
-  return p;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {

@@ -175,6 +175,14 @@ inline void fill_noise_bf16(__nv_bfloat16* p, size_t n, uint64_t seed, float sca
   TW_CUDA_CHECK_LAUNCH();
 }
 
+// n elements of T on the device (at least one), uninitialised.
+template <class T>
+T* dev_alloc(int64_t n) {
+  T* p = nullptr;
+  TW_CUDA_CHECK(cudaMalloc(&p, size_t(std::max<int64_t>(n, 1)) * sizeof(T)));
+  return p;
+}
+
 // An FFN's weights in sets (gate|up, or the one first matrix, [n1, d]; down [d, f]), enough of them
 // that L2 holds none of a launch's weights when launches take the sets in turn; noise scaled by
 // 1 / sqrt(fan-in).

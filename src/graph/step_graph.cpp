@@ -20,14 +20,15 @@ constexpr int64_t kUnit = kernels::kDecodeStageTokens;
 
 // K slices per op at most, where the slices reduce (gate/up, the LM head). Every op of a step waits
 // for the whole op before it, so a norm consumer's last-slice reduction (partials in, arrival, sums
-// out, epilogue, release) is on the step's critical path once per op; beyond 4 slices that chain cost more than spreading the op over more SMs gained
-// (H200, Llama-3.2-1B shape, B = 1, KV 1024, when o_proj and down reduced the same way: 1149.7 us with
-// up to 8 slices, 1108.9 with 4, 1205.6 with 2, 1419.3 unsplit).
+// out, epilogue, release) is on the step's critical path once per op; beyond 4 slices that chain
+// cost more than spreading the op over more SMs gained (H200, Llama-3.2-1B shape, B = 1, KV 1024,
+// when o_proj and down reduced the same way: 1149.7 us with up to 8 slices, 1108.9 with 4, 1205.6
+// with 2, 1419.3 unsplit).
 constexpr int64_t kMaxStepSlices = 4;
 // o_proj and down add their slices into the residual stream (qkv into its sums buffer) with no
-// reduction between them, so more slices cost little: up to 8, as many as keep every tile in one wave (H200, B = 1 KV 1024 / B = 16 KV
-// 4096: Llama-3.2-1B 1019.5 -> 964.1 / 1811.4 -> 1761.7 us with 8 slices instead of 4; Llama-3-8B
-// with 5 (160 tiles on 132 SMs) 7293 -> 7441 us at B = 16: its second wave is a tail).
+// reduction between them, so more slices cost little: up to 8 (H200, B = 1 KV 1024 / B = 16 KV 4096:
+// Llama-3.2-1B 1019.5 -> 964.1 / 1811.4 -> 1761.7 us with 8 slices instead of 4; Llama-3-8B with 5
+// (160 tiles on 132 SMs) 7293 -> 7441 us at B = 16: its second wave is a tail).
 constexpr int64_t kMaxWriterSlices = 8;
 
 // One GEMM op of the step on the sm90 tile: out_cols output columns per tile (128, or 64 for paired

@@ -10,8 +10,9 @@
 // consumers (qkv, gate/up, LM head) write their stages' activations themselves, from the fp32
 // residual stream (consume_weight_tile). What depends on nothing goes out before the tile waits on
 // its producers' counters: a weight tile's first stage, an attention tile's K/V (the QKV tiles leave
-// q|k|v as sums in qkv_acc, which the attention's consumers finish: finish_qkv). The ring runs on across tiles and across op kinds, so the next tile's
-// operands stream while the consumers finish this one.
+// q|k|v as sums in qkv_acc, which the attention's consumers finish: finish_qkv). The ring runs on
+// across tiles and across op kinds, so the next tile's operands stream while the consumers finish
+// this one.
 //
 // Dependencies. The producer warp polls the tile's counters (acquire), fences the async proxy and
 // only then issues the copies of produced data. Consumers that read produced data with ordinary
@@ -21,8 +22,8 @@
 // Such data is read with ld.global.cg (L1 is not coherent with other SMs).
 //
 // Timelines (opt.trace): besides the executor's words, a gate/up or LM head tile stamps kTraceMark1
-// when its split arrives and kTraceMark2 once it has the split's sums; an attention tile's kTraceComputed is
-// the end of its stages (before the pair counts and merges).
+// when its split arrives and kTraceMark2 once it has the split's sums; an attention tile's
+// kTraceComputed is the end of its stages (before the pair counts and merges).
 //
 // No deadlock: inside a CTA the producer issues every stage of a tile before it touches the next
 // tile, and arrives on `ready` as soon as it has acquired the tile's producers (before the stages that
@@ -776,9 +777,10 @@ template <class Cfg>
 __device__ void finish_qkv_tile(const StepParams& p, StepShared& sh, const StepOpArgs& o, const DeviceTile& t,
                                 int32_t id, const float (&acc)[Cfg::kAcc], int ct) {
   const int lane = ct % 32, B = p.batch;
-  consumer_sync();  // the slice's sums of squares (consume_weight_tile) are in sh.rstd
-  if (t.tn == 0 && ct < B)
-    asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(p.qkv_ss + 4 * ct), "f"(sh.rstd[ct]) : "memory");
+  if (t.tn == 0) {  // the tile's whole CTA takes this branch or none
+    consumer_sync();  // the slice's sums of squares (consume_weight_tile) are in sh.rstd
+    if (ct < B) asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(p.qkv_ss + 4 * ct), "f"(sh.rstd[ct]) : "memory");
+  }
   const int r0 = t.tn * kTileRows + (ct / 32) * 16 + lane / 4;
 #pragma unroll
   for (int i = 0; i < Cfg::kAcc; ++i) {
