@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "harness.cuh"
+#include "step_timeline.cuh"
 #include "tileweave/model/cache_model.hpp"
 #include "tileweave/order/orders.hpp"
 #include "tileweave/ops/decode_step.hpp"
@@ -31,45 +32,6 @@ std::vector<Case> parse_cases(const std::string& s) {
     out.push_back({parts[0], tw::bench::parse_counts(parts[1], "batch")[0], tw::bench::parse_counts(parts[2], "kv_len")[0]});
   }
   return out;
-}
-
-// Per op of the last launch (tile timelines): when its first ticket was taken and its last tile done,
-// the mean tile time from the consumers' start to the publication, and the mean wait for producers;
-// every tile of layers 0 and 1 (and the embedding), and of the LM head and the sample.
-nlohmann::json op_timeline(const tw::DecodeStep& st) {
-  const auto times = st.plan().read_trace();
-  const tw::TileGraph& g = st.graph().graph;
-  nlohmann::json ops = nlohmann::json::array(), tiles = nlohmann::json::array(), lm_tiles = nlohmann::json::array();
-  std::printf("  %-24s %6s %9s %9s %9s %9s\n", "op", "tiles", "first_us", "last_us", "tile_us", "wait_us");
-  for (int op = 0; op < int(g.ops().size()); ++op) {
-    const tw::Op& o = g.op(op);
-    double first = 1e30, last = 0, busy = 0, wait = 0;
-    int n = 0, nw = 0;
-    for (int t = o.first_tile; t < o.first_tile + o.num_tiles; ++t) {
-      const auto& x = times[t];
-      if (x.taken < 0) continue;
-      first = std::min(first, x.taken);
-      last = std::max(last, x.done);
-      if (x.started >= 0 && x.done >= 0) busy += x.done - x.started, ++n;
-      if (x.ready >= 0) wait += x.ready - x.taken, ++nw;
-    }
-    const bool early = o.name.rfind("layers.0.", 0) == 0 || o.name.rfind("layers.1.", 0) == 0 || o.name == "embed";
-    if (early || o.name == "lm_head" || o.name == "sample")
-      for (int t = o.first_tile; t < o.first_tile + o.num_tiles; ++t) {
-        const auto& x = times[t];
-        (early ? tiles : lm_tiles).push_back({t, op, x.sm, x.taken, x.ready, x.started, x.computed, x.done, x.mark1, x.mark2});
-      }
-    ops.push_back({{"op", o.name}, {"tiles", o.num_tiles}, {"first_us", first}, {"last_us", last},
-                   {"tile_us", n ? busy / n : 0.0}, {"wait_us", nw ? wait / nw : 0.0}});
-    const bool show = o.name.rfind("layers.", 0) != 0 || o.name.rfind("layers.0.", 0) == 0 || o.name.rfind("layers.1.", 0) == 0;
-    if (show)
-      std::printf("  %-24s %6d %9.1f %9.1f %9.2f %9.2f\n", o.name.c_str(), o.num_tiles, first, last, n ? busy / n : 0.0,
-                  nw ? wait / nw : 0.0);
-  }
-  const nlohmann::json columns = {"tile", "op", "sm", "taken", "ready", "started", "computed", "done", "mark1", "mark2"};
-  return {{"ops", ops},
-          {"tiles_layers_0_1", {{"columns", columns}, {"rows", tiles}}},
-          {"tiles_lm_head", {{"columns", columns}, {"rows", lm_tiles}}}};
 }
 
 }  // namespace
@@ -151,7 +113,7 @@ int main(int argc, char** argv) {
       j["model_read_bytes"] = sim.dram_read;
       j["model_write_bytes"] = sim.dram_write;
     }
-    if (trace) j["timeline"] = op_timeline(st);
+    if (trace) j["timeline"] = tw::bench::op_timeline(st);
     res.add(j);
     char row[256];
     std::snprintf(row, sizeof row, "%-13s B=%-3d KV=%-6d split<=%-2d attn=%-3dK %8.1f us b2b %8.1f replay floor %7.1f %5.1f%%",

@@ -200,11 +200,15 @@ StepGraph build_step_graph(const ModelConfig& c, const DecodeStepShape& s, const
   g.x_final = x;
   g.w_lm = G.add_tensor("lm_head", V, d, 2, TensorRole::Weight);
   g.logits = G.add_tensor("logits", B, V, 4, TensorRole::Output);
-  // Running maxima of the logits, one 64-bit (value, index) key per row.
+  // Running maxima of the logits, one 64-bit (value, index) key per row. Under tensor parallelism each
+  // rank's LM head keeps the maxima of its vocabulary block (global indices), and an all-reduce (max)
+  // of the keys gives every rank the step's tokens.
   g.maxima = G.add_tensor("logits.max", B, 2, 4, TensorRole::Intermediate);
+  const int maxima_part = s.tp > 1 ? G.add_tensor("logits.max.part", B, 2, 4, TensorRole::Intermediate) : g.maxima;
   GemmExtras lx;
-  g.op_lm_head = G.add_gemm_ex("lm_head", OpKind::Gemm, g.x_final, g.w_lm, g.logits, t.lm_head, lx, {g.maxima},
-                               [&](Tile& tile) { tile.writes.push_back({g.maxima, 0, B, 0, 2}); });
+  g.op_lm_head = G.add_gemm_ex("lm_head", OpKind::Gemm, g.x_final, g.w_lm, g.logits, t.lm_head, lx, {maxima_part},
+                               [&](Tile& tile) { tile.writes.push_back({maxima_part, 0, B, 0, 2}); });
+  if (s.tp > 1) g.op_maxima_reduce = G.add_all_reduce("lm_head.max_reduce", maxima_part, g.maxima, s.tp, 2);
   g.next = G.add_tensor("next_tokens", B, 1, 4, TensorRole::Output);
   g.op_sample = G.add_sample("sample", g.maxima, g.next);
   return g;
@@ -213,7 +217,13 @@ StepGraph build_step_graph(const ModelConfig& c, const DecodeStepShape& s, const
 std::map<int, SyncSpec> step_sync_policy(const StepGraph& g) {
   std::map<int, SyncSpec> p;
   for (int op = 0; op < static_cast<int>(g.graph.ops().size()); ++op) p[op] = {SyncPolicy::Row, 1};
-  for (const auto& L : g.layers) p[L.op_gate_up] = {SyncPolicy::Tile, 1};
+  for (const auto& L : g.layers) {
+    p[L.op_gate_up] = {SyncPolicy::Tile, 1};
+    // Under tensor parallelism o_proj's and down's readers are the all-reduce tiles, 128 columns each:
+    // each waits for its own columns' tiles, so the reductions start while the op's stragglers run.
+    if (L.op_o_proj_reduce >= 0) p[L.op_o_proj] = {SyncPolicy::Tile, 1};
+    if (L.op_down_reduce >= 0) p[L.op_down] = {SyncPolicy::Tile, 1};
+  }
   return p;
 }
 
@@ -230,10 +240,37 @@ StepCollectives step_collectives(const ModelConfig& c, int tp, int batch) {
   if (tp == 1) return k;
   k.all_reduces = 2 * c.num_layers;
   k.all_reduce_bytes = int64_t(batch) * c.hidden_size * 4;
-  k.all_gathers = 1;
-  k.all_gather_bytes = int64_t(batch) * 8 * tp;
-  k.link_bytes = k.all_reduces * (2 * (tp - 1) * k.all_reduce_bytes / tp) + k.all_gathers * ((tp - 1) * k.all_gather_bytes / tp);
+  k.max_reduces = 1;
+  k.max_reduce_bytes = int64_t(batch) * 8;
+  k.link_bytes = k.all_reduces * (2 * (tp - 1) * k.all_reduce_bytes / tp) + k.max_reduces * (2 * (tp - 1) * k.max_reduce_bytes / tp);
   return k;
+}
+
+std::vector<StepSegment> step_segments(const StepGraph& g, const Schedule& s) {
+  const TileGraph& G = g.graph;
+  validate(G, s);
+  std::vector<StepSegment> out(1);
+  const int n = static_cast<int>(s.order.size());
+  for (int i = 0; i < n;) {
+    const int op = G.tile(s.order[i]).op;
+    if (G.op(op).kind != OpKind::AllReduce) {
+      ++i;
+      continue;
+    }
+    // The collective's tiles run on the host's stream between two launches: they must be one run of tickets.
+    const Op& r = G.op(op);
+    out.back().end = i;
+    out.back().collective = op;
+    int j = i;
+    while (j < n && G.tile(s.order[j]).op == op) ++j;
+    if (j - i != r.num_tiles)
+      bad("order '" + s.name + "' interleaves the tiles of collective '" + r.name + "' with other tiles (" +
+          std::to_string(j - i) + " of its " + std::to_string(r.num_tiles) + " in a row)");
+    out.push_back({j, n, -1});
+    i = j;
+  }
+  out.back().end = n;
+  return out;
 }
 
 }  // namespace tw

@@ -94,31 +94,42 @@ struct DecodeStep::Buffers {
   std::vector<int64_t> ws_elems;
   StepOpArgs* ops = nullptr;
   step::StepParams params{};
+  std::vector<step::StepParams> segment_params;  // params with each segment's ticket range and signals
+  char* exchange = nullptr;  // collectives in the launch: this rank's exchange region (decode_step_sm90.hpp)
+  int64_t exchange_bytes = 0;
   int64_t cache_elems = 0;  // per layer and K or V
 };
 
-DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : cfg_(c), opt_(opt) {
+DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : model_(c), opt_(opt) {
   // Host checks first: nothing touches the GPU before the config and the options are valid.
-  cfg_.validate();
+  model_.validate();
+  cfg_ = tensor_parallel_shard(model_, opt.tp);  // the tp count's checks (heads, FFN, vocabulary divisible)
+  if (opt.rank < 0 || opt.rank >= opt.tp)
+    bad("rank " + std::to_string(opt.rank) + " is outside [0, tp = " + std::to_string(opt.tp) + ")");
   if (cfg_.head_dim != 64 && cfg_.head_dim != 128) bad("head_dim " + std::to_string(cfg_.head_dim) + " is not 64 or 128");
   if (cfg_.hidden_size % 8 || cfg_.intermediate_size % 8)
     bad("hidden_size " + std::to_string(cfg_.hidden_size) + " and intermediate_size " +
-        std::to_string(cfg_.intermediate_size) + " must be multiples of 8");
+        std::to_string(cfg_.intermediate_size) + (opt.tp > 1 ? " (each of " + std::to_string(opt.tp) + " ranks' share)" : "") +
+        " must be multiples of 8");
   if (opt.batch < 1 || opt.batch > kMaxStepBatch)
     bad("batch " + std::to_string(opt.batch) + " is outside [1, " + std::to_string(kMaxStepBatch) + "]");
   if (opt.max_seq_len < 1) bad("max_seq_len " + std::to_string(opt.max_seq_len) + " must be >= 1");
   if (opt.history < 0) bad("history " + std::to_string(opt.history) + " must be >= 0");
+  if (opt.sms < 0) bad("sms " + std::to_string(opt.sms) + " must be >= 0");
+  if (opt.collectives_in_launch && opt.tp > step::kMaxRanks)
+    bad("tp " + std::to_string(opt.tp) + " with the collectives in the launch: at most " + std::to_string(step::kMaxRanks) + " ranks");
   shape_.batch = opt.batch;
   shape_.layout = opt.layout;
   shape_.max_seq_len = opt.max_seq_len;
   shape_.page_size = opt.page_size;
   shape_.num_pages = opt.num_pages;
+  shape_.tp = opt.tp;
   if (opt.layout == KvLayout::Paged) {
     if (opt.page_size < 16 || opt.page_size % 16) bad("page_size " + std::to_string(opt.page_size) + " is not a positive multiple of 16");
     if (opt.num_pages < 0) bad("num_pages " + std::to_string(opt.num_pages) + " must be >= 0");
   }
   int major = 0;
-  const int sms = device_sms(&major);
+  const int device = device_sms(&major), sms = opt.sms > 0 ? std::min(opt.sms, device) : device;
   if (major != 9) bad("needs an sm_90 GPU (H100/H200); this one is sm_" + std::to_string(major) + "x");
 
   // The plan's graph: every cache full, so the attention gets its most tiles (P); the executor's
@@ -132,13 +143,15 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : cfg
   }
   g_ = build_step_graph(cfg_, shape_, std::vector<int>(opt.batch, int(opt.max_seq_len - 1)), table, tiling_);
   sched_ = make_order(g_.graph, opt.order);
+  const bool in_launch = opt.tp > 1 && opt.collectives_in_launch;
+  segs_ = in_launch ? std::vector<StepSegment>{{0, g_.graph.num_tiles(), -1}} : step_segments(g_, sched_);
   const ExecPlan plan = make_exec_plan(g_.graph, sched_, step_sync_policy(g_));
   act_rows_ = step_act_rows(opt.batch);
   // Sets the kernel's shared-memory attribute and checks that one CTA fits an SM.
   if (cfg_.head_dim == 64) step::prepare_kernel_d64(act_rows_);
   else step::prepare_kernel_d128(act_rows_);
   grid_ = sms;
-  plan_ = std::make_unique<runtime::DevicePlan>(plan);
+  plan_ = std::make_unique<runtime::DevicePlan>(plan, int(segs_.size()));
   if (opt.trace) plan_->enable_trace();
 
   // Buffers.
@@ -151,7 +164,8 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : cfg
   b.cache_elems = (opt.layout == KvLayout::Paged ? int64_t(pool) * opt.page_size : int64_t(B) * opt.max_seq_len) * Hkv * D;
   const int x_cols = sm90::stage_cols_for(R), x_blocks = int((d + x_cols - 1) / x_cols);
   b.xres_elems = step::kResidualBuffers * int64_t(x_blocks) * B * x_cols;
-  b.xres = b.alloc<float>(b.xres_elems);
+  // Collectives in the launch: the stream lives in the exchange region (below) instead.
+  if (!(opt.tp > 1 && opt.collectives_in_launch)) b.xres = b.alloc<float>(b.xres_elems);
   b.qkv_acc_elems = int64_t(B) * (qkv + 4);
   b.qkv_acc = b.alloc<float>(b.qkv_acc_elems);
   for (int l = 0; l < L; ++l) {
@@ -167,9 +181,20 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : cfg
     y.v_cache = b.alloc<bf16>(b.cache_elems);
     b.layers.push_back(y);
   }
-  b.embed = b.alloc<bf16>(V * d);
+  b.embed = b.alloc<bf16>(model_.vocab_size * d);
   b.w_lm = b.alloc<bf16>(packed_elems(V, d, false));
-  b.maxima = b.alloc<unsigned long long>(2 * B);
+  // Collectives in the launch: the exchange region [stream | LM-head keys | flags] (decode_step_sm90.hpp).
+  const int flag_tiles = int((d + ffn_sm90::kTileRows - 1) / ffn_sm90::kTileRows);
+  const int64_t xres_bytes = b.xres_elems * 4, maxima_bytes = 2 * int64_t(B) * 8;
+  const int64_t flags_bytes = int64_t(step::kResidualBuffers) * flag_tiles * opt.tp * 4;
+  if (in_launch) {
+    b.exchange_bytes = xres_bytes + maxima_bytes + flags_bytes;
+    b.exchange = b.alloc<char>(b.exchange_bytes);
+    b.xres = reinterpret_cast<float*>(b.exchange);
+    b.maxima = reinterpret_cast<unsigned long long*>(b.exchange + xres_bytes);
+  } else {
+    b.maxima = b.alloc<unsigned long long>(2 * B);
+  }
   const int P = tiling_.attention_tiles = g_.graph.op(g_.layers[0].op_attention).num_tiles;
   b.o_part = b.alloc<float>(int64_t(P) * 2 * G * D);
   b.lse_part = b.alloc<float>(int64_t(P) * 2 * G);
@@ -248,6 +273,20 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : cfg
   ops[g_.op_lm_head] = gemm(g_.op_lm_head, step::kLmHead, b.w_lm, nullptr, 2 * L, -1);
   ops[g_.op_sample].kind = step::kSample;
   ops[g_.op_sample].x_in = ops[g_.op_sample].x_out = -1;
+  auto all_reduce = [&](int op, int writer) {  // tiles of the launch only with the collectives in it
+    if (op < 0) return;
+    StepOpArgs& a = ops[op];
+    a.kind = step::kAllReduce;
+    a.n = int32_t(G_.op(op).n);
+    a.cols = int32_t(ffn_sm90::kTileRows);  // the graph's columns per all-reduce tile
+    a.x_in = -1;
+    a.x_out = writer;
+  };
+  for (int l = 0; l < L; ++l) {
+    all_reduce(g_.layers[l].op_o_proj_reduce, 2 * l + 1);
+    all_reduce(g_.layers[l].op_down_reduce, 2 * l + 2);
+  }
+  all_reduce(g_.op_maxima_reduce, -1);
   b.ops = b.alloc<StepOpArgs>(int64_t(ops.size()));
   TW_CUDA_CHECK(cudaMemcpy(b.ops, ops.data(), ops.size() * sizeof(StepOpArgs), cudaMemcpyHostToDevice));
 
@@ -283,6 +322,9 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : cfg
   p.history = b.history;
   p.history_len = opt.history;
   p.embed = b.embed;
+  p.embed_vocab = int32_t(model_.vocab_size);
+  p.add_residual = opt.rank == 0;
+  p.vocab_offset = int32_t(int64_t(opt.rank) * V);
   p.maxima = b.maxima;
   p.logits = b.logits;
   p.xres = b.xres;
@@ -294,13 +336,79 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : cfg
   p.qkv_cols = int32_t(qkv);
   const std::vector<float> inv = cfg_.rope_inv_freq();
   std::copy(inv.begin(), inv.end(), p.inv_freq);
+  p.rank = opt.rank;
+  p.ranks = opt.tp;
+  if (in_launch) {
+    p.push = 1;
+    p.flags = reinterpret_cast<uint32_t*>(b.exchange + xres_bytes + maxima_bytes);
+    p.flag_tiles = flag_tiles;
+    p.maxima_offset = xres_bytes;
+    p.flags_offset = xres_bytes + maxima_bytes;
+    p.region[opt.rank] = b.exchange;
+  }
+  make_segment_params();
   TW_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// One launch per segment, each with its own launch state (an epoch that counts steps); a launch after
+// a collective first counts the collective's tiles done (StepParams::signal_tiles: their ids are the
+// tickets between the two segments).
+void DecodeStep::make_segment_params() {
+  Buffers& b = *buf_;
+  const int32_t* order = plan_->params().order;
+  b.segment_params.clear();
+  for (size_t i = 0; i < segs_.size(); ++i) {
+    step::StepParams q = b.params;
+    q.ep = plan_->params_range(segs_[i].begin, segs_[i].end, int(i), opt_.spin_limit, opt_.delay_ns);
+    if (i > 0) {
+      q.signal_tiles = order + segs_[i - 1].end;
+      q.num_signal_tiles = segs_[i].begin - segs_[i - 1].end;
+    }
+    b.segment_params.push_back(q);
+  }
+}
+
+void* DecodeStep::exchange_region() const { return buf_->params.push ? buf_->params.xres : nullptr; }
+int64_t DecodeStep::exchange_bytes() const { return buf_->exchange_bytes; }
+
+void DecodeStep::set_exchange_alone() {
+  set_exchange(std::vector<void*>(opt_.tp, exchange_region()));
+  // Flags of 0x7F7F7F7F pass every wait (instance numbers stay far below); this rank's own are
+  // overwritten by its tiles' releases, which its waits then pass too.
+  const step::StepParams& p = buf_->params;
+  TW_CUDA_CHECK(cudaMemset(p.flags, 0x7F, size_t(buf_->exchange_bytes - p.flags_offset)));
+}
+
+void DecodeStep::set_exchange(const std::vector<void*>& regions, void* local) {
+  Buffers& b = *buf_;
+  if (!b.exchange) bad("set_exchange: the step has no collectives in the launch (tp > 1 and collectives_in_launch)");
+  if (int(regions.size()) != opt_.tp)
+    bad("set_exchange: " + std::to_string(regions.size()) + " regions for " + std::to_string(opt_.tp) + " ranks");
+  for (size_t q = 0; q < regions.size(); ++q)
+    if (!regions[q]) bad("set_exchange: rank " + std::to_string(q) + "'s region is null");
+  step::StepParams& p = b.params;
+  if (local) {  // this rank's region moves (NCCL's window), holding what the step's own holds
+    TW_CUDA_CHECK(cudaMemcpy(local, b.exchange, size_t(b.exchange_bytes), cudaMemcpyDeviceToDevice));
+    char* base = static_cast<char*>(local);
+    b.exchange = base;  // (the step's own allocation stays allocated, unused)
+    b.xres = p.xres = reinterpret_cast<float*>(base);
+    b.maxima = p.maxima = reinterpret_cast<unsigned long long*>(base + p.maxima_offset);
+    p.flags = reinterpret_cast<uint32_t*>(base + p.flags_offset);
+  }
+  // regions[rank] may be another mapping of the local region (NCCL's LSA pointer to itself).
+  for (size_t q = 0; q < regions.size(); ++q) p.region[q] = static_cast<char*>(regions[q]);
+  make_segment_params();
+  exchange_set_ = true;
 }
 
 DecodeStep::~DecodeStep() = default;
 
-void DecodeStep::load_weights(const HostWeights& w) {
-  w.check(cfg_);  // every tensor present with its size, before anything is uploaded
+void DecodeStep::load_weights(const HostWeights& whole) {
+  whole.check(model_);  // every tensor present with its size, before anything is uploaded
+  // The rank's shard; the embedding table stays whole (each rank reads its B rows: no collective).
+  HostWeights shard;
+  if (opt_.tp > 1) shard = tensor_parallel_weights(whole, model_, opt_.tp, opt_.rank);
+  const HostWeights& w = opt_.tp > 1 ? shard : whole;
   Buffers& b = *buf_;
   const int L = cfg_.num_layers;
   const int64_t d = cfg_.hidden_size, f = cfg_.intermediate_size, V = cfg_.vocab_size;
@@ -353,7 +461,7 @@ void DecodeStep::load_weights(const HostWeights& w) {
     host = w.at(p + "mlp.down_proj.weight");
     pack(d, f, false, y.w_down);
   }
-  const auto& embed = w.at("model.embed_tokens.weight");
+  const auto& embed = whole.at("model.embed_tokens.weight");
   TW_CUDA_CHECK(cudaMemcpy(b.embed, embed.data(), embed.size() * 2, cudaMemcpyHostToDevice));
   const auto& lm = w.lm_head();
   const auto& g_final = w.at("model.norm.weight");
@@ -377,7 +485,7 @@ void DecodeStep::random_weights(uint64_t seed, float std) {
     fill(y.w_down, packed_elems(d, f, false));
     if (y.bias) fill(y.bias, qkv);
   }
-  fill(b.embed, V * d);
+  fill(b.embed, model_.vocab_size * d);
   fill(b.w_lm, packed_elems(V, d, false));
   TW_CUDA_CHECK(cudaDeviceSynchronize());
 }
@@ -420,9 +528,9 @@ void DecodeStep::set_tokens(const std::vector<int32_t>& tokens, cudaStream_t str
   if (int(tokens.size()) != opt_.batch)
     bad("set_tokens: " + std::to_string(tokens.size()) + " tokens for batch " + std::to_string(opt_.batch));
   for (int b = 0; b < opt_.batch; ++b)
-    if (tokens[b] < 0 || tokens[b] >= cfg_.vocab_size)
+    if (tokens[b] < 0 || tokens[b] >= model_.vocab_size)
       bad("set_tokens: token " + std::to_string(tokens[b]) + " of sequence " + std::to_string(b) + " is outside [0, " +
-          std::to_string(cfg_.vocab_size) + ")");
+          std::to_string(model_.vocab_size) + ")");
   TW_CUDA_CHECK(cudaMemcpyAsync(buf_->tokens, tokens.data(), tokens.size() * 4, cudaMemcpyHostToDevice, stream));
   TW_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
@@ -436,17 +544,63 @@ void DecodeStep::set_active(const std::vector<uint8_t>& active, cudaStream_t str
   TW_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
-void DecodeStep::step(cudaStream_t stream) {
+void DecodeStep::check_before_step() const {
   if (opt_.layout == KvLayout::Paged && !page_table_set_)
     bad("step: the pool has fewer pages than batch * pages_per_seq, so there is no default page table: set one");
   for (int b = 0; b < opt_.batch; ++b)
     if (lengths_[b] >= opt_.max_seq_len)
       bad("step: sequence " + std::to_string(b) + " holds " + std::to_string(lengths_[b]) +
           " tokens: its cache (max_seq_len " + std::to_string(opt_.max_seq_len) + ") has no room for the new one");
-  if (cfg_.head_dim == 64) step::launch_d64(buf_->params, grid_, opt_.overlap_previous, stream);
-  else step::launch_d128(buf_->params, grid_, opt_.overlap_previous, stream);
+}
+
+void DecodeStep::step(cudaStream_t stream) {
+  if (segs_.size() > 1)
+    bad("step: rank " + std::to_string(opt_.rank) + " of a tensor-parallel step (tp " + std::to_string(opt_.tp) +
+        ") runs launch by launch between its collectives: run_segment and collective (TensorParallelLocal on one GPU, "
+        "step_over_nccl over NCCL)");
+  run_segment(0, stream);
+}
+
+void DecodeStep::run_segment(int i, cudaStream_t stream) {
+  if (i < 0 || i >= segments())
+    bad("run_segment: segment " + std::to_string(i) + " is outside [0, " + std::to_string(segments()) + ")");
+  if (buf_->exchange && !exchange_set_)
+    bad("step: the collectives are in the launch, and the ranks' exchange regions are not set (set_exchange)");
+  if (i == 0) check_before_step();
+  if (cfg_.head_dim == 64) step::launch_d64(buf_->segment_params[i], grid_, opt_.overlap_previous, stream);
+  else step::launch_d128(buf_->segment_params[i], grid_, opt_.overlap_previous, stream);
+  if (i + 1 < segments()) return;
   for (int b = 0; b < opt_.batch; ++b) lengths_[b] += active_[b] ? 1 : 0;
   ++launches_;
+}
+
+StepCollective DecodeStep::collective(int i) const {
+  if (i < 0 || i + 1 >= segments())
+    bad("collective: segment " + std::to_string(i) + " has none (segments: " + std::to_string(segments()) + ")");
+  const int op = segs_[i].collective;
+  const Buffers& b = *buf_;
+  const step::StepParams& p = b.params;
+  StepCollective c;
+  if (op == g_.op_maxima_reduce) {  // this step's parity of the keys (sample_tile)
+    c.kind = StepCollective::MaxU64;
+    c.data = b.maxima + (launches_ & 1) * opt_.batch;
+    c.count = opt_.batch;
+    return c;
+  }
+  // The stream writer the all-reduce completes: o_proj of layer l is writer 2l + 1, down 2l + 2; its
+  // buffer rotates with the step (decode_step_sm90.hpp: residual_buffer).
+  int writer = -1;
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    if (op == g_.layers[l].op_o_proj_reduce) writer = 2 * l + 1;
+    if (op == g_.layers[l].op_down_reduce) writer = 2 * l + 2;
+  }
+  if (writer < 0) bad("collective: op " + std::to_string(op) + " is not one of the step's all-reduces");
+  const int64_t per_buffer = int64_t(p.x_blocks) * p.batch * p.x_cols;
+  const uint32_t g = uint32_t(launches_) * uint32_t(p.writers) + uint32_t(writer);  // mod 2^32, as on the device
+  c.kind = StepCollective::SumF32;
+  c.data = b.xres + int64_t(g % step::kResidualBuffers) * per_buffer;
+  c.count = per_buffer;
+  return c;
 }
 
 std::vector<int32_t> DecodeStep::tokens(cudaStream_t stream) const {
@@ -486,6 +640,9 @@ void DecodeStep::reset() {
     if (b.ws[i]) TW_CUDA_CHECK(cudaMemset(b.ws[i], 0, b.ws_elems[i] * sizeof(float)));
   TW_CUDA_CHECK(cudaMemset(b.merge_count, 0, sizeof(int32_t) * opt_.batch * cfg_.num_kv_heads));
   TW_CUDA_CHECK(cudaMemset(b.maxima, 0, sizeof(unsigned long long) * 2 * opt_.batch));
+  // The flags too: a flag left from an aborted launch would pass a later wait. (Every rank resets: the
+  // flags count from the epochs, which restart.)
+  if (b.exchange) TW_CUDA_CHECK(cudaMemset(b.exchange, 0, size_t(b.exchange_bytes)));
   TW_CUDA_CHECK(cudaMemset(b.xres, 0, sizeof(float) * b.xres_elems));
   TW_CUDA_CHECK(cudaMemset(b.qkv_acc, 0, sizeof(float) * b.qkv_acc_elems));
   launches_ = 0;

@@ -125,6 +125,11 @@ __device__ __forceinline__ float* residual_buffer(const StepParams& p, uint32_t 
   const uint32_t g = epoch * uint32_t(p.writers) + uint32_t(w);  // mod 2^32, a multiple of 4
   return p.xres + int64_t(g % kResidualBuffers) * p.x_blocks * p.batch * p.x_cols;
 }
+// Rank q's copy of `local`, an address in this rank's exchange region (collectives in the launch).
+template <class T>
+__device__ __forceinline__ T* on_rank(const StepParams& p, int q, T* local) {
+  return reinterpret_cast<T*>(p.region[q] + (reinterpret_cast<const char*>(local) - reinterpret_cast<const char*>(p.xres)));
+}
 // Element (m, col) of a residual-stream buffer (< 2^31: batch <= 128, hidden < 2^23).
 __device__ __forceinline__ int residual_at(const StepParams& p, int m, int col) {
   const int blk = col / p.x_cols;
@@ -395,8 +400,12 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
     prev_kind = kind;
     const int s0 = ps.stage;
     // Weights depend on nothing: a weight tile's first stage goes out before the tile is queued or
-    // polls its producers (in an overlapped launch, before the wait for the previous kernel).
-    if (lane == 0 && n > 0) {
+    // polls its producers (in an overlapped launch, before the wait for the previous kernel). A ring's
+    // worth there instead measured slower everywhere (H200: 1B B = 1 931 -> 971 us, 8B 4203 -> 4232; a
+    // TP-2 rank's 66 launches of the 8B shard 3885 -> 4062: decode_step_early_ring_ab.json): the SM's
+    // copies in flight delay its later loads, the tile's activations among them.
+    const int early = n == 0 ? 0 : 1;
+    if (lane == 0 && early) {
       const int s = acquire_stage(ring, ps);
       arm_stage(ring, s, stage_bytes(kst0));
       issue_weights(ring, s, o, t.tn, kst0, w_policy);
@@ -404,6 +413,10 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
     if (first) {
       runtime::grid_dependency_wait();  // from here on the previous kernel has finished
       if (lane == 0) runtime::enter_launch(ep, sh.slots);
+      if (blockIdx.x == 0 && lane == 0)  // the collective before this launch (tensor parallelism) is done
+        for (int i = 0; i < p.num_signal_tiles; ++i)
+          cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(ep.signals[ep.tiles[p.signal_tiles[i]].signal])
+              .fetch_add(1u, cuda::memory_order_release);
       __syncwarp();
     }
     const float* xres = staged ? residual_buffer(p, sh.slots.epoch, o.x_in) : nullptr;  // after enter_launch
@@ -435,9 +448,9 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
     if (weights) {
       // Producers done: every stage gets weights and activations together. Otherwise a ring's worth
       // of weights goes out before the wait and their activations after it.
-      const int pre = ready ? 1 : min(n, ps.count);
+      const int pre = max(early, ready ? 1 : min(n, ps.count));
       if (lane == 0)
-        for (int j = 1; j < pre; ++j) {
+        for (int j = early; j < pre; ++j) {
           const int s = acquire_stage(ring, ps);
           arm_stage(ring, s, stage_bytes(kst0 + j));
           issue_weights(ring, s, o, t.tn, kst0 + j, w_policy);
@@ -577,7 +590,7 @@ __device__ void weight_epilogue(const StepParams& p, StepShared& sh, const StepO
       if (m >= B || col >= o.n) continue;
       const float v = acc[4 * q + e] * sh.rstd[m];
       if (p.logits) p.logits[int64_t(m) * p.vocab + col] = v;
-      const unsigned long long key = (uint64_t(ordered_bits(v)) << 32) | (0xFFFFFFFFu - uint32_t(col));
+      const unsigned long long key = (uint64_t(ordered_bits(v)) << 32) | (0xFFFFFFFFu - uint32_t(p.vocab_offset + col));
       best[e & 1] = max(best[e & 1], key);
     }
     // The 8 lanes of a warp that share lane % 4 hold the same activation rows.
@@ -590,7 +603,9 @@ __device__ void weight_epilogue(const StepParams& p, StepShared& sh, const StepO
     }
   }
   consumer_sync();
-  if (ct < B) atomicMax(p.maxima + (epoch & 1) * B + ct, sh.red[ct]);
+  if (ct < B)
+    for (int q = 0; q < (p.push ? p.ranks : 1); ++q)  // every rank's keys (collectives in the launch)
+      atomicMax((p.push ? on_rank(p, q, p.maxima) : p.maxima) + (epoch & 1) * B + ct, sh.red[ct]);
 }
 
 // o_proj / down: the K slice's part of x' = x + a W^T added into writer x_out's buffer (slice 0 adds x
@@ -611,7 +626,7 @@ __device__ __forceinline__ void add_to_residual(const StepParams& p, const StepO
     const int col = r0 + 8 * ((i & 3) >> 1);
     return m < p.batch && col < o.n ? residual_at(p, m, col) : -1;
   };
-  if (t.ks == 0) {
+  if (t.ks == 0 && p.add_residual) {
     const float* x = residual_buffer(p, epoch, o.x_in);
     constexpr int kBatch = Cfg::kAcc < 16 ? Cfg::kAcc : 16;
 #pragma unroll
@@ -627,10 +642,13 @@ __device__ __forceinline__ void add_to_residual(const StepParams& p, const StepO
     }
   }
   float* y = residual_buffer(p, epoch, o.x_out);
+  for (int q = 0; q < (p.push ? p.ranks : 1); ++q) {  // every rank's stream (collectives in the launch)
+    float* yq = p.push ? on_rank(p, q, y) : y;
 #pragma unroll
-  for (int i = 0; i < Cfg::kAcc; ++i) {
-    const int e = at(i);
-    if (e >= 0) asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(y + e), "f"(acc[i]) : "memory");
+    for (int i = 0; i < Cfg::kAcc; ++i) {
+      const int e = at(i);
+      if (e >= 0) asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(yq + e), "f"(acc[i]) : "memory");
+    }
   }
   if (t.ks == 0) {
     float4* z = reinterpret_cast<float4*>(residual_buffer(p, epoch, o.x_out + 2));
@@ -1056,7 +1074,7 @@ __device__ void embed_tile(const StepParams& p, const StepOpArgs& o, const Devic
   float* z = residual_buffer(p, epoch, o.x_out + 2);
   for (int i = ct; i < p.batch * vecs; i += kConsumers) {
     const int m = i / vecs, col = c0 + 8 * (i % vecs);
-    const int tok = min(max(__ldcg(&p.tokens[m]), 0), p.vocab - 1);  // the host checks; never read out of bounds
+    const int tok = min(max(__ldcg(&p.tokens[m]), 0), p.embed_vocab - 1);  // the host checks; never read out of bounds
     const uint4 v = __ldg(reinterpret_cast<const uint4*>(p.embed + int64_t(tok) * p.hidden + col));
     const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&v);
     const float2 a = __bfloat1622float2(h2[0]), b = __bfloat1622float2(h2[1]), c = __bfloat1622float2(h2[2]),
@@ -1081,6 +1099,37 @@ __device__ void sample_tile(const StepParams& p, int ct, uint32_t epoch) {
     if (!p.active || p.active[ct]) p.seq_lens[ct] += 1;
     p.maxima[(1 - par) * p.batch + ct] = 0ull;
   }
+}
+
+// An all-reduce tile (tensor parallelism, collectives in the launch): this rank's o_proj / down tiles
+// of o.cols stream columns (or its LM head tiles, for the max-reduce: x_out < 0) have added their parts
+// into every rank's buffer (`ready`, acquired at GPU scope). One thread says so to every rank -- a
+// system-scope fence, cumulative, so those adds are visible to whoever sees the flag after it -- then
+// waits for every rank's flag of the tile: the sum is then in this rank's own buffer. Buffer reuse: a
+// rank's writer g tiles add into every rank's buffer g % 4 only after its all-reduce of writer g - 1,
+// which waited for every rank's flags of g - 1, raised after each rank's writer g - 1 tiles -- and those
+// come after its writer g - 2 tiles, whose slice 0 zeroed its buffer g % 4. (The maxima the same way,
+// by step parity: the sample tile zeroes them.) The publish goes before the wait: no two ranks wait on
+// each other.
+__device__ void all_reduce_tile(const StepParams& p, const StepOpArgs& o, const DeviceTile& t, int ct, uint32_t epoch) {
+  if (ct != 0) return;
+  const uint32_t g = epoch * uint32_t(p.writers) + uint32_t(o.x_out < 0 ? 0 : o.x_out), value = g + 1;
+  const int64_t row = (int64_t(g % kResidualBuffers) * p.flag_tiles + t.tn) * p.ranks;
+  asm volatile("fence.acq_rel.sys;\n" ::: "memory");  // one fence, then relaxed stores (a release each cost a fence each)
+  for (int q = 0; q < p.ranks; ++q)
+    asm volatile("st.relaxed.sys.global.u32 [%0], %1;\n" ::"l"(on_rank(p, q, p.flags) + row + p.rank), "r"(value) : "memory");
+  uint32_t polls = 0;
+  for (int q = 0; q < p.ranks; ++q)
+    for (;;) {
+      uint32_t v;
+      asm volatile("ld.acquire.sys.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p.flags + row + q) : "memory");
+      if (int32_t(v - value) >= 0) break;
+      if (p.ep.spin_limit && ++polls > p.ep.spin_limit) {
+        atomicExch(&p.ep.state->error, 1u);
+        break;
+      }
+      __nanosleep(64);
+    }
 }
 
 template <class Cfg, int D>
@@ -1128,6 +1177,11 @@ __device__ void run_consumer(const Ring<Cfg>& ring, StepShared& sh, float* scrat
         mbar_wait(&sh.ready[qs], qphase, "ready");
         embed_tile(p, o, t, ct, epoch);
         finish_tile(p, t, id, ct, false);
+        break;
+      case kAllReduce:
+        mbar_wait(&sh.ready[qs], qphase, "ready");
+        all_reduce_tile(p, o, t, ct, epoch);
+        finish_tile(p, t, id, ct, false);  // the stream and the keys are read with ordinary loads
         break;
       default:  // kSample
         mbar_wait(&sh.ready[qs], qphase, "ready");

@@ -22,6 +22,8 @@ enum StepKind : int32_t {
   kGateUp,      // h = silu(rmsnorm(x) Wg^T) * (rmsnorm(x) Wu^T): act layout
   kLmHead,      // logits = rmsnorm(x) Wlm^T: running maxima per row (and the logits, if kept)
   kSample,      // greedy tokens from the maxima; lengths advance; the other parity's maxima are zeroed
+  kAllReduce,   // tensor parallelism, collectives in the launch: every rank's part of 128 stream columns
+                // summed into this rank's stream (or every rank's LM-head keys, max)
 };
 
 // The residual stream is fp32 [B, hidden] in four rotating buffers. Its writers (embed, then o_proj
@@ -46,6 +48,7 @@ constexpr int kMinAttentionUnits = 8;
 constexpr int kMaxSlices = 64;  // split-K slices per op (the slice table travels with the op)
 constexpr int kThreads = 384;   // one producer warpgroup + two consumer warpgroups
 constexpr int kMaxRows = sm90::kMaxActRows;  // activation rows R (the per-row tables' size)
+constexpr int kMaxRanks = 8;                 // tensor-parallel ranks with collectives in the launch
 
 // Activations that a weight tile reads are kept in its operand layout (the "act layout"): per 64-column
 // atom, R rows of 128 bytes with the 128-byte swizzle (16-byte chunk j of row m at j ^ (m % 8)), R =
@@ -107,7 +110,34 @@ struct StepParams {
   const int32_t* active;
   int32_t* history;  // [history_len][B] by launch epoch, or null
   int32_t history_len;
-  const __nv_bfloat16* embed;     // [vocab, hidden]
+  const __nv_bfloat16* embed;     // [embed_vocab, hidden]
+  int32_t embed_vocab;            // the whole model's vocabulary (the table is whole on every rank)
+  // Tensor parallelism (one rank's step, DecodeStepOptions::tp): o_proj and down add the residual on
+  // rank 0 only (add_residual), so the all-reduce of the ranks' parts adds it once; the LM head's keys
+  // carry the rank's first vocabulary row (vocab_offset; vocab is the rank's block); and a launch
+  // between collectives first counts the collective before it done on its tiles' counters
+  // (signal_tiles: its tile ids, bumped by block 0 after the grid dependency wait, i.e. after the
+  // collective on the stream has finished).
+  int32_t add_residual;
+  int32_t vocab_offset;
+  const int32_t* signal_tiles;
+  int32_t num_signal_tiles;
+  // Collectives inside the launch (DecodeStepOptions::collectives_in_launch), pushed: the residual
+  // stream's buffers (xres), the maxima and the all-reduce flags of every rank live in its exchange
+  // region, [xres | maxima | flags] at the same offsets on every rank; rank q's is at region[q] (this
+  // process's pointers: NCCL's LSA pointers to the ranks' windows, or the other ranks' regions on one
+  // GPU). o_proj and down add their parts into every rank's stream buffer (red.add, NVLink's atomics
+  // across GPUs) and the LM head its keys into every rank's maxima (atomicMax); an all-reduce tile
+  // then only says that this rank's parts of its columns are in (a flag in every rank's region) and
+  // waits until every rank has said so: the sum is in its own buffer. Flag (slot, tile, q) holds the
+  // number + 1 of the last all-reduce instance rank q's parts of that tile are in for; instance g =
+  // epoch * writers + w (the writer w it completes; w = 0: the max-reduce) uses slot g % 4, the
+  // stream buffer of writer g. push = 0: none of this (one rank, or collectives between launches).
+  int32_t push;
+  uint32_t* flags;
+  int32_t rank, ranks, flag_tiles;
+  int64_t maxima_offset, flags_offset;  // bytes into a region
+  char* region[kMaxRanks];
   unsigned long long* maxima;     // [2][B] (value, index) keys by launch parity
   float* logits;                  // [B, vocab] or null
   float* xres;                    // kResidualBuffers x [x_blocks][B][x_cols] fp32 residual stream

@@ -24,9 +24,10 @@ __global__ void wait_for_producer(const ExecState* producer, const ExecState* co
 size_t align_up(size_t v) { return (v + 255) & ~size_t(255); }
 }  // namespace
 
-DevicePlan::DevicePlan(const ExecPlan& plan) : plan_(plan) {
+DevicePlan::DevicePlan(const ExecPlan& plan, int slots) : plan_(plan), slots_(slots) {
+  if (slots < 1) throw InvalidArgument("DevicePlan: " + std::to_string(slots) + " launch-state slots (need >= 1)");
   // One allocation: [state | signals | arrivals] (zeroed) then [order | tiles | waits] (uploaded).
-  const size_t state_b = align_up(2 * sizeof(ExecState));
+  const size_t state_b = align_up(size_t(slots) * sizeof(ExecState));
   const size_t sig_b = align_up(sizeof(uint32_t) * (plan.num_signal_counters + 1));
   const size_t arr_b = align_up(sizeof(uint32_t) * (plan.num_arrive_counters + 1));
   const size_t order_b = align_up(sizeof(int32_t) * plan.order.size());
@@ -88,7 +89,7 @@ ExecParams DevicePlan::params(uint32_t spin_limit, uint32_t delay_ns) const {
 }
 
 ExecParams DevicePlan::params_range(int begin, int end, int slot, uint32_t spin_limit, uint32_t delay_ns) const {
-  if (begin < 0 || end < begin || end > p_.num_tiles || slot < 0 || slot > 1)
+  if (begin < 0 || end < begin || end > p_.num_tiles || slot < 0 || slot >= slots_)
     throw InvalidArgument("DevicePlan::params_range: tickets [" + std::to_string(begin) + ", " + std::to_string(end) +
                           ") slot " + std::to_string(slot) + " out of range");
   ExecParams p = params(spin_limit, delay_ns);
@@ -99,10 +100,12 @@ ExecParams DevicePlan::params_range(int begin, int end, int slot, uint32_t spin_
 }
 
 uint32_t DevicePlan::error() const {
-  ExecState s[2];
+  std::vector<ExecState> s(slots_);
   TW_CUDA_CHECK(cudaDeviceSynchronize());
-  TW_CUDA_CHECK(cudaMemcpy(s, p_.state, sizeof s, cudaMemcpyDeviceToHost));
-  return s[0].error | s[1].error;
+  TW_CUDA_CHECK(cudaMemcpy(s.data(), p_.state, sizeof(ExecState) * s.size(), cudaMemcpyDeviceToHost));
+  uint32_t error = 0;
+  for (const ExecState& e : s) error |= e.error;
+  return error;
 }
 
 void DevicePlan::reset() {

@@ -129,11 +129,11 @@ TEST(StepGraph, TensorParallelCollectives) {
   const StepCollectives k = step_collectives(c, 2, 1);
   EXPECT_EQ(k.all_reduces, 160);
   EXPECT_EQ(k.all_reduce_bytes, 8192 * 4);
-  EXPECT_EQ(k.all_gathers, 1);
-  EXPECT_EQ(k.all_gather_bytes, 16);
-  EXPECT_EQ(k.link_bytes, 160 * 32768 + 8);  // 2 (tp - 1) / tp of each message, (tp - 1) / tp of the gather
+  EXPECT_EQ(k.max_reduces, 1);
+  EXPECT_EQ(k.max_reduce_bytes, 8);
+  EXPECT_EQ(k.link_bytes, 160 * 32768 + 8);  // 2 (tp - 1) / tp of each message
   EXPECT_EQ(step_collectives(c, 1, 4).all_reduces, 0);
-  EXPECT_EQ(step_collectives(c, 4, 16).link_bytes, 160 * (6 * 16 * 8192 * 4 / 4) + 3 * 16 * 8 * 4 / 4);
+  EXPECT_EQ(step_collectives(c, 4, 16).link_bytes, 160 * (6 * 16 * 8192 * 4 / 4) + 6 * 16 * 8 / 4);
   // A rank's graph: the shard's step with an all-reduce after every o_proj and down, between them and
   // their consumers, moving what step_collectives counts for them.
   const ModelConfig tiny = named_config("tiny-llama");
@@ -144,7 +144,36 @@ TEST(StepGraph, TensorParallelCollectives) {
   s.tp = 2;
   const StepGraph g = build_step_graph(shard, s, {10, 20, 30}, {}, plan_step_tiling(shard, 3, 132));
   const StepCollectives want = step_collectives(tiny, 2, 3);
-  EXPECT_EQ(g.graph.link_bytes(), want.all_reduces * (2 * want.all_reduce_bytes / 2));
+  EXPECT_EQ(g.graph.link_bytes(), want.link_bytes);
+  ASSERT_GE(g.op_maxima_reduce, 0);
+  EXPECT_EQ(g.graph.op(g.op_maxima_reduce).c, g.maxima);
+  // The rank's launches: one per segment between collectives, in the step's default order.
+  const Schedule sched = make_order(g.graph, "kslices/col_major");
+  const std::vector<StepSegment> seg = step_segments(g, sched);
+  ASSERT_EQ(seg.size(), size_t(2 * tiny.num_layers + 2));
+  EXPECT_EQ(seg.front().begin, 0);
+  EXPECT_EQ(seg.back().end, g.graph.num_tiles());
+  EXPECT_EQ(seg.back().collective, -1);
+  EXPECT_EQ(seg[seg.size() - 2].collective, g.op_maxima_reduce);
+  EXPECT_EQ(seg[0].collective, g.layers[0].op_o_proj_reduce);
+  EXPECT_EQ(seg[1].collective, g.layers[0].op_down_reduce);
+  for (size_t i = 0; i + 1 < seg.size(); ++i)
+    EXPECT_EQ(seg[i + 1].begin - seg[i].end, g.graph.op(seg[i].collective).num_tiles);
+  EXPECT_EQ(g.graph.tile(sched.order[seg.back().begin]).op, g.op_sample);
+  // A collective whose tiles are not one run of tickets is refused by name.
+  // (Its first tile moved to right after the o_proj tiles it reads: a topological order still.)
+  Schedule split = sched;
+  const int ar0 = split.order[seg[0].end];
+  split.order.erase(split.order.begin() + seg[0].end);
+  int last_reader = -1;
+  for (int i = 0; i < seg[0].end; ++i) {
+    const Tile& t = g.graph.tile(split.order[i]);
+    if (t.op == g.layers[0].op_o_proj && t.tn == 0) last_reader = i;
+  }
+  ASSERT_LT(last_reader + 1, seg[0].end);  // d 256: two collective tiles, o_proj tiles of tn 1 after tn 0's
+  split.order.insert(split.order.begin() + last_reader + 1, ar0);
+  EXPECT_NO_THROW(validate(g.graph, split));
+  EXPECT_NE(error_of([&] { step_segments(g, split); }).find("o_proj.all_reduce"), std::string::npos);
   for (const auto& L : g.layers) {
     ASSERT_GE(L.op_o_proj_reduce, 0);
     const Op& r = g.graph.op(L.op_o_proj_reduce);

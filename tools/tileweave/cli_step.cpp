@@ -66,10 +66,10 @@ void run_step(const StepOptions& o) {
                                             {"gate_up", split(t.gate_up)}, {"down", split(t.down)}}},
                                 {"tp", o.tp},
                                 {"collectives", {{"all_reduces", k.all_reduces}, {"all_reduce_bytes", k.all_reduce_bytes},
-                                                 {"all_gathers", k.all_gathers}, {"all_gather_bytes", k.all_gather_bytes},
+                                                 {"max_reduces", k.max_reduces}, {"max_reduce_bytes", k.max_reduce_bytes},
                                                  {"link_bytes", k.link_bytes}, {"graph_link_bytes", g.graph.link_bytes()},
                                                  {"collective_us", o.collective_us},
-                                                 {"latency_us", (k.all_reduces + k.all_gathers) * o.collective_us}}}}
+                                                 {"latency_us", (k.all_reduces + k.max_reduces) * o.collective_us}}}}
                      .dump(2)
               << "\n";
     return;
@@ -87,11 +87,12 @@ void run_step(const StepOptions& o) {
   if (o.tp > 1)
     fmt::print("  tensor parallel: the lines above are one rank's of {} (heads {}/{}, ffn {}, vocab {} each); per step\n"
                "    {} all-reduces of {:.1f} KB (the fp32 stream after o_proj and down; in the graph as ops of\n"
-               "    128-column tiles, {:.2f} MB over each rank's link) + {} all-gather of {} B, {:.2f} MB in all\n"
-               "    (ring); at {:.1f} us a collective, {:.0f} us of latency unless overlapped\n",
+               "    128-column tiles, {:.2f} MB over each rank's link) + {} all-reduce (max) of the LM head's {} B of\n"
+               "    (value, index) keys, {:.2f} MB in all (ring); at {:.1f} us a collective, {:.0f} us of latency\n"
+               "    unless overlapped (the GPU step: DecodeStep with tp, the collectives in its launch or between)\n",
                o.tp, c.num_q_heads, c.num_kv_heads, c.intermediate_size, c.vocab_size, k.all_reduces,
-               k.all_reduce_bytes / 1e3, g.graph.link_bytes() / 1e6, k.all_gathers, k.all_gather_bytes,
-               k.link_bytes / 1e6, o.collective_us, (k.all_reduces + k.all_gathers) * o.collective_us);
+               k.all_reduce_bytes / 1e3, g.graph.link_bytes() / 1e6, k.max_reduces, k.max_reduce_bytes,
+               k.link_bytes / 1e6, o.collective_us, (k.all_reduces + k.max_reduces) * o.collective_us);
   fmt::print("  (simulated in {:.1f} s; the GPU run: build-gpu/bench/bench_decode_step)\n", seconds);
 }
 

@@ -18,6 +18,7 @@
 #include "tileweave/graph/tile_graph.hpp"
 #include "tileweave/kernels/sm90/tile_shape.hpp"
 #include "tileweave/llm/config.hpp"
+#include "tileweave/order/schedule.hpp"
 #include "tileweave/runtime/exec_plan.hpp"
 
 namespace tw {
@@ -73,6 +74,7 @@ struct StepGraph {
   std::vector<Layer> layers;
   int tokens = -1, embed_table = -1, x_final = -1, w_lm = -1, logits = -1, maxima = -1, next = -1;
   int op_embed = -1, op_lm_head = -1, op_sample = -1;
+  int op_maxima_reduce = -1;  // tp > 1: the all-reduce (max) of the LM head's per-row keys
 };
 
 // seq_lens: tokens in each sequence's cache before the step (the new token goes at that position);
@@ -82,7 +84,8 @@ StepGraph build_step_graph(const ModelConfig& c, const DecodeStepShape& s, const
 
 // How the executor synchronises the step: one counter per op (a consumer of a whole-row input waits
 // for all of the op's tiles anyway, and the attention tiles' pair ranges change with the lengths),
-// except per tile on gate/up, whose down slices each wait only for the h columns they read.
+// except per tile on gate/up, whose down slices each wait only for the h columns they read, and on
+// o_proj and down under tensor parallelism, whose all-reduce tiles each read 128 columns.
 std::map<int, SyncSpec> step_sync_policy(const StepGraph& g);
 
 // Bytes a step must read at least: every weight once (ModelConfig::decode_weight_bytes) and the K/V
@@ -90,17 +93,29 @@ std::map<int, SyncSpec> step_sync_policy(const StepGraph& g);
 int64_t step_floor_bytes(const ModelConfig& c, const std::vector<int>& seq_lens);
 
 // The collectives of one tensor-parallel decode step over tp ranks (each rank runs the step of
-// tensor_parallel_shard(c, tp)), per rank: an all-reduce of the fp32 stream [batch, hidden] after
-// every layer's o_proj and down, and one all-gather of the LM head's per-row (value, index) maxima
-// over the vocabulary shards. Ring algorithms: an all-reduce moves 2 (tp - 1) / tp of its message
-// over each rank's link, an all-gather (tp - 1) / tp of the gathered bytes.
+// tensor_parallel_shard(c, tp)), per rank: an all-reduce (sum) of the fp32 stream [batch, hidden] after
+// every layer's o_proj and down, and one all-reduce (max) of the LM head's per-row 64-bit (value,
+// index) keys over the vocabulary blocks (an all-gather and a max in one). Ring algorithms: an
+// all-reduce moves 2 (tp - 1) / tp of its message over each rank's link.
 struct StepCollectives {
   int all_reduces = 0;
   int64_t all_reduce_bytes = 0;  // one message
-  int all_gathers = 0;
-  int64_t all_gather_bytes = 0;  // one gathered result
+  int max_reduces = 0;
+  int64_t max_reduce_bytes = 0;  // one message
   int64_t link_bytes = 0;        // per rank, the whole step
 };
 StepCollectives step_collectives(const ModelConfig& c, int tp, int batch);
+
+// A tensor-parallel rank's step runs as launches between its collectives: segment i's launch runs the
+// tickets [begin, end) of schedule s; then its all-reduce op `collective` (whose tiles are the tickets
+// [end, next segment's begin)) runs on the stream (NCCL, or a local sum on one GPU), and the next
+// launch counts that op's tiles done before its own tiles wait on them. Any topological order works
+// (a tile's producers are in its segment or an earlier one) as long as each collective's tiles are one
+// run of tickets; InvalidArgument otherwise. One segment, no collective, when the graph has none.
+struct StepSegment {
+  int begin = 0, end = 0;
+  int collective = -1;  // the AllReduce op after the launch, or -1 (the step's last segment)
+};
+std::vector<StepSegment> step_segments(const StepGraph& g, const Schedule& s);
 
 }  // namespace tw

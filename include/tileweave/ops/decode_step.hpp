@@ -44,6 +44,26 @@ struct DecodeStepOptions {
   // cut pairs over many tiles.
   int64_t attention_min_tile_bytes = 0;
   int max_split = 0;                      // caps every op's K slices (0: the planner's)
+  // Tensor parallelism: this object is rank `rank` of `tp` (tensor_parallel_shard: its heads, FFN
+  // columns and vocabulary block; the embedding table whole). Its step runs as launches between the
+  // step's collectives (run_segment, collective): TensorParallelLocal runs every rank on one GPU,
+  // step_over_nccl (ops/decode_step_nccl.hpp) one rank per process over NCCL.
+  int tp = 1;
+  int rank = 0;
+  // The collectives as tiles of the one launch (NCCL's symmetric memory, or other ranks on one GPU:
+  // set_exchange) instead of between launches: the next layer's weights stream while a reduction is in
+  // flight, and a step is one launch.
+  bool collectives_in_launch = false;
+  int sms = 0;  // SMs the step plans for and launches on (0: the GPU's; ranks sharing one GPU split it)
+};
+
+// What runs on the stream between two of a tensor-parallel rank's launches: an in-place all-reduce
+// over the ranks of `count` elements at `data` (fp32 sums: the residual stream's parts; or the max of
+// uint64 keys: the LM head's (value, index) maxima).
+struct StepCollective {
+  enum Kind { SumF32, MaxU64 } kind = SumF32;
+  void* data = nullptr;
+  int64_t count = 0;
 };
 
 class DecodeStep {
@@ -71,18 +91,40 @@ class DecodeStep {
 
   // One step: for each sequence b its token at position lengths()[b]; the sampled tokens replace the
   // inputs; the active sequences' lengths grow by one. InvalidArgument (before the launch) when an
-  // active sequence's cache is full. One stream at a time.
+  // active sequence's cache is full. One stream at a time. (Tensor parallelism: use run_segment.)
   void step(cudaStream_t stream = nullptr);
+  // A tensor-parallel rank's step, segment by segment (one segment when tp == 1): launch i runs the
+  // tiles between collectives i - 1 and i; collective(i) says what the ranks all-reduce after it (for
+  // the step about to run: the stream's buffers rotate by step). The last segment's launch ends the
+  // step (the lengths advance).
+  int segments() const { return static_cast<int>(segs_.size()); }
+  void run_segment(int i, cudaStream_t stream = nullptr);
+  StepCollective collective(int i) const;  // i < segments() - 1
+  // Collectives in the launch: this rank's exchange region ([stream parts | LM-head keys | flags], which
+  // every rank reads), and set_exchange: where every rank's region is, in rank order, as pointers this
+  // process can dereference (NCCL's LSA pointers; other DecodeSteps' exchange_region() on one GPU).
+  // `local`, if not null, replaces this rank's own region (NCCL: a window of ncclMemAlloc memory, at
+  // least exchange_bytes(); what the step's own holds is copied there). Steps are refused until it is
+  // called.
+  void* exchange_region() const;
+  int64_t exchange_bytes() const;
+  void set_exchange(const std::vector<void*>& regions, void* local = nullptr);
+  // Benchmarks: this rank alone, every rank's region its own and every other rank's flags always
+  // raised, so its all-reduce tiles wait for nobody and sum its own part tp times (the launch's time
+  // without the link's latency; the results are not the model's).
+  void set_exchange_alone();
 
   std::vector<int32_t> tokens(cudaStream_t stream = nullptr) const;  // synchronises
-  std::vector<float> logits(cudaStream_t stream = nullptr) const;    // [batch][vocab]; needs keep_logits
+  std::vector<float> logits(cudaStream_t stream = nullptr) const;    // [batch][vocab] (the rank's block); needs keep_logits
   float* logits_device() const;                                      // the same on the device (null without)
   int32_t* tokens_device() const;                                    // [batch] inputs, then the sampled tokens
   // History row of launch e (e = 0 for the first step since the object was made), [batch].
   std::vector<int32_t> history(int64_t launch, cudaStream_t stream = nullptr) const;
   const std::vector<int>& lengths() const { return lengths_; }  // the host's view after the enqueued steps
 
-  const ModelConfig& config() const { return cfg_; }
+  const ModelConfig& config() const { return cfg_; }        // the rank's shard (the model when tp == 1)
+  const ModelConfig& model_config() const { return model_; }  // the whole model
+  const DecodeStepOptions& options() const { return opt_; }
   const DecodeStepShape& shape() const { return shape_; }
   const StepTiling& tiling() const { return tiling_; }
   const StepGraph& graph() const { return g_; }  // as planned (every cache full); step_graph builds others
@@ -95,7 +137,7 @@ class DecodeStep {
 
  private:
   struct Buffers;
-  ModelConfig cfg_;
+  ModelConfig model_, cfg_;
   DecodeStepOptions opt_;
   DecodeStepShape shape_;
   StepTiling tiling_;
@@ -108,6 +150,42 @@ class DecodeStep {
   int grid_ = 0, act_rows_ = 0;
   int64_t launches_ = 0;
   bool page_table_set_ = false;
+  std::vector<StepSegment> segs_;
+  bool exchange_set_ = false;
+  void check_before_step() const;
+  void make_segment_params();  // the launches' params from the step's (after the exchange regions change)
 };
+
+// Every rank of a tensor-parallel step in this process, on the current GPU, with the collectives as
+// local sums (max) over the ranks' buffers: the one-GPU check of the step that runs one rank per GPU
+// over NCCL. Each launch of the step runs on every rank before the collective after it.
+class TensorParallelLocal {
+ public:
+  // opt.collectives_in_launch: the ranks' launches run side by side on the GPU's SMs split between them
+  // (each on a stream of its own), their all-reduces tiles of those launches; else one rank's launch
+  // after another with a local all-reduce between.
+  TensorParallelLocal(const ModelConfig& c, int tp, DecodeStepOptions opt = {});
+  ~TensorParallelLocal();
+  int tp() const { return static_cast<int>(ranks_.size()); }
+  DecodeStep& rank(int r) { return *ranks_.at(r); }
+  const DecodeStep& rank(int r) const { return *ranks_.at(r); }
+  void load_weights(const HostWeights& w);  // the whole model's; each rank takes its shard
+  void set_lengths(const std::vector<int>& lengths, cudaStream_t stream = nullptr);
+  void set_page_table(const std::vector<int>& table, cudaStream_t stream = nullptr);
+  void set_tokens(const std::vector<int32_t>& tokens, cudaStream_t stream = nullptr);
+  void set_active(const std::vector<uint8_t>& active, cudaStream_t stream = nullptr);
+  void step(cudaStream_t stream = nullptr);
+  std::vector<int32_t> tokens(cudaStream_t stream = nullptr) const { return ranks_[0]->tokens(stream); }
+  std::vector<float> logits(cudaStream_t stream = nullptr) const;  // [batch][vocab], the ranks' blocks gathered
+  const std::vector<int>& lengths() const { return ranks_[0]->lengths(); }
+
+ private:
+  std::vector<std::unique_ptr<DecodeStep>> ranks_;
+  std::vector<cudaStream_t> streams_;  // collectives in the launch: one per rank
+  std::vector<cudaEvent_t> events_;    // [0]: the caller's stream; [1 + r]: rank r's launch
+};
+
+// The local all-reduce of TensorParallelLocal, in place over every rank's buffer (sums in rank order).
+void all_reduce_local(const std::vector<StepCollective>& parts, cudaStream_t stream);
 
 }  // namespace tw

@@ -12,17 +12,19 @@ namespace tw::runtime {
 
 class DevicePlan {
  public:
-  explicit DevicePlan(const ExecPlan& plan);
+  // slots: launch states, one per part of the schedule that runs as a launch of its own (params_range).
+  explicit DevicePlan(const ExecPlan& plan, int slots = 2);
   ~DevicePlan();
   DevicePlan(const DevicePlan&) = delete;
   DevicePlan& operator=(const DevicePlan&) = delete;
 
   ExecParams params(uint32_t spin_limit = 0, uint32_t delay_ns = 0) const;
-  // Tickets [begin, end) of the schedule with launch state `slot` (0 or 1), sharing the counters:
-  // two kernels that each run part of the schedule (the CuSync-style baseline) synchronise
-  // through the same per-tile counters.
+  // Tickets [begin, end) of the schedule with launch state `slot` (< slots()), sharing the counters:
+  // kernels that each run part of the schedule (the CuSync-style baseline; a tensor-parallel rank's
+  // step between its collectives) synchronise through the same per-tile counters.
   ExecParams params_range(int begin, int end, int slot, uint32_t spin_limit = 0, uint32_t delay_ns = 0) const;
   const ExecPlan& host() const { return plan_; }
+  int slots() const { return slots_; }
   // Synchronises the device; nonzero if a bounded wait expired in some launch since the last reset.
   uint32_t error() const;
   // Zeroes counters and state (needed only after an aborted launch).
@@ -44,6 +46,7 @@ class DevicePlan {
   ExecPlan plan_;
   char* mem_ = nullptr;
   size_t counter_bytes_ = 0;
+  int slots_ = 2;
   ExecParams p_{};
   unsigned long long* trace_ = nullptr;
 };

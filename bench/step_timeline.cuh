@@ -1,0 +1,52 @@
+// The decode step's tile timelines as the benchmarks print and record them (DecodeStepOptions::trace).
+#pragma once
+
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "tileweave/ops/decode_step.hpp"
+
+namespace tw::bench {
+
+// Per op of the last step (tile timelines; a tensor-parallel rank's step is several launches): when its first ticket was taken and its last tile done,
+// the mean tile time from the consumers' start to the publication, and the mean wait for producers;
+// every tile of layers 0 and 1 (and the embedding), and of the LM head and the sample.
+inline nlohmann::json op_timeline(const tw::DecodeStep& st) {
+  const auto times = st.plan().read_trace();
+  const tw::TileGraph& g = st.graph().graph;
+  nlohmann::json ops = nlohmann::json::array(), tiles = nlohmann::json::array(), lm_tiles = nlohmann::json::array();
+  std::printf("  %-24s %6s %9s %9s %9s %9s\n", "op", "tiles", "first_us", "last_us", "tile_us", "wait_us");
+  for (int op = 0; op < int(g.ops().size()); ++op) {
+    const tw::Op& o = g.op(op);
+    double first = 1e30, last = 0, busy = 0, wait = 0;
+    int n = 0, nw = 0;
+    for (int t = o.first_tile; t < o.first_tile + o.num_tiles; ++t) {
+      const auto& x = times[t];
+      if (x.taken < 0) continue;
+      first = std::min(first, x.taken);
+      last = std::max(last, x.done);
+      if (x.started >= 0 && x.done >= 0) busy += x.done - x.started, ++n;
+      if (x.ready >= 0) wait += x.ready - x.taken, ++nw;
+    }
+    const bool early = o.name.rfind("layers.0.", 0) == 0 || o.name.rfind("layers.1.", 0) == 0 || o.name == "embed";
+    if (early || o.name == "lm_head" || o.name == "sample")
+      for (int t = o.first_tile; t < o.first_tile + o.num_tiles; ++t) {
+        const auto& x = times[t];
+        (early ? tiles : lm_tiles).push_back({t, op, x.sm, x.taken, x.ready, x.started, x.computed, x.done, x.mark1, x.mark2});
+      }
+    ops.push_back({{"op", o.name}, {"tiles", o.num_tiles}, {"first_us", first}, {"last_us", last},
+                   {"tile_us", n ? busy / n : 0.0}, {"wait_us", nw ? wait / nw : 0.0}});
+    if (n == 0) continue;  // a collective (tensor parallelism): run on the stream between launches
+    const bool show = o.name.rfind("layers.", 0) != 0 || o.name.rfind("layers.0.", 0) == 0 || o.name.rfind("layers.1.", 0) == 0;
+    if (show)
+      std::printf("  %-24s %6d %9.1f %9.1f %9.2f %9.2f\n", o.name.c_str(), o.num_tiles, first, last, n ? busy / n : 0.0,
+                  nw ? wait / nw : 0.0);
+  }
+  const nlohmann::json columns = {"tile", "op", "sm", "taken", "ready", "started", "computed", "done", "mark1", "mark2"};
+  return {{"ops", ops},
+          {"tiles_layers_0_1", {{"columns", columns}, {"rows", tiles}}},
+          {"tiles_lm_head", {{"columns", columns}, {"rows", lm_tiles}}}};
+}
+
+}  // namespace tw::bench
