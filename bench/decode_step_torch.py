@@ -328,7 +328,7 @@ class DecodeStep(torch.nn.Module):
 
     def forward(self, tokens, pos):
         c, B, D = self.cfg, tokens.shape[0], self.cfg.head_dim
-        x = self.embed[tokens]
+        x = self._embed_rows(tokens)
         rpos = pos + self.rope_offset if self.rope_offset else pos
         freqs = rpos.to(torch.float32)[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
@@ -344,13 +344,23 @@ class DecodeStep(torch.nn.Module):
             kc, vc = self.kv(i)
             kc[self.batch_idx, :, pos] = k
             vc[self.batch_idx, :, pos] = v.view(B, c.n_kv, D)
-            x = x + F.linear(self._attend(kc, vc, q, mask), self.w_o[i])
+            x = x + self._reduce(F.linear(self._attend(kc, vc, q, mask), self.w_o[i]))
             h = self._rms(x, self.w_post[i])
             gate, up = F.linear(h, self.w_gate_up[i]).split((c.inter, c.inter), dim=-1)
-            x = x + F.linear(F.silu(gate) * up, self.w_down[i])
+            x = x + self._reduce(F.linear(F.silu(gate) * up, self.w_down[i]))
         x = self._rms(x, self.w_final)
         logits = F.linear(x, self.embed if self.lm_head is None else self.lm_head)
-        return logits.argmax(-1), logits
+        return self._pick(logits), logits
+
+    # Hooks for a tensor-parallel rank (bench/decode_step_torch_tp.py); here the whole model's.
+    def _embed_rows(self, tokens):
+        return self.embed[tokens]
+
+    def _reduce(self, x):  # the sum of the ranks' partial outputs of o_proj / down
+        return x
+
+    def _pick(self, logits):  # the greedy tokens
+        return logits.argmax(-1)
 
 
 # ----------------------------------------------------------------------------------------------------------- timing

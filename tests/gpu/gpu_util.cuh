@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -110,6 +111,17 @@ inline double rel_error(const std::vector<__nv_bfloat16>& out, const std::vector
     den += ref[i] * ref[i];
   }
   return std::sqrt(num / std::max(den, 1e-300));
+}
+
+// ||a - b|| / ||b|| over n floats (b the reference); infinite if `a` holds a non-finite value.
+inline double rel_error(const float* a, const float* b, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
 }
 
 }  // namespace tw::test

@@ -90,16 +90,6 @@ struct Stepper {
 
 int argmax(const float* v, int64_t n) { return int(std::max_element(v, v + n) - v); }
 
-// ||a - b|| / ||b|| over one row of logits; infinite if `a` holds a non-finite value.
-double rel_err(const float* a, const float* b, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
 
 struct Errors {
   double ours = 0, bf16 = 0;  // largest relative error of our logits and of the bf16 reference's, against fp32
@@ -167,7 +157,7 @@ Errors run_against_reference(const StepCase& k, uint64_t seed) {
       if (!active[b]) continue;
       const float* o = &ours[size_t(b) * V];
       const float* r = &want[size_t(b) * V];
-      const double err = rel_err(o, r, V), err_bf16 = rel_err(&bf16[size_t(b) * V], r, V);
+      const double err = test::rel_error(o, r, V), err_bf16 = test::rel_error(&bf16[size_t(b) * V], r, V);
       worst.ours = std::max(worst.ours, err);
       worst.bf16 = std::max(worst.bf16, err_bf16);
       per_step.push_back({s, b, err, err_bf16});
@@ -316,7 +306,7 @@ TEST(DecodeStep, StressRandomDelaysSameTokens) {
   int differ = 0;
   for (size_t row = 0; row * V < runs[0].size(); ++row) {
     const float* a = &runs[0][row * V];
-    ASSERT_LT(rel_err(&runs[1][row * V], a, V), 2e-2) << "logits row " << row;
+    ASSERT_LT(test::rel_error(&runs[1][row * V], a, V), 2e-2) << "logits row " << row;
     if (tokens[0][row] != tokens[1][row]) {  // only where the two logits are within the runs' difference
       ++differ;
       double peak = 0;
@@ -446,7 +436,7 @@ TEST(DecodeStep, TensorParallelTokensMatchOneRank) {
       const std::vector<float> a = whole.logits(), b = ranks.logits();
       const std::vector<int32_t> ta = whole.tokens(), tb = ranks.tokens();
       for (int r = 0; r < B; ++r) {
-        const double err = rel_err(&b[size_t(r) * V], &a[size_t(r) * V], V);
+        const double err = test::rel_error(&b[size_t(r) * V], &a[size_t(r) * V], V);
         worst = std::max(worst, err);
         ASSERT_LT(err, 2e-2) << "step " << s << " sequence " << r;
         EXPECT_EQ(tb[r], argmax(&b[size_t(r) * V], V));
