@@ -42,6 +42,7 @@
 
 #include "decode_step_sm90.hpp"
 #include "tileweave/util/cuda_check.hpp"
+#include "tileweave/kernels/activation.cuh"
 #include "tileweave/kernels/attention/decode.cuh"
 #include "tileweave/kernels/sm90/mainloop.cuh"
 #include "tileweave/runtime/executor.cuh"
@@ -508,7 +509,6 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
 
 // ---- consumers (two warpgroups, 256 threads; ct = thread index among them) ----
 
-__device__ __forceinline__ float silu(float v) { return __fdividef(v, 1.f + __expf(-v)); }
 // A float's bits as an unsigned key ordered like the floats.
 __device__ __forceinline__ uint32_t ordered_bits(float v) {
   const uint32_t b = __float_as_uint(v);
@@ -575,7 +575,7 @@ __device__ void weight_epilogue(const StepParams& p, StepShared& sh, const StepO
         const int m = 8 * q + 2 * (lane % 4) + e;
         if (m >= B) continue;
         const float r = sh.rstd[m];
-        o.out[act.index(m, pc)] = __float2bfloat16(silu(acc[4 * q + e] * r) * (acc[4 * q + e + 2] * r));
+        o.out[act.index(m, pc)] = __float2bfloat16(kernels::silu(acc[4 * q + e] * r) * (acc[4 * q + e + 2] * r));
       }
     return;
   }

@@ -32,7 +32,6 @@ struct ChainParams {
   GemmOpDesc ops[2];
 };
 
-__device__ __forceinline__ float silu(float v) { return v / (1.f + __expf(-v)); }
 
 template <int NT, int BK, int KS>
 __device__ void run_tile(const runtime::ExecParams& ep, runtime::BlockSlots& slots, const GemmOpDesc& o,
@@ -81,7 +80,7 @@ __device__ void run_tile(const runtime::ExecParams& ep, runtime::BlockSlots& slo
   };
   if (o.split == 1) {
     for_each_result([&](int64_t m, int64_t col, float a, float b) {
-      o.c[m * o.n + col] = __float2bfloat16(o.silu_mul ? silu(a) * b : kernels::ffn_activate(o.act, a));
+      o.c[m * o.n + col] = __float2bfloat16(o.silu_mul ? kernels::silu(a) * b : kernels::ffn_activate(o.act, a));
     });
   } else {
     // Split-K: every slice adds its partial sums into one fp32 accumulator with fire-and-forget
@@ -104,7 +103,7 @@ __device__ void run_tile(const runtime::ExecParams& ep, runtime::BlockSlots& slo
         if (o.silu_mul) {
           const float s1 = __ldcg(p + o.n);
           p[o.n] = 0.f;
-          o.c[m * o.n + col] = __float2bfloat16(silu(s0) * s1);
+          o.c[m * o.n + col] = __float2bfloat16(kernels::silu(s0) * s1);
         } else {
           o.c[m * o.n + col] = __float2bfloat16(kernels::ffn_activate(o.act, s0));
         }

@@ -185,7 +185,7 @@ __device__ __forceinline__ void for_each_output(const OpArgs& o, const DeviceTil
     if (col >= o.n) return;
 #pragma unroll
     for (int e = 0; e < 2; ++e)
-      if (m0 + e < o.m) f(m0 + e, col, v[e] / (1.f + __expf(-v[e])) * v[e + 2]);
+      if (m0 + e < o.m) f(m0 + e, col, kernels::silu(v[e]) * v[e + 2]);
   } else {
     const int64_t r = int64_t(t.tn) * kTileRows + warp * 16 + lane / 4;
 #pragma unroll

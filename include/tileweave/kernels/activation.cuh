@@ -1,9 +1,13 @@
-// The plain FFN chain's activation on a first-GEMM output (FfnActivation, graph/tile_graph.hpp),
-// applied by every tile body's epilogue to the whole sum (after a split-K reduction, never to a
-// partial: the activations are not linear).
+// Activations of first-GEMM outputs, applied by every tile body's epilogue to the whole sum (after a
+// split-K reduction, never to a partial: the activations are not linear): SiLU of the gated FFNs'
+// gate, and the plain FFN chain's (FfnActivation, graph/tile_graph.hpp).
 #pragma once
 
 namespace tw::kernels {
+
+// x * sigmoid(x). The fast division is exact enough for a bf16 output; where 1 + e^-x overflows
+// (x < -88) it gives 0, the limit.
+__device__ __forceinline__ float silu(float v) { return __fdividef(v, 1.f + __expf(-v)); }
 
 __device__ __forceinline__ float ffn_activate(int act, float v) {
   if (act == 1) return fmaxf(v, 0.f);  // ReLU
