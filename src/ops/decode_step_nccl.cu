@@ -97,7 +97,7 @@ void check_rank(const DecodeStep& step, const NcclRank& comm) {
 #ifdef TW_HAVE_NCCL_DEVICE
 namespace {
 __global__ void lsa_pointers_kernel(ncclWindow_t w, int n, void** out) {
-  for (int i = 0; i < n; ++i) out[i] = ncclGetLsaPointer(w, 0, i);
+  for (int i = 0; i < n; ++i) out[i] = ncclGetPeerPointer(w, 0, i);  // world rank i (every rank is in the LSA team)
 }
 }  // namespace
 
