@@ -27,37 +27,47 @@ def grid(quick):
     return [(b, l) for b in (1, 16, 64) for l in (512, 4096, 32768, 131072)]
 
 
-def time_sdpa(batch, length, warmup=10):
-    set_bytes = 2 * batch * HKV * length * D * 2
+def time_sdpa(batch, length, warmup=10, hq=HQ, hkv=HKV, d=D, lengths=None):
+    """SDPA on q [B, hq, 1, d] and K/V [B, hkv, length, d]; `lengths` (ragged: each sequence's keys, <=
+    length) adds a boolean mask [B, 1, 1, length], as a padded batch is run with SDPA."""
+    set_bytes = 2 * batch * hkv * length * d * 2
     sets = min(256, max(1, (512 << 20) // set_bytes + 1))
     free, _ = torch.cuda.mem_get_info()
     if sets * set_bytes + (4 << 30) > free:
         return {"skipped": "does not fit"}
     reps = 30 if set_bytes > (4 << 30) else 100
-    q = torch.empty(batch, HQ, 1, D, device="cuda", dtype=torch.bfloat16).uniform_(-1.732, 1.732)
+    q = torch.empty(batch, hq, 1, d, device="cuda", dtype=torch.bfloat16).uniform_(-1.732, 1.732)
+    mask = None
+    if lengths is not None:
+        n = torch.tensor(lengths, device="cuda")
+        mask = (torch.arange(length, device="cuda")[None, :] < n[:, None])[:, None, None, :]
     kv = []
     for _ in range(sets):
-        k = torch.empty(batch, HKV, length, D, device="cuda", dtype=torch.bfloat16).uniform_(-1.732, 1.732)
+        k = torch.empty(batch, hkv, length, d, device="cuda", dtype=torch.bfloat16).uniform_(-1.732, 1.732)
         v = torch.empty_like(k).uniform_(-1.732, 1.732)
         kv.append((k, v))
+
+    def call(k, v):
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=hq != hkv)
+
     graphs = []
     torch.cuda.synchronize()
     with torch.no_grad():
         for k, v in kv:  # warm each shape/backend outside capture, then capture
-            F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            call(k, v)
         torch.cuda.synchronize()
         pool = None
         for k, v in kv:
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=pool):
-                F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+                call(k, v)
             pool = g.pool()
             graphs.append(g)
         order = [i % sets for i in range(max(sets, 8))]
         seq = torch.cuda.CUDAGraph()
         with torch.cuda.graph(seq, pool=pool):
             for i in order:
-                F.scaled_dot_product_attention(q, kv[i][0], kv[i][1], enable_gqa=True)
+                call(*kv[i])
     seq_times = []
     for i in range(2 + 15):
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
