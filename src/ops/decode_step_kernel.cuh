@@ -1113,7 +1113,10 @@ __device__ void sample_tile(const StepParams& p, int ct, uint32_t epoch) {
 // each other.
 __device__ void all_reduce_tile(const StepParams& p, const StepOpArgs& o, const DeviceTile& t, int ct, uint32_t epoch) {
   if (ct != 0) return;
-  const uint32_t g = epoch * uint32_t(p.writers) + uint32_t(o.x_out < 0 ? 0 : o.x_out), value = g + 1;
+  // The instance number; the max-reduce comes after every writer of the step, so that a flag's values
+  // only grow: a wait passes on a later instance's flag, and numbered 0 it would have passed on the
+  // step's stream all-reduces of the same slot, raised before it.
+  const uint32_t g = epoch * uint32_t(p.writers) + uint32_t(o.x_out < 0 ? p.writers : o.x_out), value = g + 1;
   const int64_t row = (int64_t(g % kResidualBuffers) * p.flag_tiles + t.tn) * p.ranks;
   asm volatile("fence.acq_rel.sys;\n" ::: "memory");  // one fence, then relaxed stores (a release each cost a fence each)
   for (int q = 0; q < p.ranks; ++q)

@@ -131,8 +131,9 @@ struct StepParams {
   // then only says that this rank's parts of its columns are in (a flag in every rank's region) and
   // waits until every rank has said so: the sum is in its own buffer. Flag (slot, tile, q) holds the
   // number + 1 of the last all-reduce instance rank q's parts of that tile are in for; instance g =
-  // epoch * writers + w (the writer w it completes; w = 0: the max-reduce) uses slot g % 4, the
-  // stream buffer of writer g. push = 0: none of this (one rank, or collectives between launches).
+  // epoch * writers + w (the writer w it completes; w = writers: the max-reduce, after them all, so a
+  // flag's values grow in time) uses slot g % 4, the stream buffer of writer g. push = 0: none of this
+  // (one rank, or collectives between launches).
   int32_t push;
   uint32_t* flags;
   int32_t rank, ranks, flag_tiles;

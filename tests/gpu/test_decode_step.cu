@@ -419,7 +419,7 @@ TEST(DecodeStep, TensorParallelTokensMatchOneRank) {
     DecodeStep whole(cfg, opt);
     DecodeStepOptions tp_opt = opt;
     tp_opt.collectives_in_launch = in_launch;
-    tp_opt.delay_ns = in_launch ? 2000 : 0;  // random producer delays: the ranks' tiles out of step
+    tp_opt.delay_ns = in_launch ? 20000 : 0;  // random producer delays: the ranks' tiles out of step
     TensorParallelLocal ranks(cfg, tp, tp_opt);
     whole.load_weights(w);
     ranks.load_weights(w);
