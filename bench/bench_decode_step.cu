@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "harness.cuh"
-#include "step_timeline.cuh"
+#include "step_bench.cuh"
 #include "tileweave/model/cache_model.hpp"
 #include "tileweave/order/orders.hpp"
 #include "tileweave/ops/decode_step.hpp"
@@ -78,12 +78,7 @@ int main(int argc, char** argv) {
     opt.max_split = max_split;
     opt.attention_min_tile_bytes = int64_t(attn_kib) << 10;
     tw::DecodeStep st(cfg, opt);
-    st.random_weights(0x5EED + c.batch);
-    st.fill_cache_random(0xCAC4E);
-    const std::vector<int> lens(c.batch, c.kv_len - 1);
-    st.set_lengths(lens);
-    st.set_active(std::vector<uint8_t>(c.batch, 0));
-    st.set_tokens(std::vector<int32_t>(c.batch, 1));
+    tw::bench::prepare_timed_step(st, c.kv_len, 0x5EED + c.batch, 0xCAC4E);
     const int64_t wbytes = cfg.decode_weight_bytes(), kvbytes = cfg.kv_bytes(std::vector<int>(c.batch, c.kv_len));
     const double floor_us = double(wbytes + kvbytes) / (floor.tbps() * 1e6);
     auto launch = [&](int, cudaStream_t s) { st.step(s); };
@@ -105,7 +100,7 @@ int main(int argc, char** argv) {
       std::vector<int> table;
       if (layout == tw::KvLayout::Paged)
         for (int i = 0; i < c.batch * shape.pages_per_seq(); ++i) table.push_back(i);
-      const tw::StepGraph g = tw::build_step_graph(cfg, shape, lens, table, st.tiling());
+      const tw::StepGraph g = tw::build_step_graph(cfg, shape, st.lengths(), table, st.tiling());
       tw::CacheConfig cc;
       cc.capacity_bytes = gpu.prop.l2CacheSize;
       cc.in_flight = gpu.prop.multiProcessorCount;

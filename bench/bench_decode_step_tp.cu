@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "harness.cuh"
-#include "step_timeline.cuh"
+#include "step_bench.cuh"
 #include "tileweave/ops/decode_step.hpp"
 #ifdef TW_HAVE_NCCL
 #include "tileweave/ops/decode_step_nccl.hpp"
@@ -128,11 +128,7 @@ int run(int argc, char** argv) {
     if (opt.collectives_in_launch && launched) throw tw::InvalidArgument("--in-launch: this build's NCCL has no device API (2.28+)");
 #endif
     if (opt.collectives_in_launch && !launched) st.set_exchange_alone();
-    st.random_weights(0x5EED + c.batch + 7919 * r);
-    st.fill_cache_random(0xCAC4E + r);
-    st.set_lengths(std::vector<int>(c.batch, c.kv_len - 1));
-    st.set_active(std::vector<uint8_t>(c.batch, 0));
-    st.set_tokens(std::vector<int32_t>(c.batch, 1));
+    tw::bench::prepare_timed_step(st, c.kv_len, 0x5EED + c.batch + 7919 * r, 0xCAC4E + r);
     auto one_step = [&] {
 #ifdef TW_HAVE_NCCL
       if (comm && ranks > 1) return tw::step_over_nccl(st, *comm, stream);
@@ -167,13 +163,7 @@ int run(int argc, char** argv) {
       opt.layout = layout;
       opt.collectives_in_launch = in_launch;
       tw::TensorParallelLocal ranks(cfg, tp, opt);
-      for (int r = 0; r < tp; ++r) {
-        ranks.rank(r).random_weights(0x5EED + r);
-        ranks.rank(r).fill_cache_random(0xCAC4E + r);
-      }
-      ranks.set_lengths(std::vector<int>(c.batch, c.kv_len - 1));
-      ranks.set_active(std::vector<uint8_t>(c.batch, 0));
-      ranks.set_tokens(std::vector<int32_t>(c.batch, 1));
+      for (int r = 0; r < tp; ++r) tw::bench::prepare_timed_step(ranks.rank(r), c.kv_len, 0x5EED + r, 0xCAC4E + r);
       for (int i = 0; i < 2; ++i) ranks.step(stream);
       TW_CUDA_CHECK(cudaEventRecord(e0, stream));
       for (int i = 0; i < steps; ++i) ranks.step(stream);

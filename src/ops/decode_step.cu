@@ -96,7 +96,7 @@ struct DecodeStep::Buffers {
   step::StepParams params{};
   std::vector<step::StepParams> segment_params;  // params with each segment's ticket range and signals
   char* exchange = nullptr;  // collectives in the launch: this rank's exchange region (decode_step_sm90.hpp)
-  int64_t exchange_bytes = 0;
+  int64_t exchange_bytes = 0, maxima_offset = 0, flags_offset = 0;  // [xres | maxima | flags]
   int64_t cache_elems = 0;  // per layer and K or V
 };
 
@@ -188,10 +188,12 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : mod
   const int64_t xres_bytes = b.xres_elems * 4, maxima_bytes = 2 * int64_t(B) * 8;
   const int64_t flags_bytes = int64_t(step::kResidualBuffers) * flag_tiles * opt.tp * 4;
   if (in_launch) {
-    b.exchange_bytes = xres_bytes + maxima_bytes + flags_bytes;
+    b.maxima_offset = xres_bytes;
+    b.flags_offset = xres_bytes + maxima_bytes;
+    b.exchange_bytes = b.flags_offset + flags_bytes;
     b.exchange = b.alloc<char>(b.exchange_bytes);
     b.xres = reinterpret_cast<float*>(b.exchange);
-    b.maxima = reinterpret_cast<unsigned long long*>(b.exchange + xres_bytes);
+    b.maxima = reinterpret_cast<unsigned long long*>(b.exchange + b.maxima_offset);
   } else {
     b.maxima = b.alloc<unsigned long long>(2 * B);
   }
@@ -276,9 +278,7 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : mod
   auto all_reduce = [&](int op, int writer) {  // tiles of the launch only with the collectives in it
     if (op < 0) return;
     StepOpArgs& a = ops[op];
-    a.kind = step::kAllReduce;
-    a.n = int32_t(G_.op(op).n);
-    a.cols = int32_t(ffn_sm90::kTileRows);  // the graph's columns per all-reduce tile
+    a.kind = step::kAllReduce;  // its tile tn is the flag's column block (the graph's 128 columns)
     a.x_in = -1;
     a.x_out = writer;
   };
@@ -340,10 +340,8 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : mod
   p.ranks = opt.tp;
   if (in_launch) {
     p.push = 1;
-    p.flags = reinterpret_cast<uint32_t*>(b.exchange + xres_bytes + maxima_bytes);
+    p.flags = reinterpret_cast<uint32_t*>(b.exchange + b.flags_offset);
     p.flag_tiles = flag_tiles;
-    p.maxima_offset = xres_bytes;
-    p.flags_offset = xres_bytes + maxima_bytes;
     p.region[opt.rank] = b.exchange;
   }
   make_segment_params();
@@ -375,8 +373,7 @@ void DecodeStep::set_exchange_alone() {
   set_exchange(std::vector<void*>(opt_.tp, exchange_region()));
   // Flags of 0x7F7F7F7F pass every wait (instance numbers stay far below); this rank's own are
   // overwritten by its tiles' releases, which its waits then pass too.
-  const step::StepParams& p = buf_->params;
-  TW_CUDA_CHECK(cudaMemset(p.flags, 0x7F, size_t(buf_->exchange_bytes - p.flags_offset)));
+  TW_CUDA_CHECK(cudaMemset(buf_->params.flags, 0x7F, size_t(buf_->exchange_bytes - buf_->flags_offset)));
 }
 
 void DecodeStep::set_exchange(const std::vector<void*>& regions, void* local) {
@@ -392,8 +389,8 @@ void DecodeStep::set_exchange(const std::vector<void*>& regions, void* local) {
     char* base = static_cast<char*>(local);
     b.exchange = base;  // (the step's own allocation stays allocated, unused)
     b.xres = p.xres = reinterpret_cast<float*>(base);
-    b.maxima = p.maxima = reinterpret_cast<unsigned long long*>(base + p.maxima_offset);
-    p.flags = reinterpret_cast<uint32_t*>(base + p.flags_offset);
+    b.maxima = p.maxima = reinterpret_cast<unsigned long long*>(base + b.maxima_offset);
+    p.flags = reinterpret_cast<uint32_t*>(base + b.flags_offset);
   }
   // regions[rank] may be another mapping of the local region (NCCL's LSA pointer to itself).
   for (size_t q = 0; q < regions.size(); ++q) p.region[q] = static_cast<char*>(regions[q]);

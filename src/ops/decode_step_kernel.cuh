@@ -405,8 +405,7 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
     // worth there instead measured slower everywhere (H200: 1B B = 1 931 -> 971 us, 8B 4203 -> 4232; a
     // TP-2 rank's 66 launches of the 8B shard 3885 -> 4062: decode_step_early_ring_ab.json): the SM's
     // copies in flight delay its later loads, the tile's activations among them.
-    const int early = n == 0 ? 0 : 1;
-    if (lane == 0 && early) {
+    if (lane == 0 && n > 0) {
       const int s = acquire_stage(ring, ps);
       arm_stage(ring, s, stage_bytes(kst0));
       issue_weights(ring, s, o, t.tn, kst0, w_policy);
@@ -449,9 +448,9 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
     if (weights) {
       // Producers done: every stage gets weights and activations together. Otherwise a ring's worth
       // of weights goes out before the wait and their activations after it.
-      const int pre = max(early, ready ? 1 : min(n, ps.count));
+      const int pre = ready ? 1 : min(n, ps.count);
       if (lane == 0)
-        for (int j = early; j < pre; ++j) {
+        for (int j = 1; j < pre; ++j) {
           const int s = acquire_stage(ring, ps);
           arm_stage(ring, s, stage_bytes(kst0 + j));
           issue_weights(ring, s, o, t.tn, kst0 + j, w_policy);
@@ -1102,7 +1101,7 @@ __device__ void sample_tile(const StepParams& p, int ct, uint32_t epoch) {
 }
 
 // An all-reduce tile (tensor parallelism, collectives in the launch): this rank's o_proj / down tiles
-// of o.cols stream columns (or its LM head tiles, for the max-reduce: x_out < 0) have added their parts
+// of 128 stream columns (or its LM head tiles, for the max-reduce: x_out < 0) have added their parts
 // into every rank's buffer (`ready`, acquired at GPU scope). One thread says so to every rank -- a
 // system-scope fence, cumulative, so those adds are visible to whoever sees the flag after it -- then
 // waits for every rank's flag of the tile: the sum is then in this rank's own buffer. Buffer reuse: a

@@ -137,7 +137,6 @@ struct StepParams {
   int32_t push;
   uint32_t* flags;
   int32_t rank, ranks, flag_tiles;
-  int64_t maxima_offset, flags_offset;  // bytes into a region
   char* region[kMaxRanks];
   unsigned long long* maxima;     // [2][B] (value, index) keys by launch parity
   float* logits;                  // [B, vocab] or null

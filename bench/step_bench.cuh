@@ -1,13 +1,27 @@
-// The decode step's tile timelines as the benchmarks print and record them (DecodeStepOptions::trace).
+// The decode step as the benchmarks run it: a timed step's state, and the tile timelines they print and
+// record (DecodeStepOptions::trace).
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "tileweave/ops/decode_step.hpp"
 
 namespace tw::bench {
+
+// Random weights and caches; every sequence's cache holds kv_len - 1 tokens and the step appends the
+// kv_len-th, the sequences inactive (their lengths do not advance), so every timed launch is the same step.
+inline void prepare_timed_step(DecodeStep& st, int kv_len, uint64_t weight_seed, uint64_t cache_seed) {
+  const int B = st.shape().batch;
+  st.random_weights(weight_seed);
+  st.fill_cache_random(cache_seed);
+  st.set_lengths(std::vector<int>(B, kv_len - 1));
+  st.set_active(std::vector<uint8_t>(B, 0));
+  st.set_tokens(std::vector<int32_t>(B, 1));
+}
 
 // Per op of the last step (tile timelines; a tensor-parallel rank's step is several launches): when its first ticket was taken and its last tile done,
 // the mean tile time from the consumers' start to the publication, and the mean wait for producers;
