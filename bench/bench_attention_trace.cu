@@ -1,8 +1,9 @@
 // Decode attention: plan variants timed side by side, and one launch's per-tile timeline (where the
 // time goes: launch ramp, first K/V byte, stream end per warp, merges). Same shapes and cold KV
-// sets as bench_attention (Llama-3-8B attention: 32 / 8 heads, d = 128, RoPE + append).
+// sets as bench_attention (Llama-3-8B attention: 32 / 8 heads, d = 128, RoPE + append) unless
+// --heads / --dim say otherwise.
 //   bench_attention_trace [--cases 1x32768,16x512] [--variants "default;per_sm=1,slots=4;tiles=256"]
-//                         [--trace] [--reps N]
+//                         [--heads 32/8] [--dim 128] [--trace] [--reps N]
 // Variant keys (DecodeAttentionShape overrides): tiles, per_sm, slots, bulk (0/1).
 // JSON -> $TW_RESULTS_DIR/<gpu>/attention_trace.json (timelines relative to the first tile's entry).
 #include <cuda_bf16.h>
@@ -50,22 +51,29 @@ double pct(std::vector<double> v, double q) {
 int main(int argc, char** argv) {
   std::string cases_arg = "1x32768,1x131072,16x512,16x4096,64x512,16x32768", variants_arg = "default";
   bool trace = false;
-  int reps = 60;
+  int reps = 60, hq = 32, hkv = 8, dim = 128;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--cases") && i + 1 < argc) cases_arg = argv[++i];
+    else if (!std::strcmp(argv[i], "--heads") && i + 1 < argc) {
+      const std::string h = argv[++i];
+      hq = std::stoi(h.substr(0, h.find('/')));
+      hkv = std::stoi(h.substr(h.find('/') + 1));
+    } else if (!std::strcmp(argv[i], "--dim") && i + 1 < argc) dim = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--variants") && i + 1 < argc) variants_arg = argv[++i];
     else if (!std::strcmp(argv[i], "--trace")) trace = true;
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--cases BxL,...] [--variants \"v1;v2\"] [--trace] [--reps N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--cases BxL,...] [--variants \"v1;v2\"] [--heads Q/KV] [--dim D] [--trace] [--reps N]\n",
+                   argv[0]);
       return 2;
     }
   }
   const auto gpu = tw::bench::current_gpu();
   const auto floor = tw::bench::measure_floor(gpu);
-  std::printf("%s: floor %.3f TB/s\n", gpu.prop.name, floor.tbps());
+  std::printf("%s: floor %.3f TB/s; %d / %d heads, head dim %d\n", gpu.prop.name, floor.tbps(), hq, hkv, dim);
   tw::bench::ResultFile result("attention_trace", gpu, floor);
-  constexpr int kHq = 32, kHkv = 8, kD = 128;
+  result.doc["heads"] = {hq, hkv};
+  result.doc["head_dim"] = dim;
   size_t free_bytes = 0, total_bytes = 0;
   TW_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   cudaEvent_t e0, e1;
@@ -77,28 +85,28 @@ int main(int argc, char** argv) {
   for (const std::string& cs : tw::bench::split_list(cases_arg, ',')) {
     const auto x = cs.find('x');
     const int B = std::stoi(cs.substr(0, x)), L = std::stoi(cs.substr(x + 1));
-    const int64_t set_elems = int64_t(B) * L * kHkv * kD;
+    const int64_t set_elems = int64_t(B) * L * hkv * dim;
     const int64_t set_bytes = 2 * set_elems * 2;
     const int sets = int(std::clamp<int64_t>((int64_t(512) << 20) / set_bytes + 1, 1, 256));
     if (int64_t(sets) * set_bytes + (int64_t(2) << 30) > int64_t(free_bytes)) continue;
     bf16 *kv = nullptr, *q = nullptr, *kv_new = nullptr, *out = nullptr;
     TW_CUDA_CHECK(cudaMalloc(&kv, size_t(sets) * 2 * set_elems * sizeof(bf16)));
-    TW_CUDA_CHECK(cudaMalloc(&q, size_t(B) * kHq * kD * sizeof(bf16)));
-    TW_CUDA_CHECK(cudaMalloc(&kv_new, size_t(B) * kHkv * kD * 2 * sizeof(bf16)));
-    TW_CUDA_CHECK(cudaMalloc(&out, size_t(B) * kHq * kD * sizeof(bf16)));
+    TW_CUDA_CHECK(cudaMalloc(&q, size_t(B) * hq * dim * sizeof(bf16)));
+    TW_CUDA_CHECK(cudaMalloc(&kv_new, size_t(B) * hkv * dim * 2 * sizeof(bf16)));
+    TW_CUDA_CHECK(cudaMalloc(&out, size_t(B) * hq * dim * sizeof(bf16)));
     tw::bench::fill_noise_bf16(kv, size_t(sets) * 2 * set_elems, 1);
-    tw::bench::fill_noise_bf16(q, size_t(B) * kHq * kD, 2);
-    tw::bench::fill_noise_bf16(kv_new, size_t(B) * kHkv * kD * 2, 3);
+    tw::bench::fill_noise_bf16(q, size_t(B) * hq * dim, 2);
+    tw::bench::fill_noise_bf16(kv_new, size_t(B) * hkv * dim * 2, 3);
     TW_CUDA_CHECK(cudaDeviceSynchronize());
     auto tensors = [&](int s) {
       bf16* kc = kv + size_t(s) * 2 * set_elems;
-      return tw::DecodeAttentionTensors{q, kv_new, kv_new + size_t(B) * kHkv * kD, kc, kc + set_elems, out};
+      return tw::DecodeAttentionTensors{q, kv_new, kv_new + size_t(B) * hkv * dim, kc, kc + set_elems, out};
     };
     tw::DecodeAttentionShape shape;
     shape.batch = B;
-    shape.num_q_heads = kHq;
-    shape.num_kv_heads = kHkv;
-    shape.head_dim = kD;
+    shape.num_q_heads = hq;
+    shape.num_kv_heads = hkv;
+    shape.head_dim = dim;
     shape.max_seq_len = L;
     const std::vector<int> lens(B, L);
     for (const std::string& vs : tw::bench::split_list(variants_arg, ';')) {

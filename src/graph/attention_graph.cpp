@@ -82,8 +82,10 @@ void validate_decode_attention(const DecodeAttentionShape& s, const std::vector<
         std::to_string(s.num_kv_heads));
   const int group = s.num_q_heads / s.num_kv_heads;
   if (group > kernels::kDecodeMaxGroup)
-    bad("group size " + std::to_string(group) + " (num_q_heads / num_kv_heads) exceeds 8");
-  if (s.head_dim != 64 && s.head_dim != 128) bad("head_dim " + std::to_string(s.head_dim) + " is not 64 or 128");
+    bad("group size " + std::to_string(group) + " (num_q_heads / num_kv_heads) exceeds " +
+        std::to_string(kernels::kDecodeMaxGroup));
+  if (s.head_dim != 64 && s.head_dim != 128 && s.head_dim != 256)
+    bad("head_dim " + std::to_string(s.head_dim) + " is not 64, 128 or 256");
   auto in_range = [](const char* name, int v, int hi) {
     if (v < 0 || v > hi) bad(std::string(name) + " " + std::to_string(v) + " is outside [0, " + std::to_string(hi) + "]");
   };

@@ -34,9 +34,10 @@ constexpr int kSmallSlots = 4;
 constexpr int kStreamSlots = 3;
 constexpr int kDeepSlots = 4;
 
-// The kernel for a shape (instantiated in attention_d64.cu / attention_d128.cu).
+// The kernel for a shape (instantiated in attention_d64.cu / attention_d128.cu / attention_d256.cu).
 detail::DecodeKernel pick_kernel(int d, int g, bool paged, bool bulk, int warps) {
-  return d == 64 ? detail::decode_kernel_d64(g, paged, bulk, warps) : detail::decode_kernel_d128(g, paged, bulk, warps);
+  if (d == 64) return detail::decode_kernel_d64(g, paged, bulk, warps);
+  return d == 128 ? detail::decode_kernel_d128(g, paged, bulk, warps) : detail::decode_kernel_d256(g, paged, bulk, warps);
 }
 
 [[noreturn]] void bad(const std::string& what) { throw InvalidArgument("decode attention: " + what); }
@@ -105,23 +106,45 @@ DecodeAttention::DecodeAttention(const DecodeAttentionShape& shape, std::vector<
   TW_CUDA_CHECK(cudaDeviceGetAttribute(&smem_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   if (shape_.kv_load == KvLoad::Bulk && major < 9)
     bad("kv_load Bulk needs sm_90 (Hopper); this device is sm_" + std::to_string(major) + "x");
+  if (shape_.kv_load == KvLoad::Bulk && (shape_.head_dim > 128 || group_ > 8))
+    bad("kv_load Bulk is built for head_dim 64 / 128 and up to 8 query heads per KV head (head_dim " +
+        std::to_string(shape_.head_dim) + ", " + std::to_string(group_) + " heads); CpAsync or Auto takes every shape");
   if (shape_.overlap_previous && major < 9)
     bad("overlap_previous needs sm_90 (Hopper); this device is sm_" + std::to_string(major) + "x");
   bulk_ = shape_.kv_load == KvLoad::Bulk || (shape_.kv_load == KvLoad::Auto && major >= 9 && kAutoBulk);
   hopper_ = major >= 9;
 
-  // Tiles: every SM streams (tiles_per_sm blocks each).
+  // Tiles: every SM streams (tiles_per_sm blocks each). Eight warps at one tile per SM, but at
+  // head_dim 256 their combine buffers leave no room for a ring: four there.
+  const bool paged = shape_.layout == KvLayout::Paged;
+  const int slot_bytes_per_warp = 2 * kernels::kDecodeStageTokens * shape_.head_dim * 2;
   plan_ = plan_decode_for(shape_, seq_lens_, sms);
+  auto kernel_for = [&](int tiles_per_sm) {
+    return pick_kernel(shape_.head_dim, group_, paged, bulk_, tiles_per_sm == 1 && shape_.head_dim <= 128 ? 8 : 4);
+  };
+  auto smem_cap_for = [&](int tiles_per_sm) { return std::min(smem_block, smem_sm / tiles_per_sm - 1024); };
+  if (plan_.tiles_per_sm == 2 && shape_.tiles_per_sm == 0) {
+    // Two tiles per SM that cannot hold one stage per warp each (head_dim 256 with many heads): one.
+    const detail::DecodeKernel k2 = kernel_for(2);
+    if (smem_cap_for(2) - k2.ring_offset < k2.warps * slot_bytes_per_warp) {
+      DecodeAttentionShape one = shape_;
+      one.tiles_per_sm = 1;
+      plan_ = plan_decode_for(one, seq_lens_, sms);
+    }
+  }
   const int tiles_per_sm = plan_.tiles_per_sm;
   const int64_t npairs = int64_t(shape_.batch) * shape_.num_kv_heads;
 
   // Ring depth, capped by the smem of tiles_per_sm blocks per SM.
-  const detail::DecodeKernel k =
-      pick_kernel(shape_.head_dim, group_, shape_.layout == KvLayout::Paged, bulk_, tiles_per_sm == 1 ? 8 : 4);
+  const detail::DecodeKernel k = kernel_for(tiles_per_sm);
   warps_ = k.warps;
-  const int slot_bytes = warps_ * 2 * kernels::kDecodeStageTokens * shape_.head_dim * 2;
-  const int smem_cap = std::min(smem_block, smem_sm / tiles_per_sm - 1024);
-  const int fit = std::clamp((smem_cap - k.ring_offset) / slot_bytes, 1, kernels::kDecodeMaxSlots);
+  const int slot_bytes = warps_ * slot_bytes_per_warp;
+  const int smem_cap = smem_cap_for(tiles_per_sm);
+  if (smem_cap - k.ring_offset < slot_bytes)
+    bad("head_dim " + std::to_string(shape_.head_dim) + " with " + std::to_string(group_) + " query heads per KV head at " +
+        std::to_string(tiles_per_sm) + " tiles per SM needs " + std::to_string(k.ring_offset + slot_bytes) +
+        " bytes of shared memory per block; the GPU gives " + std::to_string(smem_cap));
+  const int fit = std::min((smem_cap - k.ring_offset) / slot_bytes, kernels::kDecodeMaxSlots);
   const int per_warp = std::max(1, (plan_.total_units + plan_.num_tiles * warps_ - 1) / (plan_.num_tiles * warps_));
   if (shape_.ring_slots > 0) {
     slots_ = shape_.ring_slots;
@@ -134,7 +157,21 @@ DecodeAttention::DecodeAttention(const DecodeAttentionShape& shape, std::vector<
   if (shape_.ring_slots > 0 && slots_ < shape_.ring_slots)
     bad("ring_slots " + std::to_string(shape_.ring_slots) + " needs more shared memory than " +
         std::to_string(smem_cap) + " bytes per block");
-  smem_ = k.ring_offset + slots_ * slot_bytes;
+  // A merging tile stages its pair's partials past the ring where the SM has room (one tile per SM,
+  // where pairs are few and cut widest; two share the SM): all of them at once for the pair cut over
+  // the most tiles. (A plan for lengths on the device is made for full caches; a launch's own cut may
+  // spread a pair wider, which then merges in more chunks.)
+  int most_parts = 1;
+  for (int64_t i = 0; i < npairs; ++i) {
+    const int u0 = plan_.pair_info[2 * i], u1 = plan_.pair_info[2 * (i + 1)];
+    most_parts = std::max(most_parts, kernels::decode_tile_of(u1 - 1, plan_.num_tiles, plan_.total_units) -
+                                          kernels::decode_tile_of(u0, plan_.num_tiles, plan_.total_units) + 1);
+  }
+  const int64_t part_bytes = int64_t(group_) * shape_.head_dim * 4 + group_ * 4;
+  const int ring_bytes = slots_ * slot_bytes;
+  merge_stage_ = most_parts > 1 && tiles_per_sm == 1 ? int(std::clamp<int64_t>(most_parts * part_bytes + 64, ring_bytes, smem_cap - k.ring_offset))
+                                : ring_bytes;
+  smem_ = k.ring_offset + merge_stage_;
   // The device's limit, not smem_: ops with deeper rings share this kernel.
   TW_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_block));
 
@@ -222,7 +259,9 @@ kernels::DecodeParams DecodeAttention::device_params(const DecodeAttentionTensor
   p.uniform_len = uniform && !device_lengths_ ? seq_lens_[0] : 0;
   p.cut = device_lengths_ ? d_cut_ : nullptr;
   p.num_kv_heads = shape_.num_kv_heads;
+  p.group = group_;
   p.ring_slots = slots_;
+  p.merge_stage_bytes = merge_stage_;
   p.o_part = d_o_part_;
   p.lse_part = d_lse_part_;
   p.merge_count = d_merge_count_;

@@ -1,6 +1,6 @@
 // The standalone decode-attention kernel (private to src/ops): block c runs work tile c (the last
 // tile to finish a pair merges it inside the same launch). Instantiated per head dim in
-// attention_d64.cu / attention_d128.cu (two translation units build in parallel).
+// attention_d64.cu / attention_d128.cu / attention_d256.cu (translation units build in parallel).
 #pragma once
 
 #include "tileweave/kernels/attention/decode.cuh"
@@ -21,18 +21,33 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 4 ? 2 : 1)
   kernels::decode_work_tile<D, G, kPaged, kBulk, /*kStandalone=*/true, kWarps>(p, blockIdx.x, smem);
 }
 
-// 8 warps only with cp.async (the default loader): bulk copies keep 4, which halves the
-// instantiations added for them.
+// Which variants exist (each one is compile time): 8 warps only with cp.async (the default loader),
+// and only at D <= 128 (8 warps' combine buffers leave no room for a ring at D = 256); bulk copies
+// (an opt-in, measured slower) only at D <= 128 and up to 8 heads. Each keeps the build short.
 template <int D, int G>
-DecodeKernel make_kernel(bool paged, bool bulk, int warps) {
-  if (warps == 8 && !bulk)
-    return {paged ? decode_attention_kernel<D, G, true, false, 8> : decode_attention_kernel<D, G, false, false, 8>,
-            kernels::decode_ring_offset<D, G, 8>(), 8};
-  auto fn = paged ? (bulk ? decode_attention_kernel<D, G, true, true, 4> : decode_attention_kernel<D, G, true, false, 4>)
-                  : (bulk ? decode_attention_kernel<D, G, false, true, 4> : decode_attention_kernel<D, G, false, false, 4>);
-  return {fn, kernels::decode_ring_offset<D, G, 4>(), 4};
+constexpr bool has_eight_warps() {
+  return D <= 128;
+}
+template <int D, int G>
+constexpr bool has_bulk() {
+  return D <= 128 && G <= 8;
 }
 
+template <int D, int G>
+DecodeKernel make_kernel(bool paged, bool bulk, int warps) {
+  if constexpr (has_eight_warps<D, G>())
+    if (warps == 8 && !bulk)
+      return {paged ? decode_attention_kernel<D, G, true, false, 8> : decode_attention_kernel<D, G, false, false, 8>,
+              kernels::decode_ring_offset<D, G, 8>(), 8};
+  if constexpr (has_bulk<D, G>())
+    if (bulk)
+      return {paged ? decode_attention_kernel<D, G, true, true, 4> : decode_attention_kernel<D, G, false, true, 4>,
+              kernels::decode_ring_offset<D, G, 4>(), 4};
+  return {paged ? decode_attention_kernel<D, G, true, false, 4> : decode_attention_kernel<D, G, false, false, 4>,
+          kernels::decode_ring_offset<D, G, 4>(), 4};
+}
+
+// Groups of 9..16 heads share one kernel (two mma row blocks, the group read at run time).
 template <int D>
 DecodeKernel pick_kernel(int g, bool paged, bool bulk, int warps) {
   switch (g) {
@@ -43,11 +58,13 @@ DecodeKernel pick_kernel(int g, bool paged, bool bulk, int warps) {
     case 5: return make_kernel<D, 5>(paged, bulk, warps);
     case 6: return make_kernel<D, 6>(paged, bulk, warps);
     case 7: return make_kernel<D, 7>(paged, bulk, warps);
-    default: return make_kernel<D, 8>(paged, bulk, warps);
+    case 8: return make_kernel<D, 8>(paged, bulk, warps);
+    default: return make_kernel<D, kernels::kDecodeMaxGroup>(paged, bulk, warps);
   }
 }
 
 DecodeKernel decode_kernel_d64(int g, bool paged, bool bulk, int warps);
 DecodeKernel decode_kernel_d128(int g, bool paged, bool bulk, int warps);
+DecodeKernel decode_kernel_d256(int g, bool paged, bool bulk, int warps);
 
 }  // namespace tw::detail

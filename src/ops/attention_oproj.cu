@@ -39,6 +39,8 @@ AttentionOproj::AttentionOproj(const DecodeAttentionShape& shape, int64_t hidden
   const int group = shape_.num_q_heads / shape_.num_kv_heads;
   if (group != 1 && group != 2 && group != 4 && group != 8)
     bad("GQA group " + std::to_string(group) + " (num_q_heads / num_kv_heads) is not 1, 2, 4 or 8 (the instantiated kernels)");
+  if (shape_.head_dim != 64 && shape_.head_dim != 128)
+    bad("head_dim " + std::to_string(shape_.head_dim) + " is not 64 or 128 (the instantiated kernels)");
   if (shape_.kv_load == KvLoad::Bulk) bad("kv_load Bulk is not instantiated here (the tiles stream K/V with cp.async)");
   if (shape_.overlap_previous) bad("overlap_previous is a DecodeAttention launch option, not one of this kernel's");
   shape_.kv_load = KvLoad::CpAsync;

@@ -107,6 +107,9 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : mod
   if (opt.rank < 0 || opt.rank >= opt.tp)
     bad("rank " + std::to_string(opt.rank) + " is outside [0, tp = " + std::to_string(opt.tp) + ")");
   if (cfg_.head_dim != 64 && cfg_.head_dim != 128) bad("head_dim " + std::to_string(cfg_.head_dim) + " is not 64 or 128");
+  if (cfg_.num_q_heads > step::kMaxGroup * cfg_.num_kv_heads)
+    bad(std::to_string(cfg_.num_q_heads / cfg_.num_kv_heads) + " query heads per KV head: the step's attention takes at most " +
+        std::to_string(step::kMaxGroup));
   if (cfg_.hidden_size % 8 || cfg_.intermediate_size % 8)
     bad("hidden_size " + std::to_string(cfg_.hidden_size) + " and intermediate_size " +
         std::to_string(cfg_.intermediate_size) + (opt.tp > 1 ? " (each of " + std::to_string(opt.tp) + " ranks' share)" : "") +

@@ -993,10 +993,10 @@ __device__ bool attention_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, StepSh
                                uint64_t* ready, uint32_t ready_phase, int ct) {
   constexpr int kStageTokens = attention_tokens(Cfg::kStageBytes, D);
   const int lane = ct % 32, warp = ct / 32, g = lane / 4, tq = lane % 4;
-  uint32_t qa[D / 16][2];
+  kernels::decode_detail::QFrags<D, 1, false> qa;
   float o[D / 8][4];
-  float m = -INFINITY, l = 0.f;
-  static_assert(Cfg::kStageBytes >= 8 * kernels::kDecodeMaxGroup * D * 4, "combine_segment's sums fit a stage");
+  float m[1] = {-INFINITY}, l[1] = {0.f};  // one row block: the step's groups are at most 8 heads
+  static_assert(Cfg::kStageBytes >= 8 * kMaxGroup * D * 4, "combine_segment's sums fit a stage");
   bool wrote = false;
   if (ct == 0) sh.part[0].pair = sh.part[1].pair = -1;  // the tile's partial segments (first, last)
   for (int j = 0; j < count; ++j) {
@@ -1018,12 +1018,12 @@ __device__ bool attention_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, StepSh
 #pragma unroll
       for (int k = 0; k < D / 16; ++k) {
         const int d = 8 * (tq + 4 * (k / 2)) + 4 * (k % 2);
-        qa[k][0] = g < p.group ? *reinterpret_cast<const uint32_t*>(qs + g * D + d) : 0u;
-        qa[k][1] = g < p.group ? *reinterpret_cast<const uint32_t*>(qs + g * D + d + 2) : 0u;
+        qa.a[k][0] = g < p.group ? *reinterpret_cast<const uint32_t*>(qs + g * D + d) : 0u;
+        qa.a[k][1] = g < p.group ? *reinterpret_cast<const uint32_t*>(qs + g * D + d + 2) : 0u;
       }
 #pragma unroll
       for (int k = 0; k < D / 8; ++k) o[k][0] = o[k][1] = o[k][2] = o[k][3] = 0.f;
-      m = -INFINITY, l = 0.f;
+      m[0] = -INFINITY, l[0] = 0.f;
     }
     const int units = kernels::decode_units(c.ntok);
     for (int u = (warp - c.unit0 % 8 + 8) % 8; u < units; u += 8) {
@@ -1033,7 +1033,7 @@ __device__ bool attention_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, StepSh
     }
     ps.advance();
     if (c.flags & kSegLast) {  // the stage holds the warps' sums before it is released
-      combine_segment<D>(p, scratch, reinterpret_cast<float*>(ring.w_atom(s, 0)), c, t.tn, o, m, l, ct, op);
+      combine_segment<D>(p, scratch, reinterpret_cast<float*>(ring.w_atom(s, 0)), c, t.tn, o, m[0], l[0], ct, op);
       if (!(c.flags & kWhole) && ct == 0) sh.part[(c.flags & kWhich) ? 1 : 0] = c;
       wrote |= (c.flags & kWhole) != 0;
     }

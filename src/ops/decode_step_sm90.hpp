@@ -49,6 +49,7 @@ constexpr int kMaxSlices = 64;  // split-K slices per op (the slice table travel
 constexpr int kThreads = 384;   // one producer warpgroup + two consumer warpgroups
 constexpr int kMaxRows = sm90::kMaxActRows;  // activation rows R (the per-row tables' size)
 constexpr int kMaxRanks = 8;                 // tensor-parallel ranks with collectives in the launch
+constexpr int kMaxGroup = 8;  // query heads per KV head: one mma row block (the standalone attention takes 16)
 
 // Activations that a weight tile reads are kept in its operand layout (the "act layout"): per 64-column
 // atom, R rows of 128 bytes with the 128-byte swizzle (16-byte chunk j of row m at j ^ (m % 8)), R =

@@ -134,6 +134,25 @@ TEST(DecodePlan, TilesCoverEveryPair) {
   }
 }
 
+// Head layouts the op takes: 1..16 query heads per KV head, head dim 64, 128 or 256; the rest is
+// refused by name.
+TEST(DecodePlan, ValidationTakesEveryHeadLayout) {
+  const std::vector<int> lens = {17, 300};
+  for (int d : {64, 128, 256})
+    for (int g : {1, 7, 8, 9, 13, 16}) EXPECT_NO_THROW(validate_decode_attention(contiguous_shape(lens, 2 * g, 2, d), lens, {}));
+  auto message = [&](const DecodeAttentionShape& s) {
+    try {
+      validate_decode_attention(s, lens, {});
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message(contiguous_shape(lens, 34, 2, 128)).find("group size 17"), std::string::npos);
+  EXPECT_NE(message(contiguous_shape(lens, 8, 2, 96)).find("head_dim 96"), std::string::npos);
+  EXPECT_NE(message(contiguous_shape(lens, 8, 2, 512)).find("head_dim 512"), std::string::npos);
+}
+
 // The planner: one tile per SM aligned to pairs for equal lengths up to 32 MiB per SM (and small
 // unequal work), two per SM otherwise.
 TEST(DecodePlan, PlannerFollowsTheWork) {

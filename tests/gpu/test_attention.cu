@@ -35,20 +35,24 @@ void run_case(const AttnCase& c) {
   DeviceBuffer<bf16> d_out(size_t(B) * c.hq * D);
   const DecodeAttentionTensors t = data.tensors(d_out.ptr);
 
-  // Both K/V loaders (bulk copies on sm_90 only) x three plans (the default; 37 tiles with one
-  // stage in flight per warp, so tiles hold many pairs and pairs many tiles; two tiles per SM with
-  // two slots), each launched twice: the second launch checks that the merge counters were left
-  // at zero. Before each op the appended rows get their stale contents back, so each one must
-  // overwrite them (and use the new row, not the stale one).
+  // Both K/V loaders (bulk copies on sm_90 only, built up to head dim 128 and 8 heads per KV head) x
+  // three plans (the default; 37 tiles with one stage in flight per warp, so tiles hold many pairs
+  // and pairs many tiles; two tiles per SM with two slots, one at head dim 256), each launched twice:
+  // the second launch checks that the merge counters were left at zero. Before each op the appended
+  // rows get their stale contents back, so each one must overwrite them (and use the new row, not
+  // the stale one).
   int major = 0;
   TW_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
   std::vector<tw::KvLoad> loads = {tw::KvLoad::CpAsync};
-  if (major >= 9) loads.push_back(tw::KvLoad::Bulk);
+  if (major >= 9 && D <= 128 && c.hq <= 8 * c.hkv) loads.push_back(tw::KvLoad::Bulk);
   struct Plan {
     int num_tiles, tiles_per_sm, ring_slots;
   };
+  const bool two_per_sm = D <= 128 || c.hq <= 8 * c.hkv;  // head dim 256 with 16 heads: one tile per SM only
+  std::vector<Plan> plans = {Plan{0, 0, 0}, Plan{37, 0, 1}};
+  if (two_per_sm) plans.push_back(Plan{0, 2, D <= 128 ? 2 : 1});
   for (const tw::KvLoad load : loads)
-  for (const Plan plan : {Plan{0, 0, 0}, Plan{37, 0, 1}, Plan{0, 2, 2}}) {
+  for (const Plan plan : plans) {
     SCOPED_TRACE(load == tw::KvLoad::Bulk ? "bulk copies" : "cp.async");
     SCOPED_TRACE("num_tiles " + std::to_string(plan.num_tiles) + ", tiles_per_sm " + std::to_string(plan.tiles_per_sm) +
                  ", ring_slots " + std::to_string(plan.ring_slots));
@@ -102,6 +106,36 @@ TEST(AttentionDecode, PagedMixedLengthsGqa8D64Page16) {
 TEST(AttentionDecode, PagedMixedLengthsGqa1D128Page256) {
   TW_REQUIRE_GPU();
   run_case({kMixedLens, 4, 4, 128, KvLayout::Paged, 256});
+}
+
+// Groups of 9..16 heads (two mma row blocks, the group read at run time) and head dim 256 (q's
+// fragments from shared memory).
+TEST(AttentionDecode, PagedMixedLengthsGqa16D128Page32) {
+  TW_REQUIRE_GPU();
+  run_case({kMixedLens, 32, 2, 128, KvLayout::Paged, 32});
+}
+
+TEST(AttentionDecode, ContiguousMixedLengthsGqa11D64) {
+  TW_REQUIRE_GPU();
+  run_case({kMixedLens, 33, 3, 64, KvLayout::Contiguous});
+}
+
+TEST(AttentionDecode, ContiguousMixedLengthsGqa8D256) {
+  TW_REQUIRE_GPU();
+  run_case({kMixedLens, 16, 2, 256, KvLayout::Contiguous});
+}
+
+TEST(AttentionDecode, PagedMixedLengthsGqa5D256Page16) {
+  TW_REQUIRE_GPU();
+  run_case({kMixedLens, 20, 4, 256, KvLayout::Paged, 16});
+}
+
+TEST(AttentionDecode, Batch40PagedGqa13D256Page64) {
+  TW_REQUIRE_GPU();
+  std::mt19937 rng(tw::test::fresh_seed());
+  std::vector<int> lens(40);
+  for (auto& l : lens) l = 1 + int(rng() % 900);
+  run_case({lens, 13, 1, 256, KvLayout::Paged, 64});
 }
 
 TEST(AttentionDecode, Batch64ContiguousGqa4) {
@@ -244,11 +278,29 @@ TEST(AttentionDecode, BadInputThrowsBeforeLaunch) {
   DecodeAttentionShape h = s;
   h.num_q_heads = 30;  // 30 % 8 != 0
   EXPECT_THROW(DecodeAttention(h, {5, 5}), tw::InvalidArgument);
-  h.num_q_heads = 72;  // group 9
+  h.num_q_heads = 136;  // group 17
   EXPECT_THROW(DecodeAttention(h, {5, 5}), tw::InvalidArgument);
   h = s;
   h.head_dim = 96;
   EXPECT_THROW(DecodeAttention(h, {5, 5}), tw::InvalidArgument);
+  h.head_dim = 512;
+  EXPECT_THROW(DecodeAttention(h, {5, 5}), tw::InvalidArgument);
+  // Variants that are not built: bulk copies past head dim 128 or 8 heads per KV head; head dim
+  // 256 with 16 heads at two tiles per SM (no room for a ring).
+  h = s;
+  h.kv_load = tw::KvLoad::Bulk;
+  h.head_dim = 256;
+  EXPECT_THROW(DecodeAttention(h, {5, 5}), tw::InvalidArgument);
+  h.head_dim = 128;
+  h.num_q_heads = 80;  // group 10
+  EXPECT_THROW(DecodeAttention(h, {5, 5}), tw::InvalidArgument);
+  h = s;
+  h.head_dim = 256;
+  h.num_q_heads = 128;  // group 16
+  h.tiles_per_sm = 2;
+  EXPECT_THROW(DecodeAttention(h, {5, 5}), tw::InvalidArgument);
+  h.tiles_per_sm = 0;
+  EXPECT_NO_THROW(DecodeAttention(h, {5, 5}));
   h = s;
   h.num_tiles = tw::kernels::kDecodeMaxTiles + 1;
   EXPECT_THROW(DecodeAttention(h, {5, 5}), tw::InvalidArgument);

@@ -17,8 +17,8 @@ enum class KvLoad { Auto, CpAsync, Bulk };
 
 struct DecodeAttentionShape {
   int batch = 1;
-  int num_q_heads = 32, num_kv_heads = 8;  // num_q_heads / num_kv_heads in 1..8 (GQA group)
-  int head_dim = 128;                      // 64 or 128
+  int num_q_heads = 32, num_kv_heads = 8;  // num_q_heads / num_kv_heads in 1..16 (GQA group)
+  int head_dim = 128;                      // 64, 128 or 256
   KvLayout layout = KvLayout::Contiguous;
   int64_t max_seq_len = 0;                 // contiguous: S of [B, Hkv, S, D]
   int page_size = 0;                       // paged: a multiple of 16 (16..256 typical)

@@ -86,7 +86,7 @@ class DecodeAttention {
   DecodeAttentionShape shape_;
   std::vector<int> seq_lens_, page_table_;
   DecodePlan plan_;
-  int group_ = 1, slots_ = 0, smem_ = 0, warps_ = 4;
+  int group_ = 1, slots_ = 0, smem_ = 0, warps_ = 4, merge_stage_ = 0;
   bool bulk_ = false, device_lengths_ = false, hopper_ = false;
   int* d_page_table_ = nullptr;
   int* d_pair_info_ = nullptr;

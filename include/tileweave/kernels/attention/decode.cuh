@@ -17,8 +17,8 @@
 // stream runs on across pair boundaries (the next pair's q is prefetched into registers). The ring
 // is filled either by 16-byte cp.async (any sm_80+; swizzled, zero-filled tails) or, with `bulk`,
 // by one lane's Hopper bulk copies completing on a per-slot mbarrier (sm_90). QK^T and PV run on
-// mma.sync m16n8k16 with the group's heads as rows 0..7 (rows 8..15 are zero): tensor cores keep
-// the FMA and register cost of G = 8 heads off the memory stream. The K and V fragments are read
+// mma.sync m16n8k16 with the group's heads as rows (0..7 for up to 8 heads, rows 8..15 then zero; all
+// 16 for 9..16 heads): tensor cores keep the FMA and register cost of the heads off the memory stream. The K and V fragments are read
 // with 16-byte loads by permuting the head dimension (the dot product and the output columns do
 // not care about order; the output is un-permuted on the way out).
 #pragma once
@@ -32,14 +32,24 @@
 
 namespace tw::kernels {
 
+// Row blocks of 8 heads in the mma tiles: 1 up to 8 heads, 2 up to 16.
+template <int G>
+constexpr int decode_row_blocks() {
+  return G > 8 ? 2 : 1;
+}
+
+// G: the group size the tile is compiled for, 1..8 exactly, or 16 for any of 9..16 (p.group).
 template <int D, int G, int kWarps = kDecodeWarps>
 struct DecodeSmem {
-  alignas(16) __nv_bfloat16 q[kDecodeMaxGroup][D];  // roped q of the current pair, rows >= G zero
+  static constexpr int kRows = 8 * decode_row_blocks<G>();
+  static constexpr bool kQSmem = D > 128;  // the A fragments from smem (QFrags)
+  alignas(16) __nv_bfloat16 q[kRows][D];  // roped q of the current pair, rows >= the group zero
+  uint2 q_frag[kQSmem ? D / 16 * kRows / 8 * 32 : 1];  // kQSmem: [D / 16][row blocks][32 lanes]
   alignas(16) __nv_bfloat16 k_new[D];  // the appended row (roped k, v), patched into its ring slot
   alignas(16) __nv_bfloat16 v_new[D];
   alignas(16) float o[kWarps][G][D];  // each warp's output of a segment, for the combine
-  float m[kWarps][kDecodeMaxGroup];
-  float l[kWarps][kDecodeMaxGroup];
+  float m[kWarps][kRows];
+  float l[kWarps][kRows];
   uint64_t bar[kWarps][kDecodeMaxSlots];  // bulk-copy variant: one mbarrier per ring slot
   int last[2];
   // The ring follows at decode_ring_offset: [warp][slot][K, V][16 tokens][D] bf16.
@@ -181,61 +191,101 @@ __device__ __forceinline__ int64_t kv_offset(const DecodeParams& p, int pair, in
 }
 
 
+// q of the group's heads as mma A fragments, kR row blocks of 8 heads. Fragment (s, i) of k-step s:
+// i = 2r + h, row g + 8r, A columns 2t, 2t+1 (h = 0) or 2t+8, 2t+9 (h = 1), which hold
+// d = 8c + 4h' + {0, 1} and {2, 3} of chunk c = t + 4 (s / 2), h' = s % 2 (the permuted head
+// dimension: the K and V reads below take whole 16-byte chunks). Held in registers, or (kSmem: head
+// dim 256, where 64 registers of q would spill the accumulators) in shared memory in fragment order,
+// one conflict-free 8-byte load per fragment pair.
+template <int D, int kR, bool kSmem>
+struct QFrags {
+  uint32_t a[D / 16][2 * kR];
+  __device__ __forceinline__ uint2 at(int s, int r) const { return make_uint2(a[s][2 * r], a[s][2 * r + 1]); }
+};
+template <int D, int kR>
+struct QFrags<D, kR, true> {
+  const uint2* frag;  // [D / 16][kR][32 lanes]
+  __device__ __forceinline__ uint2 at(int s, int r) const { return frag[(s * kR + r) * 32 + threadIdx.x % 32]; }
+};
+// Fragments (s, 2r) and (s, 2r + 1) of lane 4g + t, from q's rows of D bf16 (row = g + 8r).
+template <int D>
+__device__ __forceinline__ uint2 q_fragment(const __nv_bfloat16* q, int row, int s, int t) {
+  const int d = 8 * (t + 4 * (s / 2)) + 4 * (s % 2);
+  return *reinterpret_cast<const uint2*>(q + row * D + d);
+}
+
 // One warp's online-softmax step over one 16-token stage: S = q K^T for the group's heads (rows of the
-// mma tile; qa holds q as A fragments, see the caller), the running max m (log2 domain) and this
-// thread's share l of the row sum rescaled, O = O * alpha + P V. ks / vs: the stage's K and V rows
-// (swizzled for cp.async, the global layout for bulk copies), `valid` of its 16 tokens real.
-template <int D, bool kBulk>
-__device__ __forceinline__ void attend_unit(const uint32_t (&qa)[D / 16][2], const __nv_bfloat16* ks,
+// mma tile: kR row blocks of 8; qa holds q as A fragments), the running max m (log2
+// domain) and this thread's share l of the row sum rescaled per row block, O = O * alpha + P V.
+// ks / vs: the stage's K and V rows (swizzled for cp.async, the global layout for bulk copies),
+// `valid` of its 16 tokens real. Row block r of the accumulators is elements 2r, 2r + 1: rows g
+// and g + 8.
+template <int D, bool kBulk, int kR = 1, bool kQSmem = false>
+__device__ __forceinline__ void attend_unit(const QFrags<D, kR, kQSmem>& qa, const __nv_bfloat16* ks,
                                             const __nv_bfloat16* vs, int valid, float scale_log2,
-                                            float (&o)[D / 8][4], float& m, float& l) {
+                                            float (&o)[D / 8][4], float (&m)[kR], float (&l)[kR]) {
+  static_assert(kR == 1 || kR == 2, "one or two row blocks");
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   auto chunk_at = [](int ch, int tok) { return kBulk ? ch : swizzle_chunk(ch, tok); };
-  // S = q K^T: n-tile nt covers tokens 8nt..8nt+7; this thread supplies token 8nt + g.
+  // S = q K^T: n-tile nt covers tokens 8nt..8nt+7; this thread supplies token 8nt + g. A fragments:
+  // rows g (a0, a2) and g + 8 (a1, a3; zero with one row block).
   float s[2][4];
 #pragma unroll
-  for (int nt = 0; nt < 2; ++nt) {
-    s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-    const int tok = 8 * nt + g;
+  for (int nt = 0; nt < 2; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
 #pragma unroll
-    for (int j = 0; j < D / 32; ++j) {
+  for (int j = 0; j < D / 32; ++j) {
+    uint2 lo[2], hi[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      lo[h] = qa.at(2 * j + h, 0);
+      hi[h] = kR == 2 ? qa.at(2 * j + h, kR - 1) : make_uint2(0u, 0u);
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const int tok = 8 * nt + g;
       const uint4 kv = lds128(ks + tok * D + chunk_at(t + 4 * j, tok) * 8);
-      mma_bf16(s[nt], qa[2 * j][0], 0u, qa[2 * j][1], 0u, kv.x, kv.y);
-      mma_bf16(s[nt], qa[2 * j + 1][0], 0u, qa[2 * j + 1][1], 0u, kv.z, kv.w);
+      mma_bf16(s[nt], lo[0].x, hi[0].x, lo[0].y, hi[0].y, kv.x, kv.y);
+      mma_bf16(s[nt], lo[1].x, hi[1].x, lo[1].y, hi[1].y, kv.z, kv.w);
     }
   }
 
-  // Online softmax of row g over tokens 8nt + 2t + e (e < 2); the quad (same g) shares the row.
-  float x[2][2], mx = -INFINITY;
+  // Online softmax of rows g + 8r over tokens 8nt + 2t + e (e < 2); the quad (same g) shares a row.
+  uint32_t pa[2][2];  // P as A fragments: [row block][n-tile]
 #pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
+  for (int r = 0; r < kR; ++r) {
+    float x[2][2], mx = -INFINITY;
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      x[nt][e] = 8 * nt + 2 * t + e < valid ? s[nt][e] * scale_log2 : -INFINITY;
-      mx = fmaxf(mx, x[nt][e]);
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        x[nt][e] = 8 * nt + 2 * t + e < valid ? s[nt][2 * r + e] * scale_log2 : -INFINITY;
+        mx = fmaxf(mx, x[nt][e]);
+      }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m[r], mx);  // finite: every stage holds at least one token
+    const float alpha = exp2f(m[r] - m_new);
+    float psum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        x[nt][e] = exp2f(x[nt][e] - m_new);
+        psum += x[nt][e];
+      }
+    l[r] = l[r] * alpha + psum;
+    m[r] = m_new;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      o[j][2 * r] *= alpha;
+      o[j][2 * r + 1] *= alpha;
     }
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-  const float m_new = fmaxf(m, mx);  // finite: every stage holds at least one token
-  const float alpha = exp2f(m - m_new);
-  float psum = 0.f;
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      x[nt][e] = exp2f(x[nt][e] - m_new);
-      psum += x[nt][e];
-    }
-  l = l * alpha + psum;
-  m = m_new;
-#pragma unroll
-  for (int j = 0; j < D / 8; ++j) {
-    o[j][0] *= alpha;
-    o[j][1] *= alpha;
+    // The S accumulator layout (row g, tokens 2t+{0,1} of n-tile 0 and 1) is exactly A columns
+    // 2t+{0,1} and 2t+8+{0,1}.
+    pa[r][0] = pack_bf16(x[0][0], x[0][1]);
+    pa[r][1] = pack_bf16(x[1][0], x[1][1]);
   }
-  // P as the A fragment: the S accumulator layout (row g, tokens 2t+{0,1} of n-tile 0 and 1) is
-  // exactly A columns 2t+{0,1} and 2t+8+{0,1}.
-  const uint32_t pa0 = pack_bf16(x[0][0], x[0][1]), pa2 = pack_bf16(x[1][0], x[1][1]);
+  const uint32_t pa1 = kR == 2 ? pa[1][0] : 0u, pa3 = kR == 2 ? pa[1][1] : 0u;
 
   // O += P V. B fragment of n-tile 8q + e, column g: element e of chunk g + 8q of tokens 2t, 2t+1
   // (b0) and 2t+8, 2t+9 (b1); zero-filled rows past `valid` meet p = 0.
@@ -260,7 +310,7 @@ __device__ __forceinline__ void attend_unit(const uint32_t (&qa)[D / 16][2], con
       const uint32_t sel = (e & 1) ? 0x7632u : 0x5410u;  // high or low halves of the two words
       const uint32_t b0 = __byte_perm(w0[e / 2], w1[e / 2], sel);
       const uint32_t b1 = __byte_perm(w2[e / 2], w3[e / 2], sel);
-      mma_bf16(o[8 * q + e], pa0, 0u, pa2, 0u, b0, b1);
+      mma_bf16(o[8 * q + e], pa[0][0], pa1, pa[0][1], pa3, b0, b1);
     }
   }
 }
@@ -323,32 +373,32 @@ __device__ __forceinline__ int cut_units(const DecodeParams& p) {
 }
 
 // The rows a pair's prologue needs, loaded a segment ahead into registers so that a pair boundary
-// does not stall on them: 8 elements from each half of a row per thread (RoPE pairs i, i + D/2).
-// Threads [0, G * D/16): q rows; [64, 64 + D/16): k_new; [96, 96 + D/16): v_new.
+// does not stall on them: 16-byte chunk c of each half of a row (RoPE pairs i, i + D/2) per task.
+// Task i = row * D/16 + c, rows 0 .. G-1 q's, row G k_new, row G + 1 v_new; thread tid holds tasks
+// tid + kThreads j (one each, up to 8 heads at D <= 128 with 4 warps).
+template <int D, int G, int kThreads>
 struct DecodeRows {
-  uint4 lo, hi;
+  static constexpr int kC = D / 16;
+  static constexpr int kPer = ((G + 2) * kC + kThreads - 1) / kThreads;
+  uint4 lo[kPer], hi[kPer];
 };
-template <int D, int G>
-__device__ __forceinline__ DecodeRows load_rows(const DecodeParams& p, int pair) {
-  constexpr int kC = D / 16;
-  static_assert(G * kC <= 64 && kC <= 32, "thread roles of load_rows");
-  const int tid = threadIdx.x;
-  const __nv_bfloat16* src = nullptr;
-  int c = 0;
-  if (tid < G * kC) {
-    src = p.q + (int64_t(pair) * G + tid / kC) * D;
-    c = tid % kC;
-  } else if (p.k_new != nullptr && tid >= 64 && tid < 64 + kC) {
-    src = p.k_new + int64_t(pair) * D;
-    c = tid - 64;
-  } else if (p.k_new != nullptr && tid >= 96 && tid < 96 + kC) {
-    src = p.v_new + int64_t(pair) * D;
-    c = tid - 96;
-  }
-  DecodeRows r{make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
-  if (src != nullptr) {
-    r.lo = __ldg(reinterpret_cast<const uint4*>(src + 8 * c));
-    r.hi = __ldg(reinterpret_cast<const uint4*>(src + D / 2 + 8 * c));
+template <int D, int G, int kThreads>
+__device__ __forceinline__ DecodeRows<D, G, kThreads> load_rows(const DecodeParams& p, int group, int pair) {
+  using Rows = DecodeRows<D, G, kThreads>;
+  DecodeRows<D, G, kThreads> r;
+#pragma unroll
+  for (int j = 0; j < Rows::kPer; ++j) {
+    const int task = threadIdx.x + kThreads * j, row = task / Rows::kC, c = task % Rows::kC;
+    const __nv_bfloat16* src = nullptr;
+    if (row < group)
+      src = p.q + (int64_t(pair) * group + row) * D;
+    else if (p.k_new != nullptr && row <= group + 1)
+      src = (row == group ? p.k_new : p.v_new) + int64_t(pair) * D;
+    r.lo[j] = r.hi[j] = make_uint4(0, 0, 0, 0);
+    if (src != nullptr) {
+      r.lo[j] = __ldg(reinterpret_cast<const uint4*>(src + 8 * c));
+      r.hi[j] = __ldg(reinterpret_cast<const uint4*>(src + D / 2 + 8 * c));
+    }
   }
   return r;
 }
@@ -357,15 +407,16 @@ __device__ __forceinline__ DecodeRows load_rows(const DecodeParams& p, int pair)
 // token (position pos), the roped k and v are appended to the cache and kept in smem: the ring's
 // copy of that row (maybe the stale row) is patched before use.
 template <int D, int G, bool kPaged, int kThreads, class Smem>
-__device__ __forceinline__ void setup_segment(const DecodeParams& p, Smem& sm, const DecodeRows& r, int pair, int pos,
-                                              bool appends) {
-  constexpr int kC = D / 16;
-  const int tid = threadIdx.x;
-  const bool is_q = tid < G * kC;
-  const bool is_k = appends && tid >= 64 && tid < 64 + kC, is_v = appends && tid >= 96 && tid < 96 + kC;
-  if (is_q || is_k || is_v) {
-    const int c = is_q ? tid % kC : tid - (is_k ? 64 : 96);
-    uint32_t lo[4] = {r.lo.x, r.lo.y, r.lo.z, r.lo.w}, hi[4] = {r.hi.x, r.hi.y, r.hi.z, r.hi.w};
+__device__ __forceinline__ void setup_segment(const DecodeParams& p, Smem& sm, const DecodeRows<D, G, kThreads>& r,
+                                              int group, int pair, int pos, bool appends) {
+  using Rows = DecodeRows<D, G, kThreads>;
+#pragma unroll
+  for (int j = 0; j < Rows::kPer; ++j) {
+    const int task = threadIdx.x + kThreads * j, row = task / Rows::kC, c = task % Rows::kC;
+    const bool is_q = row < group;
+    const bool is_k = appends && row == group, is_v = appends && row == group + 1;
+    if (!(is_q || is_k || is_v)) continue;
+    uint32_t lo[4] = {r.lo[j].x, r.lo[j].y, r.lo[j].z, r.lo[j].w}, hi[4] = {r.hi[j].x, r.hi[j].y, r.hi[j].z, r.hi[j].w};
     if (!is_v) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -379,9 +430,9 @@ __device__ __forceinline__ void setup_segment(const DecodeParams& p, Smem& sm, c
       }
     }
     const uint4 vlo = make_uint4(lo[0], lo[1], lo[2], lo[3]), vhi = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-    __nv_bfloat16* row = is_q ? sm.q[tid / kC] : (is_k ? sm.k_new : sm.v_new);
-    *reinterpret_cast<uint4*>(row + 8 * c) = vlo;
-    *reinterpret_cast<uint4*>(row + D / 2 + 8 * c) = vhi;
+    __nv_bfloat16* dst = is_q ? sm.q[row] : (is_k ? sm.k_new : sm.v_new);
+    *reinterpret_cast<uint4*>(dst + 8 * c) = vlo;
+    *reinterpret_cast<uint4*>(dst + D / 2 + 8 * c) = vhi;
     if (!is_q) {
       __nv_bfloat16* cache = (is_k ? p.k_cache : p.v_cache) + kv_offset<kPaged, D>(p, pair, pos);
       *reinterpret_cast<uint4*>(cache + 8 * c) = vlo;
@@ -398,93 +449,106 @@ __device__ __forceinline__ void store_bf16x4(__nv_bfloat16* dst, float4 v) {
   *reinterpret_cast<uint2*>(dst) = u;
 }
 
-// Merges the partial outputs of `pair` (units [u0, u1)), one per tile that holds a part of it, as
-// the last of those tiles. The partials were written by other blocks in this launch: read from L2
-// (ld.global.cg) after the caller's acquire. One pass: warp w takes partials w, w + kWarps, ... with an
-// online LSE merge (their loads all in flight together), lane the float4s e = lane + 32 r of the
-// G x D output; the warps are then merged through `scratch` ([warps][G * D / 4][2] floats) and sm.o.
-// (A merge with no smem, each thread over all partials for its own float4s, was no faster -- the
-// tail is L2 round trips -- and spilled in the attention -> o_proj kernel.)
-template <int D, int G, int kWarps, bool kMaybeCut, class Smem>
-__device__ void merge_pair(const DecodeParams& p, Smem& sm, float* scratch, int pair, int u0, int u1) {
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int num_tiles = cut_tiles<kMaybeCut>(p), total_units = cut_units<kMaybeCut>(p);
-  const int c0 = decode_tile_of(u0, num_tiles, total_units);
-  const int n = decode_tile_of(u1 - 1, num_tiles, total_units) - c0 + 1;
-  // Tile c0's part of this pair is its second segment when the tile starts in an earlier pair.
-  const int shift = decode_tile_start(c0, num_tiles, total_units) < u0 ? 1 : 0;
-  constexpr int kVec = G * D / 4, kPer = (kVec + 31) / 32;
-  float mw[kPer], sw[kPer];
+// Merges the partial outputs of `pair`, tiles c0 .. c0 + n - 1's (tile c0's is its second
+// segment when shift), as the last of those tiles. The partials were written by other blocks in this
+// launch (read through L2 after the caller's acquire). They are staged into `stage` (stage_bytes of
+// free smem: the ring, or more, DecodeParams::merge_stage_bytes) in chunks by cp.async -- every
+// 16-byte copy of a chunk in flight at once, no registers held. Per chunk, the heads' largest LSE
+// and each partial's weight exp2(lse - max) are computed once in smem; each thread then sums
+// weight x partial for its float4s e = tid + kThreads i of the group x D output (no dependent chain
+// of exponentials) and folds the chunk into its running result. (Loads into registers, each warp a
+// quarter of the partials, kept ~16 KiB in flight per SM: at head dim 256 a pair cut over 66 tiles
+// took 86 us to merge, H200, bench_attention_trace.)
+template <int D, int G, int kWarps>
+__device__ void merge_pair(const DecodeParams& p, char* stage, int stage_bytes, int group, int pair, int c0, int n,
+                           int shift) {
+  constexpr int kThreads = kWarps * 32;
+  constexpr int kPer = (G * D / 4 + kThreads - 1) / kThreads;  // float4s per thread (G: the group's bound)
+  const int tid = threadIdx.x, nvec = group * D / 4;
+  const int part_bytes = nvec * 16 + group * 4;  // a partial and its LSEs
+  const int per_chunk = max(1, (stage_bytes - 64) / part_bytes);
+  float4* o_s = reinterpret_cast<float4*>(stage);  // [per_chunk][nvec]
+  float* w_s = reinterpret_cast<float*>(stage + int64_t(per_chunk) * nvec * 16);  // [per_chunk][group]
+  float* max_s = w_s + per_chunk * group;  // [group]
+  auto slot_of = [&](int s) { return 2 * int64_t(c0 + s) + (s == 0 ? shift : 0); };
+  float m[kPer], sw[kPer];
   float4 acc[kPer];
 #pragma unroll
   for (int r = 0; r < kPer; ++r) {
-    mw[r] = -INFINITY;
+    m[r] = -INFINITY;
     sw[r] = 0.f;
     acc[r] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
-#pragma unroll 4
-  for (int s = warp; s < n; s += kWarps) {
-    const int64_t slot = 2 * (c0 + s) + (s == 0 ? shift : 0);
-    const float4* src = reinterpret_cast<const float4*>(p.o_part + slot * G * D);
+  for (int c = 0; c < n; c += per_chunk) {
+    const int nc = min(per_chunk, n - c);
+    for (int i = tid; i < nc * nvec; i += kThreads) {
+      const int s = i / nvec, e = i - s * nvec;
+      cp_async16(o_s + i, p.o_part + slot_of(c + s) * group * D + 4 * e, 16);
+    }
+    cp_async_commit();
+    for (int i = tid; i < nc * group; i += kThreads) {
+      const int s = i / group;
+      w_s[i] = __ldcg(p.lse_part + slot_of(c + s) * group + (i - s * group));
+    }
+    tile_sync<kThreads>();
+    if (tid < group) {
+      float mx = -INFINITY;
+      for (int s = 0; s < nc; ++s) mx = fmaxf(mx, w_s[s * group + tid]);
+      max_s[tid] = mx;
+    }
+    tile_sync<kThreads>();
+    for (int i = tid; i < nc * group; i += kThreads) w_s[i] = exp2f(w_s[i] - max_s[i % group]);
+    cp_async_wait<0>();
+    tile_sync<kThreads>();
 #pragma unroll
     for (int r = 0; r < kPer; ++r) {
-      const int e = lane + 32 * r;
-      if (e < kVec) {
-        const float lse = __ldcg(p.lse_part + slot * G + e / (D / 4));
-        const float4 v = __ldcg(src + e);
-        const float mn = fmaxf(mw[r], lse), a = exp2f(mw[r] - mn), b = exp2f(lse - mn);
-        acc[r] = make_float4(acc[r].x * a + v.x * b, acc[r].y * a + v.y * b, acc[r].z * a + v.z * b,
-                             acc[r].w * a + v.w * b);
-        sw[r] = sw[r] * a + b;
-        mw[r] = mn;
+      const int e = tid + kThreads * r, h = e / (D / 4);
+      if (e < nvec) {
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+        float ws = 0.f;
+        for (int s = 0; s < nc; ++s) {
+          const float w = w_s[s * group + h];
+          const float4 v = o_s[s * nvec + e];
+          a = make_float4(a.x + w * v.x, a.y + w * v.y, a.z + w * v.z, a.w + w * v.w);
+          ws += w;
+        }
+        const float mn = fmaxf(m[r], max_s[h]), fo = exp2f(m[r] - mn), fc = exp2f(max_s[h] - mn);
+        acc[r] = make_float4(acc[r].x * fo + a.x * fc, acc[r].y * fo + a.y * fc, acc[r].z * fo + a.z * fc,
+                             acc[r].w * fo + a.w * fc);
+        sw[r] = sw[r] * fo + ws * fc;
+        m[r] = mn;
       }
     }
+    tile_sync<kThreads>();  // the chunk is read: the stage may take the next one
   }
-  float4* wo = reinterpret_cast<float4*>(&sm.o[0][0][0]);  // [warp][kVec]
 #pragma unroll
   for (int r = 0; r < kPer; ++r) {
-    const int e = lane + 32 * r;
-    if (e < kVec) {
-      wo[warp * kVec + e] = acc[r];
-      scratch[2 * (warp * kVec + e)] = mw[r];
-      scratch[2 * (warp * kVec + e) + 1] = sw[r];
+    const int e = tid + kThreads * r;
+    if (e < nvec) {
+      const float inv = 1.f / sw[r];
+      store_bf16x4(p.out + int64_t(pair) * group * D + 4 * e,
+                   make_float4(acc[r].x * inv, acc[r].y * inv, acc[r].z * inv, acc[r].w * inv));
     }
   }
-  tile_sync<kWarps * 32>();
-  for (int e = tid; e < kVec; e += kWarps * 32) {
-    float mx = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, scratch[2 * (w * kVec + e)]);
-    float sum = 0.f;
-    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float f = exp2f(scratch[2 * (w * kVec + e)] - mx);  // 0 for a warp that had no partial
-      const float4 v = wo[w * kVec + e];
-      sum += f * scratch[2 * (w * kVec + e) + 1];
-      o = make_float4(o.x + f * v.x, o.y + f * v.y, o.z + f * v.z, o.w + f * v.w);
-    }
-    const float inv = 1.f / sum;
-    store_bf16x4(p.out + int64_t(pair) * G * D + 4 * e, make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv));
-  }
-  tile_sync<kWarps * 32>();  // scratch and sm.o are free again
 }
 
 }  // namespace decode_detail
 
 // kStandalone: compiled with the timeline (p.trace); without it the stamps are left out and their
 // registers saved (the attention -> o_proj kernel is at its cap).
+// G: 1..8 query heads per KV head exactly, or 16: any of 9..16 (p.group).
 template <int D, int G, bool kPaged, bool kBulk, bool kStandalone = false, int kWarps = kDecodeWarps>
 __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
   constexpr int kThreads = kWarps * 32;
-  static_assert(D == 64 || D == 128, "head dim 64 or 128");
-  static_assert(G >= 1 && G <= kDecodeMaxGroup, "1..8 query heads per KV head");
+  static_assert(D == 64 || D == 128 || D == 256, "head dim 64, 128 or 256");
+  static_assert((G >= 1 && G <= 8) || G == kDecodeMaxGroup, "1..8 query heads per KV head, or up to 16");
+  constexpr int kR = decode_row_blocks<G>();
+  const int group = G <= 8 ? G : p.group;
   using namespace decode_detail;
   using Smem = DecodeSmem<D, G, kWarps>;
   constexpr int kChunks = D / 8;  // 16-byte chunks per token row
   constexpr int kStageElems = kDecodeStageTokens * D;
-  static_assert(kWarps * G * D / 4 * 2 * 4 <= kWarps * decode_slot_bytes<D>(),
-                "merge scratch fits in a one-slot ring");
+  static_assert(G * D * 4 + G * 4 + 64 <= kWarps * decode_slot_bytes<D>(), "a partial fits a one-slot ring (merge_pair)");
   Smem& sm = *reinterpret_cast<Smem*>(smem);
   __nv_bfloat16* ring = reinterpret_cast<__nv_bfloat16*>(smem + decode_ring_offset<D, G, kWarps>());
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -577,44 +641,56 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
     runtime::allow_next_launch();
   }
   DecodePair sp = first;
-  DecodeRows rows = load_rows<D, G>(p, sp.pair);
+  DecodeRows<D, G, kThreads> rows = load_rows<D, G, kThreads>(p, group, sp.pair);
   for (int k = early ? 1 : 0; k < slots; ++k) issue(k);
-  for (int i = threadIdx.x; i < (kDecodeMaxGroup - G) * D; i += kThreads)
-    sm.q[G + i / D][i % D] = __float2bfloat16(0.f);
+  for (int i = threadIdx.x; i < (Smem::kRows - group) * D; i += kThreads)
+    sm.q[group + i / D][i % D] = __float2bfloat16(0.f);
 
   // Partial segments (at most the tile's first and last): their pair and units, merged at the end.
   DecodePair part[2] = {{-1, 0, 0, 0}, {-1, 0, 0, 0}};
-  const int64_t out_stride = int64_t(G) * D;
+  const int64_t out_stride = int64_t(group) * D;
   int k = 0;
   for (;;) {
     const int seg_lo = max(u_lo, sp.u0), seg_hi = min(u_hi, sp.u1);
     const int pos = sp.len - 1;  // the new token
     const int pos_unit = sp.u0 + pos / kDecodeStageTokens;
     const bool appends = p.k_new != nullptr && pos_unit >= seg_lo && pos_unit < seg_hi;
-    setup_segment<D, G, kPaged, kThreads>(p, sm, rows, sp.pair, pos, appends);
+    setup_segment<D, G, kPaged, kThreads>(p, sm, rows, group, sp.pair, pos, appends);
     const bool more = seg_hi < u_hi;
     DecodePair np = sp;
     if (more) {
       np = next_pair<kStandalone>(p, sp);
-      rows = load_rows<D, G>(p, sp.pair + 1);
+      rows = load_rows<D, G, kThreads>(p, group, sp.pair + 1);
     }
 
-    // q as A fragments. k-step s = 2j + h pairs with chunk c = t + 4j of this thread's K row, half h:
-    // A column 2t, 2t+1 <- d = 8c + 4h + {0, 1};  A column 2t+8, 2t+9 <- d = 8c + 4h + {2, 3}.
-    uint32_t qa[D / 16][2];
+    // q as A fragments (QFrags).
+    QFrags<D, kR, Smem::kQSmem> qa;
+    if constexpr (Smem::kQSmem) {
+      for (int i = threadIdx.x; i < D / 16 * kR * 32; i += kThreads) {
+        const int l = i % 32, r = (i / 32) % kR, s = i / (32 * kR);
+        sm.q_frag[i] = q_fragment<D>(&sm.q[0][0], l / 4 + 8 * r, s, l % 4);
+      }
+      tile_sync<kThreads>();
+      qa.frag = sm.q_frag;
+    } else {
 #pragma unroll
-    for (int s = 0; s < D / 16; ++s) {
-      const int d = 8 * (t + 4 * (s / 2)) + 4 * (s % 2);
-      qa[s][0] = *reinterpret_cast<const uint32_t*>(&sm.q[g][d]);
-      qa[s][1] = *reinterpret_cast<const uint32_t*>(&sm.q[g][d + 2]);
+      for (int s = 0; s < D / 16; ++s)
+#pragma unroll
+        for (int r = 0; r < kR; ++r) {
+          const uint2 f = q_fragment<D>(&sm.q[0][0], g + 8 * r, s, t);
+          qa.a[s][2 * r] = f.x;
+          qa.a[s][2 * r + 1] = f.y;
+        }
     }
 
     // o[j]: output columns of n-tile j = 8q + e; this thread's c0, c1 hold head g at
-    // d = 8 (2t + 8q) + e and d + 8 (c2, c3 belong to the zero rows 8..15).
+    // d = 8 (2t + 8q) + e and d + 8, c2, c3 head g + 8 (zero rows with one row block).
     float o[D / 8][4];
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-    float m = -INFINITY, l = 0.f;  // running max (log2 domain) and this thread's share of the sum
+    float m[kR], l[kR];  // per row block: running max (log2 domain) and this thread's share of the sum
+#pragma unroll
+    for (int r = 0; r < kR; ++r) m[r] = -INFINITY, l[r] = 0.f;
 
     for (; k < my_n && unit_of(k) < seg_hi; ++k) {
       const int slot = k % slots;
@@ -640,33 +716,40 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
         __syncwarp();
       }
 
-      attend_unit<D, kBulk>(qa, ks, vs, valid, p.scale_log2, o, m, l);
+      attend_unit<D, kBulk, kR, Smem::kQSmem>(qa, ks, vs, valid, p.scale_log2, o, m, l);
       __syncwarp();  // every lane is done with the slot: refill it
       issue(k + slots);
     }
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
     if (lane == 0 && warp < 4) stamp(kDtWarpEnd + warp);  // the timeline keeps 4 warps' ends
 
     // Combine the warps (smem), then write the segment's result: the output when the segment is
     // the whole pair, else a partial in slot 2 * tile + (0: the tile's first segment, 1: its last).
-    if (g < G) {
 #pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        const int d = 8 * (2 * t + 8 * (j / 8)) + j % 8;
-        sm.o[warp][g][d] = o[j][0];
-        sm.o[warp][g][d + 8] = o[j][1];
-      }
-      if (t == 0) {
-        sm.m[warp][g] = m;
-        sm.l[warp][g] = l;
+    for (int r = 0; r < kR; ++r) {
+      const int row = g + 8 * r;
+      if (row < group) {
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+          const int d = 8 * (2 * t + 8 * (j / 8)) + j % 8;
+          sm.o[warp][row][d] = o[j][2 * r];
+          sm.o[warp][row][d + 8] = o[j][2 * r + 1];
+        }
+        if (t == 0) {
+          sm.m[warp][row] = m[r];
+          sm.l[warp][row] = l[r];
+        }
       }
     }
     tile_sync<kThreads>();
     const bool whole = seg_lo == sp.u0 && seg_hi == sp.u1;
     const int which = seg_lo > u_lo ? 1 : 0;
     const int64_t slot = 2 * int64_t(tile) + which;
-    for (int i = threadIdx.x; i < G * D / 4; i += kThreads) {
+    for (int i = threadIdx.x; i < group * D / 4; i += kThreads) {
       const int gg = i / (D / 4), d = (i % (D / 4)) * 4;
       float mmax = -INFINITY;
 #pragma unroll
@@ -688,8 +771,8 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
       if (whole) {
         store_bf16x4(p.out + sp.pair * out_stride + gg * D + d, acc);
       } else {
-        *reinterpret_cast<float4*>(&p.o_part[(slot * G + gg) * D + d]) = acc;
-        if (d == 0) p.lse_part[slot * G + gg] = mmax + log2f(sum);
+        *reinterpret_cast<float4*>(&p.o_part[(slot * group + gg) * D + d]) = acc;
+        if (d == 0) p.lse_part[slot * group + gg] = mmax + log2f(sum);
       }
     }
     if (!whole) (which ? part[1] : part[0]) = sp;
@@ -735,8 +818,14 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
 #pragma unroll
     for (int w = 0; w < 2; ++w)
       if (sm.last[w]) {
-        merge_pair<D, G, kWarps, kStandalone>(p, sm, reinterpret_cast<float*>(ring), part[w].pair, part[w].u0,
-                                              part[w].u1);
+        const DecodePair& pt = part[w];
+        const int c0 = decode_tile_of(pt.u0, num_tiles, total_units);
+        const int n = decode_tile_of(pt.u1 - 1, num_tiles, total_units) - c0 + 1;
+        // Tile c0's part of this pair is its second segment when the tile starts in an earlier pair.
+        const int shift = decode_tile_start(c0, num_tiles, total_units) < pt.u0 ? 1 : 0;
+        const int ring_bytes = kWarps * slots * decode_slot_bytes<D>();
+        merge_pair<D, G, kWarps>(p, reinterpret_cast<char*>(ring), max(ring_bytes, p.merge_stage_bytes), group,
+                                 pt.pair, c0, n, shift);
         ++merges;
       }
   }

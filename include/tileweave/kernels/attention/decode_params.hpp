@@ -54,7 +54,11 @@ struct DecodeParams {
   // from cut[0] on do nothing; num_tiles above is the grid. nullptr: the host's plan.
   const int* cut = nullptr;
   int num_kv_heads = 0;
+  int group = 0;  // query heads per KV head (what kernels compiled for up to 16 read; the others know it)
   int ring_slots = 2;  // per warp, 1..kDecodeMaxSlots; the smem size depends on it
+  // Smem from the ring's start a merging tile may stage partials in (at least the ring's bytes; more
+  // where the launch gives it: fewer round trips for a pair cut over many tiles). 0: the ring.
+  int merge_stage_bytes = 0;
   // Workspace: o_part [num_tiles][2][group][D] (normalised partial outputs of a tile's first and
   // last segment), lse_part [num_tiles][2][group] (log2 domain), merge_count [npairs] (zero between
   // launches: the merging tile resets it).
@@ -67,7 +71,7 @@ struct DecodeParams {
   unsigned long long* trace = nullptr;  // [num_tiles][kDecodeTraceWords] or nullptr (no timeline)
   float scale_log2 = 0;  // softmax scale * log2(e)
   bool rope = false;
-  float inv_freq[64] = {};  // RoPE (rotate-half): angle_i = float(pos) * inv_freq[i], i < D/2
+  float inv_freq[128] = {};  // RoPE (rotate-half): angle_i = float(pos) * inv_freq[i], i < D/2
 };
 
 // The cut kernel's arguments (lengths on the device): decode.cuh's decode_cut.

@@ -11,7 +11,7 @@
 
 namespace tw::kernels {
 
-constexpr int kDecodeMaxGroup = 8;     // query heads per KV head: the 8 rows of an mma tile that hold heads
+constexpr int kDecodeMaxGroup = 16;    // query heads per KV head: the 16 rows of an m16 mma tile
 constexpr int kDecodeStageTokens = 16; // tokens per unit of work and smem stage = the k extent of one P.V mma
 constexpr int kDecodeWarps = 4;        // warps per tile; each streams its own stages
 constexpr int kDecodeThreads = kDecodeWarps * 32;
