@@ -4,7 +4,7 @@
 // --heads / --dim say otherwise.
 //   bench_attention_trace [--cases 1x32768,16x512] [--variants "default;per_sm=1,slots=4;tiles=256"]
 //                         [--heads 32/8] [--dim 128] [--trace] [--reps N]
-// Variant keys (DecodeAttentionShape overrides): tiles, per_sm, slots, bulk (0/1).
+// Variant keys (DecodeAttentionShape overrides): tiles, per_sm, slots, bulk (0/1), rope (0/1), append (0/1).
 // JSON -> $TW_RESULTS_DIR/<gpu>/attention_trace.json (timelines relative to the first tile's entry).
 #include <cuda_bf16.h>
 
@@ -21,6 +21,8 @@
 namespace {
 
 using bf16 = __nv_bfloat16;
+
+__global__ void empty_kernel() {}
 namespace k = tw::kernels;
 
 // "per_sm=1,slots=4" -> overrides of `base`.
@@ -35,6 +37,8 @@ tw::DecodeAttentionShape apply_variant(tw::DecodeAttentionShape s, const std::st
     else if (key == "per_sm") s.tiles_per_sm = v;
     else if (key == "slots") s.ring_slots = v;
     else if (key == "bulk") s.kv_load = v ? tw::KvLoad::Bulk : tw::KvLoad::CpAsync;
+    else if (key == "rope") s.rope_theta = v ? 500000.f : 0.f;
+    else if (key == "append") s.append = v != 0;
     else throw std::runtime_error("unknown variant key '" + key + "'");
   }
   return s;
@@ -72,6 +76,10 @@ int main(int argc, char** argv) {
   const auto floor = tw::bench::measure_floor(gpu);
   std::printf("%s: floor %.3f TB/s; %d / %d heads, head dim %d\n", gpu.prop.name, floor.tbps(), hq, hkv, dim);
   tw::bench::ResultFile result("attention_trace", gpu, floor);
+  // What any launch costs back to back (a graph of empty kernels): the few-token cases' baseline.
+  const double empty_us = tw::bench::time_us_seq([](int, cudaStream_t st) { empty_kernel<<<132, 256, 0, st>>>(); }, 1);
+  std::printf("an empty kernel back to back: %.2f us per launch\n", empty_us);
+  result.doc["empty_kernel_us_back_to_back"] = empty_us;
   result.doc["heads"] = {hq, hkv};
   result.doc["head_dim"] = dim;
   size_t free_bytes = 0, total_bytes = 0;
@@ -80,7 +88,7 @@ int main(int argc, char** argv) {
   TW_CUDA_CHECK(cudaEventCreate(&e0));
   TW_CUDA_CHECK(cudaEventCreate(&e1));
   std::printf("%4s %6s %-22s %5s %5s %8s %6s | %s\n", "B", "L", "variant", "tiles", "slots", "us", "floor%",
-              "trace (us from the first entry): entry max, first landed med/max, warp end min/med/max, "
+              "trace (us from the first entry): entry max, setup med/max, first landed med/max, warp end min/med/max, "
               "intra-tile warp spread med, segs done max, exit med/max, merges");
   for (const std::string& cs : tw::bench::split_list(cases_arg, ',')) {
     const auto x = cs.find('x');
@@ -119,12 +127,13 @@ int main(int argc, char** argv) {
       }
       const double us = tw::bench::time_us([&](int s, cudaStream_t st) { op->run(tensors(s), st); }, sets, 10,
                                            set_bytes > (int64_t(4) << 30) ? 20 : reps);
+      const double b2b_us = tw::bench::time_us_seq([&](int s, cudaStream_t st) { op->run(tensors(s), st); }, sets);
       const double floor_us = double(op->kv_bytes()) / (floor.tbps() * 1e6);
       nlohmann::json row = {{"B", B}, {"L", L}, {"variant", vs}, {"num_tiles", op->num_tiles()},
                             {"ring_slots", op->ring_slots()}, {"time_us", us}, {"floor_us", floor_us},
-                            {"pct_floor", 100 * floor_us / us}};
-      std::printf("%4d %6d %-22s %5d %5d %8.2f %5.1f%%", B, L, vs.c_str(), op->num_tiles(), op->ring_slots(), us,
-                  100 * floor_us / us);
+                            {"pct_floor", 100 * floor_us / us}, {"back_to_back_us", b2b_us}};
+      std::printf("%4d %6d %-22s %5d %5d %8.2f %5.1f%% b2b %.2f", B, L, vs.c_str(), op->num_tiles(), op->ring_slots(), us,
+                  100 * floor_us / us, b2b_us);
       if (trace) {
         const int n = op->num_tiles();
         unsigned long long* d_trace = nullptr;
@@ -149,12 +158,13 @@ int main(int argc, char** argv) {
           const unsigned long long v = h[size_t(c) * k::kDecodeTraceWords + w];
           return v == 0 ? -1.0 : double(v - t0) * 1e-3;
         };
-        std::vector<double> entry, first, wend_tile, wspread, segs, exitv;
+        std::vector<double> entry, setup, first, wend_tile, wspread, segs, exitv;
         nlohmann::json tiles = nlohmann::json::array();
         int merges = 0;
         for (int c = 0; c < n; ++c) {
           entry.push_back(at(c, k::kDtEntry));
           first.push_back(at(c, k::kDtFirst));
+          setup.push_back(at(c, k::kDtSetup));
           double lo = 1e30, hi = -1;
           for (int w = 0; w < k::kDecodeWarps; ++w) {
             const double v = at(c, k::kDtWarpEnd + w);
@@ -167,13 +177,15 @@ int main(int argc, char** argv) {
           merges += int(h[size_t(c) * k::kDecodeTraceWords + k::kDtMerges]);
           nlohmann::json t = nlohmann::json::array();
           for (int w = 0; w < k::kDecodeTraceWords; ++w)
-            t.push_back(w == k::kDtSm || w >= k::kDtMerges ? double(h[size_t(c) * k::kDecodeTraceWords + w]) : at(c, w));
+            t.push_back(w == k::kDtSm || w == k::kDtMerges || w == k::kDtSegments
+                            ? double(h[size_t(c) * k::kDecodeTraceWords + w])
+                            : at(c, w));
           tiles.push_back(t);
         }
-        std::printf(" | launch %.1f: %.1f, %.1f/%.1f, %.1f/%.1f/%.1f, %.2f, %.1f, %.1f/%.1f, %d", ms * 1e3,
-                    pct(entry, 1), pct(first, 0.5), pct(first, 1), pct(wend_tile, 0), pct(wend_tile, 0.5),
+        std::printf(" | launch %.1f: %.1f, %.1f/%.1f, %.1f/%.1f, %.1f/%.1f/%.1f, %.2f, %.1f, %.1f/%.1f, %d", ms * 1e3,
+                    pct(entry, 1), pct(setup, 0.5), pct(setup, 1), pct(first, 0.5), pct(first, 1), pct(wend_tile, 0), pct(wend_tile, 0.5),
                     pct(wend_tile, 1), pct(wspread, 0.5), pct(segs, 1), pct(exitv, 0.5), pct(exitv, 1), merges);
-        row["trace"] = {{"launch_us", ms * 1e3}, {"words", "sm entry first warp_end0..3 segs_done counted exit merges segments"},
+        row["trace"] = {{"launch_us", ms * 1e3}, {"words", "sm entry first warp_end0..3 segs_done counted exit merges segments setup"},
                         {"tiles", tiles}};
       }
       std::printf("\n");

@@ -176,6 +176,7 @@ DecodeAttention::DecodeAttention(const DecodeAttentionShape& shape, std::vector<
   TW_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_block));
 
   if (!page_table_.empty()) d_page_table_ = device_copy(page_table_);
+  if (!inv_freq_.empty()) d_inv_freq_ = device_copy(inv_freq_);
   d_pair_info_ = device_copy(plan_.pair_info);
   d_tile_first_ = device_copy(plan_.tile_first);
   const int64_t slots = int64_t(2) * plan_.num_tiles * group_;
@@ -211,6 +212,7 @@ std::string DecodeAttention::take_device_error() {
 
 DecodeAttention::~DecodeAttention() {
   cudaFree(d_page_table_);
+  cudaFree(d_inv_freq_);
   cudaFree(d_pair_info_);
   cudaFree(d_tile_first_);
   cudaFree(d_o_part_);
@@ -270,7 +272,7 @@ kernels::DecodeParams DecodeAttention::device_params(const DecodeAttentionTensor
   const float scale = shape_.scale > 0 ? shape_.scale : 1.f / std::sqrt(float(shape_.head_dim));
   p.scale_log2 = scale * 1.4426950408889634f;
   p.rope = shape_.rope_theta > 0;
-  for (size_t i = 0; i < inv_freq_.size(); ++i) p.inv_freq[i] = inv_freq_[i];
+  p.inv_freq = d_inv_freq_;
   return p;
 }
 

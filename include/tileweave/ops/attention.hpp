@@ -89,6 +89,7 @@ class DecodeAttention {
   int group_ = 1, slots_ = 0, smem_ = 0, warps_ = 4, merge_stage_ = 0;
   bool bulk_ = false, device_lengths_ = false, hopper_ = false;
   int* d_page_table_ = nullptr;
+  float* d_inv_freq_ = nullptr;  // RoPE frequencies (rope_theta > 0)
   int* d_pair_info_ = nullptr;
   int* d_tile_first_ = nullptr;
   float* d_o_part_ = nullptr;

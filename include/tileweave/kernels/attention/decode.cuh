@@ -47,7 +47,10 @@ struct DecodeSmem {
   uint2 q_frag[kQSmem ? D / 16 * kRows / 8 * 32 : 1];  // kQSmem: [D / 16][row blocks][32 lanes]
   alignas(16) __nv_bfloat16 k_new[D];  // the appended row (roped k, v), patched into its ring slot
   alignas(16) __nv_bfloat16 v_new[D];
-  alignas(16) float o[kWarps][G][D];  // each warp's output of a segment, for the combine
+  float2 rope[D / 2];  // (cos, sin) of the segment's position per frequency
+  // Each warp's output of a segment, for the combine. Rows padded by 16 bytes: the float4 stores
+  // of a quarter warp (rows g, g + 1, d = 16t + ...) then fall in 2-way bank conflicts, not 8.
+  alignas(16) float o[kWarps][G][D + 4];
   float m[kWarps][kRows];
   float l[kWarps][kRows];
   uint64_t bar[kWarps][kDecodeMaxSlots];  // bulk-copy variant: one mbarrier per ring slot
@@ -326,12 +329,9 @@ __device__ __forceinline__ void cp_async_wait_dyn(int n) {
   }
 }
 
-// Rotate-half RoPE of the pair (x[i], x[i + D/2]) at position pos.
-__device__ __forceinline__ void rope_pair(const DecodeParams& p, int pos, int i, float& x1, float& x2) {
-  if (!p.rope) return;
-  float s, c;
-  sincosf(float(pos) * p.inv_freq[i], &s, &c);
-  const float y1 = x1 * c - x2 * s, y2 = x2 * c + x1 * s;
+// Rotate-half RoPE of the pair (x[i], x[i + D/2]) by the angle whose (cos, sin) is cs.
+__device__ __forceinline__ void rope_pair(float2 cs, float& x1, float& x2) {
+  const float y1 = x1 * cs.x - x2 * cs.y, y2 = x2 * cs.x + x1 * cs.y;
   x1 = y1;
   x2 = y2;
 }
@@ -410,6 +410,17 @@ template <int D, int G, bool kPaged, int kThreads, class Smem>
 __device__ __forceinline__ void setup_segment(const DecodeParams& p, Smem& sm, const DecodeRows<D, G, kThreads>& r,
                                               int group, int pair, int pos, bool appends) {
   using Rows = DecodeRows<D, G, kThreads>;
+  // The angles once per segment, one sincosf per thread, shared by the q rows and k: eight or more
+  // per thread in each row's task cost ~1 us of the prologue at D = 64 and ~3 us at D = 256 (a few
+  // tokens' whole launch is ~4.5 / ~9 us), bench_attention_trace.
+  if (p.rope) {
+    for (int i = threadIdx.x; i < D / 2; i += kThreads) {
+      float s, c;
+      sincosf(float(pos) * __ldg(&p.inv_freq[i]), &s, &c);
+      sm.rope[i] = make_float2(c, s);
+    }
+    tile_sync<kThreads>();
+  }
 #pragma unroll
   for (int j = 0; j < Rows::kPer; ++j) {
     const int task = threadIdx.x + kThreads * j, row = task / Rows::kC, c = task % Rows::kC;
@@ -417,14 +428,14 @@ __device__ __forceinline__ void setup_segment(const DecodeParams& p, Smem& sm, c
     const bool is_k = appends && row == group, is_v = appends && row == group + 1;
     if (!(is_q || is_k || is_v)) continue;
     uint32_t lo[4] = {r.lo[j].x, r.lo[j].y, r.lo[j].z, r.lo[j].w}, hi[4] = {r.hi[j].x, r.hi[j].y, r.hi[j].z, r.hi[j].w};
-    if (!is_v) {
+    if (!is_v && p.rope) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const __nv_bfloat162 a = *reinterpret_cast<const __nv_bfloat162*>(&lo[e]);
         const __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(&hi[e]);
         float a0 = __low2float(a), a1 = __high2float(a), b0 = __low2float(b), b1 = __high2float(b);
-        rope_pair(p, pos, 8 * c + 2 * e, a0, b0);
-        rope_pair(p, pos, 8 * c + 2 * e + 1, a1, b1);
+        rope_pair(sm.rope[8 * c + 2 * e], a0, b0);
+        rope_pair(sm.rope[8 * c + 2 * e + 1], a1, b1);
         lo[e] = pack_bf16(a0, a1);
         hi[e] = pack_bf16(b0, b1);
       }
@@ -656,6 +667,7 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
     const int pos_unit = sp.u0 + pos / kDecodeStageTokens;
     const bool appends = p.k_new != nullptr && pos_unit >= seg_lo && pos_unit < seg_hi;
     setup_segment<D, G, kPaged, kThreads>(p, sm, rows, group, sp.pair, pos, appends);
+    if (threadIdx.x == 0 && sp.pair == first.pair) stamp(kDtSetup);
     const bool more = seg_hi < u_hi;
     DecodePair np = sp;
     if (more) {
@@ -734,10 +746,12 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
       const int row = g + 8 * r;
       if (row < group) {
 #pragma unroll
-        for (int j = 0; j < D / 8; ++j) {
+        for (int j = 0; j < D / 8; j += 4) {  // n-tiles j .. j + 3 hold 4 consecutive columns
           const int d = 8 * (2 * t + 8 * (j / 8)) + j % 8;
-          sm.o[warp][row][d] = o[j][2 * r];
-          sm.o[warp][row][d + 8] = o[j][2 * r + 1];
+          *reinterpret_cast<float4*>(&sm.o[warp][row][d]) =
+              make_float4(o[j][2 * r], o[j + 1][2 * r], o[j + 2][2 * r], o[j + 3][2 * r]);
+          *reinterpret_cast<float4*>(&sm.o[warp][row][d + 8]) =
+              make_float4(o[j][2 * r + 1], o[j + 1][2 * r + 1], o[j + 2][2 * r + 1], o[j + 3][2 * r + 1]);
         }
         if (t == 0) {
           sm.m[warp][row] = m[r];

@@ -22,7 +22,8 @@ enum DecodeTraceWord : int {
   kDtExit = 9,       // merges done, the tile ends
   kDtMerges = 10,    // pairs this tile merged
   kDtSegments = 11,  // segments (pairs) of this tile
-  kDecodeTraceWords = 12
+  kDtSetup = 12,     // the first segment's prologue is done (q roped in smem, the new row appended)
+  kDecodeTraceWords = 13
 };
 
 // The work is cut stream-K style (decode_units.hpp: pairs, 16-token units, the even cut). A tile
@@ -71,7 +72,7 @@ struct DecodeParams {
   unsigned long long* trace = nullptr;  // [num_tiles][kDecodeTraceWords] or nullptr (no timeline)
   float scale_log2 = 0;  // softmax scale * log2(e)
   bool rope = false;
-  float inv_freq[128] = {};  // RoPE (rotate-half): angle_i = float(pos) * inv_freq[i], i < D/2
+  const float* inv_freq = nullptr;  // RoPE (rotate-half), [D/2] on the device: angle_i = float(pos) * inv_freq[i]
 };
 
 // The cut kernel's arguments (lengths on the device): decode.cuh's decode_cut.
