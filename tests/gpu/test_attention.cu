@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -136,6 +137,43 @@ TEST(AttentionDecode, Batch40PagedGqa13D256Page64) {
   std::vector<int> lens(40);
   for (auto& l : lens) l = 1 + int(rng() % 900);
   run_case({lens, 13, 1, 256, KvLayout::Paged, 64});
+}
+
+// Shapes drawn from a seed, as issue 16's attention sweep draws them (bench_attention_sweep), at test
+// sizes: 1..16 query heads per KV head, 1..8 KV heads, head dim 64 / 128 / 256, B 1..24, the longest
+// length log-uniform in 1..6000 (the CPU reference's work capped), equal or ragged, contiguous or
+// paged 16 .. 64, with or without the append and RoPE; each through run_case's plans and loaders.
+// TW_SHAPE_SEED picks the grid: the default is the same every run, any other one a grid no test names.
+TEST(AttentionDecode, RandomShapeGrid) {
+  TW_REQUIRE_GPU();
+  uint64_t seed = 16;
+  if (const char* v = std::getenv("TW_SHAPE_SEED")) seed = std::strtoull(v, nullptr, 10);
+  SCOPED_TRACE("TW_SHAPE_SEED=" + std::to_string(seed));
+  std::mt19937_64 rng(seed ^ 0xA77E);
+  static const int kDims[] = {64, 128, 256};
+  static const int kPages[] = {16, 32, 48, 64};
+  for (int i = 0; i < 10; ++i) {
+    AttnCase c;
+    const int group = 1 + int(rng() % 16);
+    c.hkv = 1 + int(rng() % 8);
+    c.hq = group * c.hkv;
+    c.d = kDims[rng() % std::size(kDims)];
+    const int batch = 1 + int(rng() % 24);
+    int longest = std::max(1, int(std::exp2(std::uniform_real_distribution<double>(0.0, std::log2(6000.0))(rng))));
+    while (double(batch) * longest * c.hq * c.d > 1.5e8 && longest > 1) longest /= 2;
+    const bool ragged = rng() % 2 == 1;
+    for (int b = 0; b < batch; ++b) c.lens.push_back(ragged && b > 0 ? 1 + int(rng() % uint64_t(longest)) : longest);
+    c.layout = rng() % 2 ? KvLayout::Paged : KvLayout::Contiguous;
+    c.page_size = kPages[rng() % std::size(kPages)];
+    c.append = rng() % 4 != 0;
+    c.theta = rng() % 4 == 0 ? 0.f : 10000.f;
+    SCOPED_TRACE("shape " + std::to_string(i) + ": " + std::to_string(c.hq) + "/" + std::to_string(c.hkv) + " heads, d " +
+                 std::to_string(c.d) + ", B " + std::to_string(batch) + ", longest " + std::to_string(longest) +
+                 (ragged ? " ragged" : "") +
+                 (c.layout == KvLayout::Paged ? ", paged " + std::to_string(c.page_size) : ", contiguous") +
+                 (c.append ? ", append" : "") + (c.theta > 0 ? ", rope" : ""));
+    run_case(c);
+  }
 }
 
 TEST(AttentionDecode, Batch64ContiguousGqa4) {
