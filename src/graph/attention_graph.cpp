@@ -182,6 +182,33 @@ DecodePlan plan_decode_for(const DecodeAttentionShape& s, const std::vector<int>
   return pl;
 }
 
+int decode_tile_warps(int head_dim, int tiles_per_sm) { return tiles_per_sm == 1 && head_dim <= 128 ? 8 : 4; }
+
+DecodePlanSummary summarize_decode_plan(const DecodeAttentionShape& s, const std::vector<int>& seq_lens,
+                                        const DecodePlan& plan) {
+  DecodePlanSummary r;
+  r.pairs = static_cast<int>(seq_lens.size()) * s.num_kv_heads;
+  r.tiles = plan.num_tiles;
+  r.tiles_per_sm = plan.tiles_per_sm;
+  r.warps = decode_tile_warps(s.head_dim, plan.tiles_per_sm);
+  r.units_per_tile = (plan.total_units + plan.num_tiles - 1) / plan.num_tiles;
+  r.kv_bytes = decode_kv_bytes(s, seq_lens);
+  const int group = s.num_q_heads / s.num_kv_heads;
+  const int64_t part = (int64_t(group) * s.head_dim + group) * 4;  // a partial's output and LSEs, fp32
+  for (int i = 0; i < r.pairs; ++i) {
+    const int u0 = plan.pair_info[2 * size_t(i)], u1 = plan.pair_info[2 * size_t(i + 1)];
+    const int n = kernels::decode_tile_of(u1 - 1, plan.num_tiles, plan.total_units) -
+                  kernels::decode_tile_of(u0, plan.num_tiles, plan.total_units) + 1;
+    if (n < 2) continue;
+    ++r.split_pairs;
+    r.partials += n;
+    r.widest_pair_tiles = std::max(r.widest_pair_tiles, n);
+  }
+  r.partial_bytes = 2 * r.partials * part;
+  r.widest_merge_bytes = r.widest_pair_tiles > 1 ? r.widest_pair_tiles * part : 0;
+  return r;
+}
+
 std::vector<DecodeTileDesc> decode_tile_descs(const DecodePlan& plan) {
   std::vector<DecodeTileDesc> out(plan.num_tiles);
   for (int c = 0; c < plan.num_tiles; ++c) {

@@ -114,13 +114,12 @@ DecodeAttention::DecodeAttention(const DecodeAttentionShape& shape, std::vector<
   bulk_ = shape_.kv_load == KvLoad::Bulk || (shape_.kv_load == KvLoad::Auto && major >= 9 && kAutoBulk);
   hopper_ = major >= 9;
 
-  // Tiles: every SM streams (tiles_per_sm blocks each). Eight warps at one tile per SM, but at
-  // head_dim 256 their combine buffers leave no room for a ring: four there.
+  // Tiles: every SM streams (tiles_per_sm blocks each), decode_tile_warps warps each.
   const bool paged = shape_.layout == KvLayout::Paged;
   const int slot_bytes_per_warp = 2 * kernels::kDecodeStageTokens * shape_.head_dim * 2;
   plan_ = plan_decode_for(shape_, seq_lens_, sms);
   auto kernel_for = [&](int tiles_per_sm) {
-    return pick_kernel(shape_.head_dim, group_, paged, bulk_, tiles_per_sm == 1 && shape_.head_dim <= 128 ? 8 : 4);
+    return pick_kernel(shape_.head_dim, group_, paged, bulk_, decode_tile_warps(shape_.head_dim, tiles_per_sm));
   };
   auto smem_cap_for = [&](int tiles_per_sm) { return std::min(smem_block, smem_sm / tiles_per_sm - 1024); };
   if (plan_.tiles_per_sm == 2 && shape_.tiles_per_sm == 0) {

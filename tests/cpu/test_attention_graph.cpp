@@ -153,6 +153,40 @@ TEST(DecodePlan, ValidationTakesEveryHeadLayout) {
   EXPECT_NE(message(contiguous_shape(lens, 8, 2, 512)).find("head_dim 512"), std::string::npos);
 }
 
+// What a plan does, worked out by hand: B = 1, 8 KV heads, L = 4096 on 132 SMs is 8 pairs of 16
+// tiles each (aligned, one per SM: 128 tiles, 8 warps); every pair is merged from 16 partials of
+// 4 x 128 floats + 4 LSEs (2064 bytes). 64 sequences of 512 tokens with 8 KV heads (512 pairs, more
+// than the slots): whole pairs per tile, no partials. Head dim 256 runs 4 warps.
+TEST(DecodePlan, SummaryCountsPartialsAndMerges) {
+  const std::vector<int> one(1, 4096);
+  const DecodeAttentionShape s = contiguous_shape(one, 32, 8, 128);
+  const DecodePlanSummary m = summarize_decode_plan(s, one, plan_decode_for(s, one, 132));
+  EXPECT_EQ(m.pairs, 8);
+  EXPECT_EQ(m.tiles, 128);
+  EXPECT_EQ(m.tiles_per_sm, 1);
+  EXPECT_EQ(m.warps, 8);
+  EXPECT_EQ(m.units_per_tile, 16);  // 256 units a pair over 16 tiles
+  EXPECT_EQ(m.split_pairs, 8);
+  EXPECT_EQ(m.partials, 128);
+  EXPECT_EQ(m.widest_pair_tiles, 16);
+  EXPECT_EQ(m.kv_bytes, int64_t(4096) * 8 * 128 * 2 * 2);
+  EXPECT_EQ(m.partial_bytes, 2 * 128 * 2064);
+  EXPECT_EQ(m.widest_merge_bytes, 16 * 2064);
+
+  const std::vector<int> many(64, 512);
+  const DecodeAttentionShape w = contiguous_shape(many, 32, 8, 128);
+  const DecodePlanSummary n = summarize_decode_plan(w, many, plan_decode_for(w, many, 132));
+  EXPECT_EQ(n.split_pairs, 0);
+  EXPECT_EQ(n.partials, 0);
+  EXPECT_EQ(n.widest_pair_tiles, 1);
+  EXPECT_EQ(n.widest_merge_bytes, 0);
+  EXPECT_EQ(n.partial_bytes, 0);
+
+  const DecodeAttentionShape d256 = contiguous_shape(one, 8, 1, 256);
+  EXPECT_EQ(summarize_decode_plan(d256, one, plan_decode_for(d256, one, 132)).warps, 4);
+  EXPECT_EQ(decode_tile_warps(128, 2), 4);
+}
+
 // The planner: one tile per SM aligned to pairs for equal lengths up to 32 MiB per SM (and small
 // unequal work), two per SM otherwise.
 TEST(DecodePlan, PlannerFollowsTheWork) {

@@ -1,15 +1,19 @@
 // `tileweave plan ffn|gemm`: the executor's own plan for a shape (tile shape, K slices, tiles,
 // waves, order: the host copy of its sm90 tiling rules, model/validation.hpp) with the model's
 // predicted DRAM bytes and time, then the candidate plans the model considers beside it, ranked
-// (model/planner.hpp).
+// (model/planner.hpp). `tileweave plan attention`: DecodeAttention's plan for a shape and lengths
+// (graph/attention_graph.hpp: the same planner the op runs) with its bytes and a rough time.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+
+#include <algorithm>
 #include <iostream>
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 
 #include "cli_commands.hpp"
+#include "tileweave/graph/attention_graph.hpp"
 #include "tileweave/model/planner.hpp"
 
 namespace tw::cli {
@@ -28,6 +32,10 @@ struct PlanOptions {
   int refine = 4;
   int top = 20;
   double max_split_waves = 8;
+  // attention
+  int batch = 0, dim = 128, page_size = 0;
+  int64_t len = kUnset;
+  std::string heads = "32/8", lens;
 };
 
 std::string slices_text(const PlanOp& o) {
@@ -72,10 +80,114 @@ json candidate_json(const PlanCandidate& c) {
   return j;
 }
 
+// Decode attention: the planner's tiles for the shape and lengths on the preset's SMs, what they
+// stream and merge, and a rough time -- K/V and the partials' writes at the floor, the widest merge
+// at one SM's streaming rate (its tile reads every partial of the pair), one launch. The ring depth
+// is the op's, from the GPU's shared memory at run time.
+void run_plan_attention(const PlanOptions& o) {
+  for (const int64_t v : {o.m, o.d, o.f, o.n, o.k})
+    if (v != kUnset) throw InvalidArgument("plan attention: --m/--d/--f/--n/--k do not apply (--batch, --heads, --dim, --len or --lens)");
+  if (o.plain) throw InvalidArgument("plan attention: --plain applies to ffn only");
+  DecodeAttentionShape s;
+  const auto slash = o.heads.find('/');
+  try {
+    if (slash == std::string::npos) throw std::invalid_argument("no /");
+    s.num_q_heads = std::stoi(o.heads.substr(0, slash));
+    s.num_kv_heads = std::stoi(o.heads.substr(slash + 1));
+  } catch (const std::exception&) {
+    throw InvalidArgument("plan attention: --heads '" + o.heads + "' is not Q/KV (query heads / KV heads, e.g. 32/8)");
+  }
+  s.head_dim = o.dim;
+  std::vector<int> lens;
+  if (!o.lens.empty()) {
+    if (o.len != kUnset) throw InvalidArgument("plan attention: give --len or --lens, not both");
+    std::string item;
+    for (size_t i = 0; i <= o.lens.size(); ++i) {
+      if (i < o.lens.size() && o.lens[i] != ',') {
+        item += o.lens[i];
+        continue;
+      }
+      try {
+        size_t used = 0;
+        lens.push_back(std::stoi(item, &used));
+        if (used != item.size()) throw std::invalid_argument("trailing");
+      } catch (const std::exception&) {
+        throw InvalidArgument("plan attention: --lens item '" + item + "' is not an integer");
+      }
+      item.clear();
+    }
+    if (o.batch > 0 && o.batch != int(lens.size()))
+      throw InvalidArgument(fmt::format("plan attention: --batch {} but --lens has {} lengths", o.batch, lens.size()));
+  } else {
+    if (o.len == kUnset) throw InvalidArgument("plan attention: --len (every sequence) or --lens (one per sequence) is required");
+    if (o.len < 1 || o.len > std::numeric_limits<int>::max())
+      throw InvalidArgument(fmt::format("plan attention: --len {} is outside [1, 2^31)", o.len));
+    lens.assign(o.batch > 0 ? o.batch : 1, int(o.len));
+  }
+  if (o.batch < 0) throw InvalidArgument(fmt::format("plan attention: --batch {} must be >= 1", o.batch));
+  s.batch = int(lens.size());
+  std::vector<int> table;
+  const int longest = lens.empty() ? 0 : *std::max_element(lens.begin(), lens.end());
+  if (o.page_size > 0) {
+    s.layout = KvLayout::Paged;
+    s.page_size = o.page_size;
+    s.pages_per_seq = (longest + o.page_size - 1) / o.page_size;
+    s.num_pages = s.batch * std::max(1, s.pages_per_seq);
+    for (int b = 0; b < s.batch; ++b)
+      for (int i = 0; i < s.pages_per_seq; ++i) table.push_back(b * s.pages_per_seq + i);
+  } else if (o.page_size < 0) {
+    throw InvalidArgument(fmt::format("plan attention: --page-size {} must be >= 16 (or 0: contiguous)", o.page_size));
+  } else {
+    s.max_seq_len = longest;
+  }
+  validate_decode_attention(s, lens, table);
+  const GpuPreset gpu = find_gpu_preset(o.gpu);
+  const DecodePlan plan = plan_decode_for(s, lens, gpu.sms);
+  const DecodePlanSummary m = summarize_decode_plan(s, lens, plan);
+  const double stream_us = double(m.kv_bytes + m.partial_bytes / 2) / (gpu.read_tbps * 1e6);
+  const double merge_us = double(m.widest_merge_bytes) / (gpu.sm_stream_gbps * 1e3);
+  const double us = gpu.launch_us + stream_us + merge_us;
+  const bool equal = std::all_of(lens.begin(), lens.end(), [&](int l) { return l == lens[0]; });
+  const std::string shape = fmt::format(
+      "decode attention B={} heads {}/{} (group {}) d={}, {}, {}", s.batch, s.num_q_heads, s.num_kv_heads,
+      s.num_q_heads / s.num_kv_heads, s.head_dim, equal ? "L=" + std::to_string(lens[0]) : "ragged, longest " + std::to_string(longest),
+      o.page_size > 0 ? "paged " + std::to_string(o.page_size) : "contiguous");
+  if (o.json_out) {
+    std::cout << json{{"request", {{"batch", s.batch}, {"num_q_heads", s.num_q_heads}, {"num_kv_heads", s.num_kv_heads},
+                                   {"head_dim", s.head_dim}, {"lengths", lens}, {"page_size", o.page_size}}},
+                      {"preset", gpu.name},
+                      {"plan", {{"tiles", m.tiles}, {"tiles_per_sm", m.tiles_per_sm}, {"warps", m.warps}, {"pairs", m.pairs},
+                                {"units_per_tile", m.units_per_tile}, {"split_pairs", m.split_pairs},
+                                {"widest_pair_tiles", m.widest_pair_tiles}, {"partials", m.partials}}},
+                      {"model", {{"kv_bytes", m.kv_bytes}, {"partial_bytes", m.partial_bytes},
+                                 {"widest_merge_bytes", m.widest_merge_bytes}, {"stream_us", stream_us},
+                                 {"merge_us", merge_us}, {"launch_us", gpu.launch_us}, {"us", us},
+                                 {"floor_us", double(m.kv_bytes) / (gpu.read_tbps * 1e6)}}}}
+                         .dump(2)
+              << "\n";
+    return;
+  }
+  fmt::print("{} on {} ({} SMs)\n\n", shape, gpu.name, gpu.sms);
+  fmt::print("DecodeAttention's plan (plan_decode_for; the ring depth is set by the op from shared memory):\n");
+  fmt::print("  {} tiles, {} per SM, {} warps each; {} pairs (sequence, KV head), up to {} units of 16 tokens a tile\n",
+             m.tiles, m.tiles_per_sm, m.warps, m.pairs, m.units_per_tile);
+  if (m.split_pairs > 0)
+    fmt::print("  {} pairs cut over several tiles ({} partials; the widest over {} tiles): merged in the launch by their last tile\n",
+               m.split_pairs, m.partials, m.widest_pair_tiles);
+  else
+    fmt::print("  every pair held whole by one tile: no partials, no merges\n");
+  fmt::print("\nModel (rough: bytes at the floor, the widest merge at one SM's rate, one launch):\n");
+  fmt::print("  K/V {:.2f} MB, partials {:.3f} MB written and read back, widest merge {:.1f} KB on one SM\n", m.kv_bytes / 1e6,
+             m.partial_bytes / 2e6, m.widest_merge_bytes / 1e3);
+  fmt::print("  {:.2f} us = stream {:.2f} + merge {:.2f} + launch {:.2f}; the floor (K/V alone) {:.2f} us\n", us, stream_us,
+             merge_us, gpu.launch_us, double(m.kv_bytes) / (gpu.read_tbps * 1e6));
+}
+
 void run_plan(const PlanOptions& o) {
+  if (o.op == "attention") return run_plan_attention(o);
   PlanRequest r;
   r.op = o.op;
-  if (r.op != "ffn" && r.op != "gemm") throw InvalidArgument("plan: unknown op '" + r.op + "' (known: ffn, gemm)");
+  if (r.op != "ffn" && r.op != "gemm") throw InvalidArgument("plan: unknown op '" + r.op + "' (known: ffn, gemm, attention)");
   auto need = [&](int64_t v, const char* opt) {
     if (v == kUnset) throw InvalidArgument(fmt::format("plan {}: {} is required", r.op, opt));
     return v;
@@ -165,13 +277,19 @@ void run_plan(const PlanOptions& o) {
 void register_plan_command(CLI::App& app) {
   auto o = std::make_shared<PlanOptions>();
   CLI::App* c = app.add_subcommand("plan", "the executor's plan for an op and shape, and the candidate plans the model ranks beside it");
-  c->add_option("op", o->op, "ffn (fused FFN: gated, or --plain) or gemm (DecodeGemm)")->required();
+  c->add_option("op", o->op, "ffn (fused FFN: gated, or --plain), gemm (DecodeGemm) or attention (DecodeAttention)")->required();
   c->add_option("--m", o->m, "activation rows (tokens)");
   c->add_option("--d", o->d, "ffn: hidden size");
   c->add_option("--f", o->f, "ffn: intermediate size");
   c->add_option("--n", o->n, "gemm: output columns (W's rows)");
   c->add_option("--k", o->k, "gemm: inner size");
   c->add_flag("--plain", o->plain, "ffn: a plain two-GEMM MLP (no gate)");
+  c->add_option("--batch", o->batch, "attention: sequences (with --len)");
+  c->add_option("--heads", o->heads, "attention: query heads / KV heads")->capture_default_str();
+  c->add_option("--dim", o->dim, "attention: head dim (64, 128 or 256)")->capture_default_str();
+  c->add_option("--len", o->len, "attention: tokens in every sequence's cache (the new one included)");
+  c->add_option("--lens", o->lens, "attention: one length per sequence, comma-separated (ragged batches)");
+  c->add_option("--page-size", o->page_size, "attention: a paged cache of this many tokens per page (0: contiguous)");
   c->add_option("--gpu", o->gpu, "GPU preset: h200, h100, a100 or a preset JSON")->capture_default_str();
   c->add_option("--refine", o->refine, "the simple model's best N re-scored with the partitioned model (-1: all)")
       ->capture_default_str();

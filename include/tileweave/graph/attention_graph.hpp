@@ -61,6 +61,25 @@ DecodePlan plan_decode(const std::vector<int>& seq_lens, int num_kv_heads, int n
 // respected. Expects a validated shape (validate_decode_attention).
 DecodePlan plan_decode_for(const DecodeAttentionShape& s, const std::vector<int>& seq_lens, int sms);
 
+// Warps per work tile: 8 at one tile per SM (4 there left each scheduler one warp, its math and copy
+// issue unhidden), 4 at two; 4 at head dim 256, where 8 warps' combine buffers leave no smem for a ring.
+int decode_tile_warps(int head_dim, int tiles_per_sm);
+
+// What a plan does (`tileweave plan attention`): its pairs and tiles, the pairs held by several tiles
+// (each of those tiles writes a partial output, and the last to finish merges them), and the bytes.
+struct DecodePlanSummary {
+  int pairs = 0, tiles = 0, tiles_per_sm = 0, warps = 0;
+  int units_per_tile = 0;         // 16-token units a tile streams, at most
+  int split_pairs = 0;            // pairs held by more than one tile: merged in the launch
+  int widest_pair_tiles = 1;      // the most tiles one pair spans: the longest merge
+  int64_t partials = 0;           // partial outputs written, over all split pairs
+  int64_t kv_bytes = 0;           // K and V read
+  int64_t partial_bytes = 0;      // the partials' fp32 outputs and LSEs, written and read back by the merges
+  int64_t widest_merge_bytes = 0;  // what the widest pair's merging tile reads (one SM)
+};
+DecodePlanSummary summarize_decode_plan(const DecodeAttentionShape& s, const std::vector<int>& seq_lens,
+                                        const DecodePlan& plan);
+
 // A unit of executor work: work tile `tile` (kernels::decode_work_tile). Tiles depend on nothing
 // and never wait for each other. The output rows of pair i = b * Hkv + h (query heads h * G ..
 // h * G + G - 1 of sequence b) are written by the tile that holds the pair whole, or by whichever
