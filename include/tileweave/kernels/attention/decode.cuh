@@ -217,24 +217,31 @@ __device__ __forceinline__ uint2 q_fragment(const __nv_bfloat16* q, int row, int
   return *reinterpret_cast<const uint2*>(q + row * D + d);
 }
 
-// One warp's online-softmax step over one 16-token stage: S = q K^T for the group's heads (rows of the
-// mma tile: kR row blocks of 8; qa holds q as A fragments), the running max m (log2
-// domain) and this thread's share l of the row sum rescaled per row block, O = O * alpha + P V.
-// ks / vs: the stage's K and V rows (swizzled for cp.async, the global layout for bulk copies),
-// `valid` of its 16 tokens real. Row block r of the accumulators is elements 2r, 2r + 1: rows g
-// and g + 8.
-template <int D, bool kBulk, int kR = 1, bool kQSmem = false>
-__device__ __forceinline__ void attend_unit(const QFrags<D, kR, kQSmem>& qa, const __nv_bfloat16* ks,
-                                            const __nv_bfloat16* vs, int valid, float scale_log2,
-                                            float (&o)[D / 8][4], float (&m)[kR], float (&l)[kR]) {
+// One 16-token stage of a warp's ring: its K and V rows (swizzled for cp.async, the global layout
+// for bulk copies), `valid` of its tokens real.
+struct StageRef {
+  const __nv_bfloat16* ks;
+  const __nv_bfloat16* vs;
+  int valid;
+};
+
+// One warp's online-softmax step over kU stages: S = q K^T for the group's heads (rows of the mma
+// tile: kR row blocks of 8; qa holds q as A fragments), the running max m (log2 domain) and this
+// thread's share l of the row sum rescaled per row block (once for all kU stages), O = O * alpha +
+// P V. Row block r of the accumulators is elements 2r, 2r + 1: rows g and g + 8.
+template <int D, bool kBulk, int kR, bool kQSmem, int kU>
+__device__ __forceinline__ void attend_units(const QFrags<D, kR, kQSmem>& qa, const StageRef (&st)[kU], float scale_log2,
+                                             float (&o)[D / 8][4], float (&m)[kR], float (&l)[kR]) {
   static_assert(kR == 1 || kR == 2, "one or two row blocks");
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   auto chunk_at = [](int ch, int tok) { return kBulk ? ch : swizzle_chunk(ch, tok); };
-  // S = q K^T: n-tile nt covers tokens 8nt..8nt+7; this thread supplies token 8nt + g. A fragments:
-  // rows g (a0, a2) and g + 8 (a1, a3; zero with one row block).
-  float s[2][4];
+  // S = q K^T: n-tile nt of stage u covers its tokens 8nt..8nt+7; this thread supplies token 8nt + g.
+  // A fragments: rows g (a0, a2) and g + 8 (a1, a3; zero with one row block).
+  float s[kU][2][4];
 #pragma unroll
-  for (int nt = 0; nt < 2; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+  for (int u = 0; u < kU; ++u)
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) s[u][nt][0] = s[u][nt][1] = s[u][nt][2] = s[u][nt][3] = 0.f;
 #pragma unroll
   for (int j = 0; j < D / 32; ++j) {
     uint2 lo[2], hi[2];
@@ -244,38 +251,45 @@ __device__ __forceinline__ void attend_unit(const QFrags<D, kR, kQSmem>& qa, con
       hi[h] = kR == 2 ? qa.at(2 * j + h, kR - 1) : make_uint2(0u, 0u);
     }
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const int tok = 8 * nt + g;
-      const uint4 kv = lds128(ks + tok * D + chunk_at(t + 4 * j, tok) * 8);
-      mma_bf16(s[nt], lo[0].x, hi[0].x, lo[0].y, hi[0].y, kv.x, kv.y);
-      mma_bf16(s[nt], lo[1].x, hi[1].x, lo[1].y, hi[1].y, kv.z, kv.w);
-    }
+    for (int u = 0; u < kU; ++u)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const int tok = 8 * nt + g;
+        const uint4 kv = lds128(st[u].ks + tok * D + chunk_at(t + 4 * j, tok) * 8);
+        mma_bf16(s[u][nt], lo[0].x, hi[0].x, lo[0].y, hi[0].y, kv.x, kv.y);
+        mma_bf16(s[u][nt], lo[1].x, hi[1].x, lo[1].y, hi[1].y, kv.z, kv.w);
+      }
   }
 
-  // Online softmax of rows g + 8r over tokens 8nt + 2t + e (e < 2); the quad (same g) shares a row.
-  uint32_t pa[2][2];  // P as A fragments: [row block][n-tile]
+  // Online softmax of rows g + 8r over tokens 8nt + 2t + e (e < 2) of every stage; the quad (same g)
+  // shares a row.
+  uint32_t pa[kU][2][2];  // P as A fragments: [stage][row block][n-tile]
 #pragma unroll
   for (int r = 0; r < kR; ++r) {
-    float x[2][2], mx = -INFINITY;
+    float x[kU][2][2], mx = -INFINITY;
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
+    for (int u = 0; u < kU; ++u)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        x[nt][e] = 8 * nt + 2 * t + e < valid ? s[nt][2 * r + e] * scale_log2 : -INFINITY;
-        mx = fmaxf(mx, x[nt][e]);
-      }
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          x[u][nt][e] = 8 * nt + 2 * t + e < st[u].valid ? s[u][nt][2 * r + e] * scale_log2 : -INFINITY;
+          mx = fmaxf(mx, x[u][nt][e]);
+        }
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float m_new = fmaxf(m[r], mx);  // finite: every stage holds at least one token
     const float alpha = exp2f(m[r] - m_new);
     float psum = 0.f;
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
+    for (int u = 0; u < kU; ++u)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        x[nt][e] = exp2f(x[nt][e] - m_new);
-        psum += x[nt][e];
-      }
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          x[u][nt][e] = exp2f(x[u][nt][e] - m_new);
+          psum += x[u][nt][e];
+        }
     l[r] = l[r] * alpha + psum;
     m[r] = m_new;
 #pragma unroll
@@ -285,37 +299,53 @@ __device__ __forceinline__ void attend_unit(const QFrags<D, kR, kQSmem>& qa, con
     }
     // The S accumulator layout (row g, tokens 2t+{0,1} of n-tile 0 and 1) is exactly A columns
     // 2t+{0,1} and 2t+8+{0,1}.
-    pa[r][0] = pack_bf16(x[0][0], x[0][1]);
-    pa[r][1] = pack_bf16(x[1][0], x[1][1]);
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      pa[u][r][0] = pack_bf16(x[u][0][0], x[u][0][1]);
+      pa[u][r][1] = pack_bf16(x[u][1][0], x[u][1][1]);
+    }
   }
-  const uint32_t pa1 = kR == 2 ? pa[1][0] : 0u, pa3 = kR == 2 ? pa[1][1] : 0u;
 
   // O += P V. B fragment of n-tile 8q + e, column g: element e of chunk g + 8q of tokens 2t, 2t+1
   // (b0) and 2t+8, 2t+9 (b1); zero-filled rows past `valid` meet p = 0.
 #pragma unroll
-  for (int q = 0; q < D / 64; ++q) {
-    const int ch = g + 8 * q;
-    uint4 v0 = lds128(vs + (2 * t) * D + chunk_at(ch, 2 * t) * 8);
-    uint4 v1 = lds128(vs + (2 * t + 1) * D + chunk_at(ch, 2 * t + 1) * 8);
-    uint4 v2 = lds128(vs + (2 * t + 8) * D + chunk_at(ch, 2 * t + 8) * 8);
-    uint4 v3 = lds128(vs + (2 * t + 9) * D + chunk_at(ch, 2 * t + 9) * 8);
-    if constexpr (kBulk) {  // stale rows past `valid` may hold NaN, and 0 * NaN is NaN
-      const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-      if (2 * t >= valid) v0 = zero;
-      if (2 * t + 1 >= valid) v1 = zero;
-      if (2 * t + 8 >= valid) v2 = zero;
-      if (2 * t + 9 >= valid) v3 = zero;
-    }
-    const uint32_t w0[4] = {v0.x, v0.y, v0.z, v0.w}, w1[4] = {v1.x, v1.y, v1.z, v1.w};
-    const uint32_t w2[4] = {v2.x, v2.y, v2.z, v2.w}, w3[4] = {v3.x, v3.y, v3.z, v3.w};
+  for (int u = 0; u < kU; ++u) {
+    const __nv_bfloat16* vs = st[u].vs;
+    const int valid = st[u].valid;
+    const uint32_t pa1 = kR == 2 ? pa[u][1][0] : 0u, pa3 = kR == 2 ? pa[u][1][1] : 0u;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const uint32_t sel = (e & 1) ? 0x7632u : 0x5410u;  // high or low halves of the two words
-      const uint32_t b0 = __byte_perm(w0[e / 2], w1[e / 2], sel);
-      const uint32_t b1 = __byte_perm(w2[e / 2], w3[e / 2], sel);
-      mma_bf16(o[8 * q + e], pa[0][0], pa1, pa[0][1], pa3, b0, b1);
+    for (int q = 0; q < D / 64; ++q) {
+      const int ch = g + 8 * q;
+      uint4 v0 = lds128(vs + (2 * t) * D + chunk_at(ch, 2 * t) * 8);
+      uint4 v1 = lds128(vs + (2 * t + 1) * D + chunk_at(ch, 2 * t + 1) * 8);
+      uint4 v2 = lds128(vs + (2 * t + 8) * D + chunk_at(ch, 2 * t + 8) * 8);
+      uint4 v3 = lds128(vs + (2 * t + 9) * D + chunk_at(ch, 2 * t + 9) * 8);
+      if constexpr (kBulk) {  // stale rows past `valid` may hold NaN, and 0 * NaN is NaN
+        const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+        if (2 * t >= valid) v0 = zero;
+        if (2 * t + 1 >= valid) v1 = zero;
+        if (2 * t + 8 >= valid) v2 = zero;
+        if (2 * t + 9 >= valid) v3 = zero;
+      }
+      const uint32_t w0[4] = {v0.x, v0.y, v0.z, v0.w}, w1[4] = {v1.x, v1.y, v1.z, v1.w};
+      const uint32_t w2[4] = {v2.x, v2.y, v2.z, v2.w}, w3[4] = {v3.x, v3.y, v3.z, v3.w};
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const uint32_t sel = (e & 1) ? 0x7632u : 0x5410u;  // high or low halves of the two words
+        const uint32_t b0 = __byte_perm(w0[e / 2], w1[e / 2], sel);
+        const uint32_t b1 = __byte_perm(w2[e / 2], w3[e / 2], sel);
+        mma_bf16(o[8 * q + e], pa[u][0][0], pa1, pa[u][0][1], pa3, b0, b1);
+      }
     }
   }
+}
+// One stage (the decode step's attention tiles call this).
+template <int D, bool kBulk, int kR = 1, bool kQSmem = false>
+__device__ __forceinline__ void attend_unit(const QFrags<D, kR, kQSmem>& qa, const __nv_bfloat16* ks,
+                                            const __nv_bfloat16* vs, int valid, float scale_log2,
+                                            float (&o)[D / 8][4], float (&m)[kR], float (&l)[kR]) {
+  const StageRef st[1] = {{ks, vs, valid}};
+  attend_units<D, kBulk, kR, kQSmem, 1>(qa, st, scale_log2, o, m, l);
 }
 
 template <int N = 0>
@@ -704,19 +734,11 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
 #pragma unroll
     for (int r = 0; r < kR; ++r) m[r] = -INFINITY, l[r] = 0.f;
 
-    for (; k < my_n && unit_of(k) < seg_hi; ++k) {
-      const int slot = k % slots;
-      if constexpr (kBulk) {
-        bar_wait(&bars[slot], (k / slots) & 1);
-      } else {
-        cp_async_wait_dyn(slots - 1);
-        __syncwarp();
-      }
-      if (k == 0 && threadIdx.x == 0) stamp(kDtFirst);
-      __nv_bfloat16* ks = my_ring + slot * 2 * kStageElems;
+    // Stage kk, landed (the caller waited): its rows, the new token's row patched in.
+    auto ready = [&](int kk) -> StageRef {
+      __nv_bfloat16* ks = my_ring + (kk % slots) * 2 * kStageElems;
       __nv_bfloat16* vs = ks + kStageElems;
-      const int tok0 = (unit_of(k) - sp.u0) * kDecodeStageTokens;
-      const int valid = min(kDecodeStageTokens, sp.len - tok0);
+      const int tok0 = (unit_of(kk) - sp.u0) * kDecodeStageTokens;
       if (appends && pos >= tok0 && pos - tok0 < kDecodeStageTokens) {  // the new token's row: patch it
         const int r = pos - tok0;
         for (int c = lane; c < kChunks; c += 32) {
@@ -727,10 +749,39 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
         if constexpr (kBulk) fence_proxy_async();  // before a bulk copy refills this slot
         __syncwarp();
       }
-
-      attend_unit<D, kBulk, kR, Smem::kQSmem>(qa, ks, vs, valid, p.scale_log2, o, m, l);
-      __syncwarp();  // every lane is done with the slot: refill it
+      return {ks, vs, min(kDecodeStageTokens, sp.len - tok0)};
+    };
+    // Two stages per softmax step while the warp has two left in the segment, at head dim 64: a
+    // stage's math is short there beside its chain S -> max -> exp -> P V, which two stages then
+    // share (H200, sweep seed 16: d = 64 B = 2, L = 19549 31.7 -> 30.1 us, B = 64 ragged 115.6 ->
+    // 108.5). At 128 it went either way (B = 1, L = 32768 +3.9%, B = 16, L = 10897 -2.9%,
+    // attention_two_stages_ab.json); at 256 a second S would spill the accumulators, and the
+    // attention -> o_proj kernel is at its register cap.
+    constexpr bool kTwo = D == 64 && kStandalone;
+    for (; k < my_n && unit_of(k) < seg_hi;) {
+      const bool two = kTwo && slots >= 2 && k + 1 < my_n && unit_of(k + 1) < seg_hi;
+      if constexpr (kBulk) {
+        bar_wait(&bars[k % slots], (k / slots) & 1);
+        if (two) bar_wait(&bars[(k + 1) % slots], ((k + 1) / slots) & 1);
+      } else {
+        cp_async_wait_dyn(two ? slots - 2 : slots - 1);
+        __syncwarp();
+      }
+      if (k == 0 && threadIdx.x == 0) stamp(kDtFirst);
+      if constexpr (kTwo) {
+        if (two) {
+          const StageRef st[2] = {ready(k), ready(k + 1)};
+          attend_units<D, kBulk, kR, Smem::kQSmem, 2>(qa, st, p.scale_log2, o, m, l);
+        }
+      }
+      if (!two) {
+        const StageRef st[1] = {ready(k)};
+        attend_units<D, kBulk, kR, Smem::kQSmem, 1>(qa, st, p.scale_log2, o, m, l);
+      }
+      __syncwarp();  // every lane is done with the slots: refill them
       issue(k + slots);
+      if (two) issue(k + 1 + slots);
+      k += two ? 2 : 1;
     }
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
