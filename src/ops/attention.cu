@@ -160,16 +160,11 @@ DecodeAttention::DecodeAttention(const DecodeAttentionShape& shape, std::vector<
   // where pairs are few and cut widest; two share the SM): all of them at once for the pair cut over
   // the most tiles. (A plan for lengths on the device is made for full caches; a launch's own cut may
   // spread a pair wider, which then merges in more chunks.)
-  int most_parts = 1;
-  for (int64_t i = 0; i < npairs; ++i) {
-    const int u0 = plan_.pair_info[2 * i], u1 = plan_.pair_info[2 * (i + 1)];
-    most_parts = std::max(most_parts, kernels::decode_tile_of(u1 - 1, plan_.num_tiles, plan_.total_units) -
-                                          kernels::decode_tile_of(u0, plan_.num_tiles, plan_.total_units) + 1);
-  }
-  const int64_t part_bytes = int64_t(group_) * shape_.head_dim * 4 + group_ * 4;
+  const DecodePlanSummary parts = summarize_decode_plan(shape_, seq_lens_, plan_);
   const int ring_bytes = slots_ * slot_bytes;
-  merge_stage_ = most_parts > 1 && tiles_per_sm == 1 ? int(std::clamp<int64_t>(most_parts * part_bytes + 64, ring_bytes, smem_cap - k.ring_offset))
-                                : ring_bytes;
+  merge_stage_ = parts.split_pairs > 0 && tiles_per_sm == 1
+                     ? int(std::clamp<int64_t>(parts.widest_merge_bytes + 64, ring_bytes, smem_cap - k.ring_offset))
+                     : ring_bytes;
   smem_ = k.ring_offset + merge_stage_;
   // The device's limit, not smem_: ops with deeper rings share this kernel.
   TW_CUDA_CHECK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_block));

@@ -22,24 +22,16 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 4 ? 2 : 1)
 }
 
 // Which variants exist (each one is compile time): 8 warps only with cp.async (the default loader),
-// and only at D <= 128 (8 warps' combine buffers leave no room for a ring at D = 256); bulk copies
-// (an opt-in, measured slower) only at D <= 128 and up to 8 heads. Each keeps the build short.
-template <int D, int G>
-constexpr bool has_eight_warps() {
-  return D <= 128;
-}
-template <int D, int G>
-constexpr bool has_bulk() {
-  return D <= 128 && G <= 8;
-}
-
+// and only at D <= 128 (decode_tile_warps: 8 warps' combine buffers leave no room for a ring at
+// D = 256); bulk copies (an opt-in, measured slower) only at D <= 128 and up to 8 heads. Each keeps
+// the build short.
 template <int D, int G>
 DecodeKernel make_kernel(bool paged, bool bulk, int warps) {
-  if constexpr (has_eight_warps<D, G>())
+  if constexpr (D <= 128)
     if (warps == 8 && !bulk)
       return {paged ? decode_attention_kernel<D, G, true, false, 8> : decode_attention_kernel<D, G, false, false, 8>,
               kernels::decode_ring_offset<D, G, 8>(), 8};
-  if constexpr (has_bulk<D, G>())
+  if constexpr (D <= 128 && G <= 8)
     if (bulk)
       return {paged ? decode_attention_kernel<D, G, true, true, 4> : decode_attention_kernel<D, G, false, true, 4>,
               kernels::decode_ring_offset<D, G, 4>(), 4};

@@ -18,7 +18,8 @@
 // is filled either by 16-byte cp.async (any sm_80+; swizzled, zero-filled tails) or, with `bulk`,
 // by one lane's Hopper bulk copies completing on a per-slot mbarrier (sm_90). QK^T and PV run on
 // mma.sync m16n8k16 with the group's heads as rows (0..7 for up to 8 heads, rows 8..15 then zero; all
-// 16 for 9..16 heads): tensor cores keep the FMA and register cost of the heads off the memory stream. The K and V fragments are read
+// 16 for 9..16 heads): tensor cores keep the FMA and register cost of the heads off the memory
+// stream. The K and V fragments are read
 // with 16-byte loads by permuting the head dimension (the dot product and the output columns do
 // not care about order; the output is un-permuted on the way out).
 #pragma once
@@ -857,6 +858,9 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
   // The last tile to finish a pair merges it (fence, count, fence): no tile waits for another.
   // Threads 0 and 32 count the tile's two partials at once.
   int merges = 0;
+  auto tiles_of = [&](const DecodePair& pt) {  // the tiles holding a part of pair pt
+    return decode_tile_of(pt.u1 - 1, num_tiles, total_units) - decode_tile_of(pt.u0, num_tiles, total_units) + 1;
+  };
   if (part[0].pair >= 0 || part[1].pair >= 0) {
     // Release: the barrier orders every thread's partial writes before threads 0 and 32's fences
     // (cumulativity, as in a grid barrier), each of which then counts one partial. Acquire: the
@@ -866,11 +870,9 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
       const DecodePair pt = warp == 0 ? part[0] : part[1];
       int last = 0;
       if (pt.pair >= 0) {
-        const int n =
-            decode_tile_of(pt.u1 - 1, num_tiles, total_units) - decode_tile_of(pt.u0, num_tiles, total_units) + 1;
         int* count = p.merge_count + pt.pair;
         __threadfence();
-        last = atomicAdd(count, 1) == n - 1;
+        last = atomicAdd(count, 1) == tiles_of(pt) - 1;
         if (last) {
           *count = 0;  // ready for the next launch
           __threadfence();
@@ -885,12 +887,11 @@ __device__ void decode_work_tile(const DecodeParams& p, int tile, char* smem) {
       if (sm.last[w]) {
         const DecodePair& pt = part[w];
         const int c0 = decode_tile_of(pt.u0, num_tiles, total_units);
-        const int n = decode_tile_of(pt.u1 - 1, num_tiles, total_units) - c0 + 1;
         // Tile c0's part of this pair is its second segment when the tile starts in an earlier pair.
         const int shift = decode_tile_start(c0, num_tiles, total_units) < pt.u0 ? 1 : 0;
         const int ring_bytes = kWarps * slots * decode_slot_bytes<D>();
         merge_pair<D, G, kWarps>(p, reinterpret_cast<char*>(ring), max(ring_bytes, p.merge_stage_bytes), group,
-                                 pt.pair, c0, n, shift);
+                                 pt.pair, c0, tiles_of(pt), shift);
         ++merges;
       }
   }
