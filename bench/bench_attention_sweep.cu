@@ -2,7 +2,7 @@
 // the KV append fused) on head layouts, head dims, batches and lengths generated from a seed, with the
 // streaming-read floor measured in the same run. bench/attention_sweep_sdpa.py then times torch SDPA on
 // the same shapes (the peer) and merges its numbers in.
-//   bench_attention_sweep [--seed N] [--count N] [--out DIR]
+//   bench_attention_sweep [--seed N] [--count N] [--out DIR] [--tiles-sweep]
 // The grid: N shapes (default 40): (query, KV) heads from {(8,1), (12,2), (14,2), (16,8), (28,4),
 // (32,8), (40,8), (64,8)}, head dim 64 / 128 / 256, B in {1 .. 64}, the longest length log-uniform in
 // [1, 131072] (at most 4 GiB of K/V), equal or ragged lengths (each uniform in [1, longest]),
@@ -10,7 +10,9 @@
 // kernel for) is recorded with the op's message: a miss. Times are back to back (launches in one CUDA
 // graph, KV sets rotated so L2 holds none of a launch's input), as the bars read them.
 // Writes attention_sweep.json: per case the shape, us, kv_bytes, floor_us, pct_floor, memory_bound
-// (>= 64 MB of K/V); and a summary.
+// (>= 64 MB of K/V); and a summary. --tiles-sweep also times each shape at other tile counts (whole
+// multiples of the pairs, and one or two tiles per SM: `tiles_sweep`), the data the planner is read
+// against.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -71,14 +73,16 @@ int main(int argc, char** argv) {
   uint64_t seed = 16;
   int count = 40;
   std::string out_dir;
+  bool tiles_sweep = false;
   for (int i = 1; i < argc; ++i) {
     const bool has = i + 1 < argc;
     if (!std::strcmp(argv[i], "--seed") && has) seed = std::stoull(argv[++i]);
     else if (!std::strcmp(argv[i], "--count") && has) count = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--out") && has) out_dir = argv[++i];
+    else if (!std::strcmp(argv[i], "--tiles-sweep")) tiles_sweep = true;
     else {
       std::fprintf(stderr, "bench_attention_sweep: unknown or incomplete argument '%s'\n"
-                           "usage: bench_attention_sweep [--seed N] [--count N] [--out DIR]\n", argv[i]);
+                           "usage: bench_attention_sweep [--seed N] [--count N] [--out DIR] [--tiles-sweep]\n", argv[i]);
       return 2;
     }
   }
@@ -157,6 +161,32 @@ int main(int argc, char** argv) {
       j["memory_bound"] = memory_bound;
       j["sets"] = sets;
       j["num_tiles"] = op.num_tiles();
+      if (tiles_sweep) {
+        const int pairs = c.batch * c.hkv, sms = gpu.prop.multiProcessorCount;
+        std::vector<int> counts;
+        for (int k : {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128})
+          if (int64_t(pairs) * k <= 2 * sms) counts.push_back(pairs * k);
+        for (int t : {sms / 4, sms / 2, sms, 2 * sms}) counts.push_back(t);
+        std::sort(counts.begin(), counts.end());
+        counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
+        nlohmann::json sweep = nlohmann::json::array();
+        for (int t : counts) {
+          tw::DecodeAttentionShape v = shape;
+          v.num_tiles = t;
+          v.tiles_per_sm = t <= sms ? 1 : 2;
+          try {
+            const tw::DecodeAttention alt(v, c.lens, table);
+            auto run_alt = [&](int s, cudaStream_t st) {
+              bf16* k = kv + size_t(s) * 2 * pool_elems;
+              alt.run({q, kv_new, kv_new + size_t(c.batch) * c.hkv * c.d, k, k + pool_elems, out}, st);
+            };
+            sweep.push_back({{"num_tiles", alt.num_tiles()}, {"tiles_per_sm", v.tiles_per_sm}, {"us", time_us_seq(run_alt, sets)}});
+          } catch (const tw::InvalidArgument& e) {
+            sweep.push_back({{"num_tiles", t}, {"tiles_per_sm", v.tiles_per_sm}, {"refused", e.what()}});
+          }
+        }
+        j["tiles_sweep"] = sweep;
+      }
       ++supported;
       mem_cases += memory_bound;
       mem_at_floor += memory_bound && floor_us / us >= 0.9;

@@ -147,12 +147,15 @@ expect_error "M must be positive, got -3" plan gemm --m -3 --n 256 --k 1024
 expect_error "M = 100000 is over" plan ffn --m 100000 --d 4096 --f 14336
 expect_error "K = 1001 must be a multiple of 8" plan gemm --m 16 --n 256 --k 1001
 expect_error "unknown op 'conv'" plan conv --m 16
-# plan attention: DecodeAttention's planner (the op's own) with its bytes, merges and a rough time.
+# plan attention: DecodeAttention's planner (the op's own) with its bytes, merges, the cost model's
+# time and the candidates it weighed.
 expect_ok "128 tiles, 1 per SM, 8 warps each; 8 pairs" plan attention --len 32768 --heads 32/8
 grep -q "widest over 16 tiles" "$tmp/out" || fail "plan attention lacks the merges"
+grep -q "<- the plan" "$tmp/out" || fail "plan attention does not mark the plan among the candidates"
 expect_ok "4 warps each" plan attention --lens 3764,1990,1624,1285 --heads 14/2 --dim 256 --page-size 16
+grep -q "chosen by the cost model: the rules' plan (132 tiles" "$tmp/out" || fail "plan attention: d = 256 ragged should leave the rules' 132 tiles"
 expect_json plan attention --batch 64 --len 512 --heads 32/8 --json
-python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['plan']['split_pairs'] == 0 and d['model']['us'] > 0" "$tmp/out" ||
+python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['plan']['split_pairs'] == 0 and d['model']['us'] > 0 and len(d['candidates']) > 1" "$tmp/out" ||
   fail "plan attention --json: whole pairs expected at B = 64, L = 512"
 expect_error "group size 17" plan attention --len 100 --heads 34/2
 expect_error "head_dim 96 is not 64, 128 or 256" plan attention --len 100 --dim 96

@@ -187,6 +187,69 @@ TEST(DecodePlan, SummaryCountsPartialsAndMerges) {
   EXPECT_EQ(decode_tile_warps(128, 2), 4);
 }
 
+// The cost model, worked by hand from DecodeCostModel's constants: one pair of 32 units (512 tokens,
+// head dim 128) on 2 tiles of 16 units at one tile per SM: 2 of 132 SMs active, each at the SM's most
+// (sm_gbps; the GPU's share, read_tbps x 0.54 x (2 / 33) / 2, is more), so the widest tile streams
+// 16 x 16 x 128 x 4 bytes at that rate; the pair is merged from 2 partials of 4 x 128 + 4 floats.
+TEST(DecodePlan, CostModelWorkedByHand) {
+  const std::vector<int> one(1, 512);
+  const DecodeAttentionShape s = contiguous_shape(one, 4, 1, 128);
+  const DecodeCostModel m;
+  const DecodeCost c = predict_decode_cost(s, one, 2, 1, 132);
+  EXPECT_EQ(c.max_units, 16);
+  EXPECT_EQ(c.max_segments, 1);
+  EXPECT_EQ(c.widest_pair, 2);
+  const double stream = m.stream_scale * 16 * 16 * 128 * 4 / (m.sm_gbps * 1e3);
+  const double merge = m.merge_us + m.merge_us_per_kb * 2 * (4 * 128 + 4) * 4 / 1e3;
+  EXPECT_NEAR(c.stream_us, stream, 1e-9);
+  EXPECT_NEAR(c.merge_us, merge, 1e-9);
+  EXPECT_NEAR(c.us, m.base_us + stream + merge, 1e-9);
+  // One tile: no merge; two tiles per SM halve a tile's rate.
+  EXPECT_EQ(predict_decode_cost(s, one, 1, 1, 132).merge_us, 0);
+  EXPECT_NEAR(predict_decode_cost(s, one, 2, 2, 132).stream_us, 2 * stream, 1e-9);
+  // Every SM streaming: each gets the GPU's rate over 132.
+  const std::vector<int> wide(1, 132 * 16 * 8);
+  const DecodeCost all = predict_decode_cost(contiguous_shape(wide, 4, 1, 128), wide, 132, 1, 132);
+  EXPECT_NEAR(all.stream_us, m.stream_scale * 8 * 16 * 128 * 4 / (m.read_tbps * 1e6 / 132), 1e-9);
+  EXPECT_NEAR(decode_active_fraction(33, 132), 0.54, 1e-12);
+  EXPECT_NEAR(decode_active_fraction(66, 132), 0.86, 1e-12);
+  EXPECT_NEAR(decode_active_fraction(132, 132), 1.0, 1e-12);
+  EXPECT_THROW(predict_decode_cost(s, one, 2, 3, 132), InvalidArgument);
+}
+
+// Where the model overrules the rules (shapes of the H200 sweeps, each faster there as picked):
+// short ragged pairs one unit a tile (no tile holds parts of two pairs: 9.97 -> 6.58 us); short
+// equal pairs whole, one tile each, no merges (7.87 -> 6.51 us); head dim 256 with 7 heads a pair,
+// fewer tiles than the SMs for fewer and narrower merges (32.1 -> 25.1 us). Large work keeps the
+// rules' plans (the existing expectations below).
+TEST(DecodePlan, CostModelOverrulesTheRulesWhereTheyLose) {
+  const std::vector<int> ragged = {21, 21, 12, 19, 7, 11, 5, 7, 16, 5, 15, 7, 8, 2, 12, 4};
+  const DecodePlan a = plan_decode_for(contiguous_shape(ragged, 14, 2, 64), ragged, 132);
+  EXPECT_EQ(a.num_tiles, a.total_units);
+  EXPECT_EQ(a.rule_tiles, 32);
+  EXPECT_LT(a.predicted_us, 0.9 * a.rule_us);
+  const std::vector<int> equal(4, 190);
+  const DecodePlan b = plan_decode_for(contiguous_shape(equal, 16, 8, 128), equal, 132);
+  EXPECT_EQ(b.num_tiles, 32);
+  EXPECT_EQ(b.tiles_per_sm, 1);
+  EXPECT_EQ(summarize_decode_plan(contiguous_shape(equal, 16, 8, 128), equal, b).split_pairs, 0);
+  const std::vector<int> long_ragged = {3764, 1990, 1624, 1285};
+  const DecodePlan c = plan_decode_for(contiguous_shape(long_ragged, 14, 2, 256), long_ragged, 132);
+  EXPECT_EQ(c.rule_tiles, 132);
+  EXPECT_LT(c.num_tiles, 100);
+  // Overrides are the caller's: no model.
+  DecodeAttentionShape forced = contiguous_shape(equal, 16, 8, 128);
+  forced.num_tiles = 96;
+  EXPECT_EQ(plan_decode_for(forced, equal, 132).num_tiles, 96);
+  // Every candidate fits the op: at most twice the SMs, at most the units, two per SM never at head
+  // dim 256 with more than 8 heads a pair.
+  const std::vector<int> lens = {5000, 17, 900};
+  for (const auto& [t, per_sm] : decode_plan_candidates(contiguous_shape(lens, 32, 2, 256), lens, 132)) {
+    EXPECT_LE(t, 132 * per_sm);
+    EXPECT_EQ(per_sm, 1);
+  }
+}
+
 // The planner: one tile per SM aligned to pairs for equal lengths up to 32 MiB per SM (and small
 // unequal work), two per SM otherwise.
 TEST(DecodePlan, PlannerFollowsTheWork) {

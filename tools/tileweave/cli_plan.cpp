@@ -81,9 +81,8 @@ json candidate_json(const PlanCandidate& c) {
 }
 
 // Decode attention: the planner's tiles for the shape and lengths on the preset's SMs, what they
-// stream and merge, and a rough time -- K/V and the partials' writes at the floor, the widest merge
-// at one SM's streaming rate (its tile reads every partial of the pair), one launch. The ring depth
-// is the op's, from the GPU's shared memory at run time.
+// stream and merge, the cost model's time for the plan and for every candidate it weighed. The ring
+// depth is the op's, from the GPU's shared memory at run time.
 void run_plan_attention(const PlanOptions& o) {
   for (const int64_t v : {o.m, o.d, o.f, o.n, o.k})
     if (v != kUnset) throw InvalidArgument("plan attention: --m/--d/--f/--n/--k do not apply (--batch, --heads, --dim, --len or --lens)");
@@ -144,25 +143,40 @@ void run_plan_attention(const PlanOptions& o) {
   const GpuPreset gpu = find_gpu_preset(o.gpu);
   const DecodePlan plan = plan_decode_for(s, lens, gpu.sms);
   const DecodePlanSummary m = summarize_decode_plan(s, lens, plan);
-  const double stream_us = double(m.kv_bytes + m.partial_bytes / 2) / (gpu.read_tbps * 1e6);
-  const double merge_us = double(m.widest_merge_bytes) / (gpu.sm_stream_gbps * 1e3);
-  const double us = gpu.launch_us + stream_us + merge_us;
+  const DecodeCost cost = predict_decode_cost(s, lens, plan.num_tiles, plan.tiles_per_sm, gpu.sms);
+  const double floor_us = double(m.kv_bytes) / (gpu.read_tbps * 1e6);
+  struct Ranked {
+    int tiles, per_sm;
+    DecodeCost cost;
+  };
+  std::vector<Ranked> ranked;
+  for (const auto& [t, per_sm] : decode_plan_candidates(s, lens, gpu.sms))
+    ranked.push_back({t, per_sm, predict_decode_cost(s, lens, t, per_sm, gpu.sms)});
+  std::sort(ranked.begin(), ranked.end(), [](const Ranked& a, const Ranked& b) { return a.cost.us < b.cost.us; });
   const bool equal = std::all_of(lens.begin(), lens.end(), [&](int l) { return l == lens[0]; });
   const std::string shape = fmt::format(
       "decode attention B={} heads {}/{} (group {}) d={}, {}, {}", s.batch, s.num_q_heads, s.num_kv_heads,
       s.num_q_heads / s.num_kv_heads, s.head_dim, equal ? "L=" + std::to_string(lens[0]) : "ragged, longest " + std::to_string(longest),
       o.page_size > 0 ? "paged " + std::to_string(o.page_size) : "contiguous");
+  auto cost_json = [](const DecodeCost& c) {
+    return json{{"us", c.us}, {"stream_us", c.stream_us}, {"merge_us", c.merge_us}, {"max_units", c.max_units},
+                {"max_segments", c.max_segments}, {"widest_pair", c.widest_pair}};
+  };
   if (o.json_out) {
+    json cands = json::array();
+    for (const Ranked& r : ranked) cands.push_back({{"tiles", r.tiles}, {"tiles_per_sm", r.per_sm}, {"model", cost_json(r.cost)}});
     std::cout << json{{"request", {{"batch", s.batch}, {"num_q_heads", s.num_q_heads}, {"num_kv_heads", s.num_kv_heads},
                                    {"head_dim", s.head_dim}, {"lengths", lens}, {"page_size", o.page_size}}},
                       {"preset", gpu.name},
                       {"plan", {{"tiles", m.tiles}, {"tiles_per_sm", m.tiles_per_sm}, {"warps", m.warps}, {"pairs", m.pairs},
                                 {"units_per_tile", m.units_per_tile}, {"split_pairs", m.split_pairs},
-                                {"widest_pair_tiles", m.widest_pair_tiles}, {"partials", m.partials}}},
-                      {"model", {{"kv_bytes", m.kv_bytes}, {"partial_bytes", m.partial_bytes},
-                                 {"widest_merge_bytes", m.widest_merge_bytes}, {"stream_us", stream_us},
-                                 {"merge_us", merge_us}, {"launch_us", gpu.launch_us}, {"us", us},
-                                 {"floor_us", double(m.kv_bytes) / (gpu.read_tbps * 1e6)}}}}
+                                {"widest_pair_tiles", m.widest_pair_tiles}, {"partials", m.partials},
+                                {"rule_tiles", plan.rule_tiles}, {"rule_tiles_per_sm", plan.rule_tiles_per_sm},
+                                {"rule_us", plan.rule_us}}},
+                      {"model", cost_json(cost)},
+                      {"bytes", {{"kv_bytes", m.kv_bytes}, {"partial_bytes", m.partial_bytes},
+                                 {"widest_merge_bytes", m.widest_merge_bytes}, {"floor_us", floor_us}}},
+                      {"candidates", cands}}
                          .dump(2)
               << "\n";
     return;
@@ -176,11 +190,22 @@ void run_plan_attention(const PlanOptions& o) {
                m.split_pairs, m.partials, m.widest_pair_tiles);
   else
     fmt::print("  every pair held whole by one tile: no partials, no merges\n");
-  fmt::print("\nModel (rough: bytes at the floor, the widest merge at one SM's rate, one launch):\n");
-  fmt::print("  K/V {:.2f} MB, partials {:.3f} MB written and read back, widest merge {:.1f} KB on one SM\n", m.kv_bytes / 1e6,
-             m.partial_bytes / 2e6, m.widest_merge_bytes / 1e3);
-  fmt::print("  {:.2f} us = stream {:.2f} + merge {:.2f} + launch {:.2f}; the floor (K/V alone) {:.2f} us\n", us, stream_us,
-             merge_us, gpu.launch_us, double(m.kv_bytes) / (gpu.read_tbps * 1e6));
+  if (plan.rule_tiles != plan.num_tiles || plan.rule_tiles_per_sm != plan.tiles_per_sm)
+    fmt::print("  chosen by the cost model: the rules' plan ({} tiles, {} per SM) is predicted at {:.2f} us\n", plan.rule_tiles,
+               plan.rule_tiles_per_sm, plan.rule_us);
+  fmt::print("  K/V {:.2f} MB (the floor {:.2f} us), partials {:.3f} MB written and read back, widest merge {:.1f} KB on one SM\n",
+             m.kv_bytes / 1e6, floor_us, m.partial_bytes / 2e6, m.widest_merge_bytes / 1e3);
+  fmt::print("\nCost model (DecodeCostModel, fitted on the H200's sweeps; one launch, back to back):\n");
+  fmt::print("  {:.2f} us: widest tile streams {} units ({:.2f} us), holds parts of {} pairs; widest merge {} partials ({:.2f} us)\n",
+             cost.us, cost.max_units, cost.stream_us, cost.max_segments, cost.widest_pair, cost.merge_us);
+  fmt::print("\nCandidates, best first ({} of {}):\n", std::min<size_t>(ranked.size(), size_t(o.top)), ranked.size());
+  fmt::print("  {:>6} {:>6} {:>9} {:>9} {:>9} {:>9} {:>7}\n", "tiles", "per SM", "us", "stream", "merge", "segments", "widest");
+  for (size_t i = 0; i < ranked.size() && int(i) < o.top; ++i) {
+    const Ranked& r = ranked[i];
+    fmt::print("  {:>6} {:>6} {:>9.2f} {:>9.2f} {:>9.2f} {:>9} {:>7}{}\n", r.tiles, r.per_sm, r.cost.us, r.cost.stream_us,
+               r.cost.merge_us, r.cost.max_segments, r.cost.widest_pair,
+               r.tiles == plan.num_tiles && r.per_sm == plan.tiles_per_sm ? "  <- the plan" : "");
+  }
 }
 
 void run_plan(const PlanOptions& o) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "tileweave/graph/tile_graph.hpp"
@@ -52,13 +53,55 @@ int64_t decode_kv_bytes(const DecodeAttentionShape& s, const std::vector<int>& s
 struct DecodePlan {
   int num_tiles = 0, total_units = 0;
   int tiles_per_sm = 0;         // what plan_decode_for aimed for (0 from plan_decode)
+  // plan_decode_for: the rules' tiles and tiles per SM, and both plans' predicted time (DecodeCost).
+  int rule_tiles = 0, rule_tiles_per_sm = 0;
+  double rule_us = 0, predicted_us = 0;
   std::vector<int> pair_info;   // {first unit, sequence length} per pair, flattened int2
   std::vector<int> tile_first;  // {pair, its first unit, its end unit, its length} per tile, flattened int4
 };
 // The plan for num_tiles tiles (clamped to [1, total units]).
 DecodePlan plan_decode(const std::vector<int>& seq_lens, int num_kv_heads, int num_tiles);
+// The time of one launch as the planner predicts it, from how a plan cuts the work: a fixed cost per
+// launch and tile (more at head dim 256), a further cost for each more pair a tile holds part of (its
+// own q, combine and partial), the widest tile's bytes at its share of its SM's rate (the GPU's
+// streaming rate over the SMs in use, at most `sm_gbps` each, halved for two tiles per SM), and,
+// where a pair is cut over several tiles, the count and the last tile's merge of their partials (per
+// KB of the widest pair's partials).
+// Fitted on the H200 (bench/fit_decode_plan.py over bench_attention_sweep --tiles-sweep, seeds 16,
+// 2026 and 7, bench/results/h200/attention_tiles_sweep_seed*.json: 846 timed plans of 120 shapes,
+// mean error 8.8%). Fitted on two seeds, the planner's picks on the third were 3.5-4.5% faster in
+// geomean than the rules' plans (5-8 shapes faster each; one shape of 120 slower by more than 3%).
+struct DecodeCostModel {
+  double base_us = 3.754;
+  double d256_us = 1.616;
+  double segment_us = 2.440;
+  double stream_scale = 0.931;
+  double merge_us = 2.989;
+  double merge_us_per_kb = 0.027;
+  double merge_us_per_kb_d256 = 0.020;  // more at head dim 256, whose tiles merge with 4 warps
+  double two_per_sm_us = 0.137;
+  double sm_gbps = 45;
+  double read_tbps = 4.0;
+};
+struct DecodeCost {
+  double us = 0;
+  double stream_us = 0, merge_us = 0;
+  int max_units = 0;      // units of the widest tile
+  int max_segments = 0;   // pairs the most cut tile holds part of
+  int widest_pair = 0;    // tiles the most cut pair is spread over
+};
+// What the fraction of the streaming rate `active` of `sms` SMs reach (bench_stream_patterns, H200:
+// a quarter of the SMs 54%, half 86%, three quarters 90%), interpolated.
+double decode_active_fraction(int active, int sms);
+DecodeCost predict_decode_cost(const DecodeAttentionShape& s, const std::vector<int>& seq_lens, int num_tiles,
+                               int tiles_per_sm, int sms, const DecodeCostModel& m = {});
+// The plans the planner weighs: (tiles, tiles per SM) for whole multiples of the pairs, a quarter,
+// half, all and twice the SMs, each at most the units (one unit a tile), at one or two tiles per SM.
+std::vector<std::pair<int, int>> decode_plan_candidates(const DecodeAttentionShape& s, const std::vector<int>& seq_lens, int sms);
 // The planner: the plan DecodeAttention runs on a GPU with `sms` SMs, the shape's overrides
-// respected. Expects a validated shape (validate_decode_attention).
+// respected. The rules (comments in attention_graph.cpp) give a plan; the cost model's best candidate
+// replaces it where it predicts at least 10% less time (the margin keeps the rules' measured choices
+// where the model cannot tell them apart). Expects a validated shape (validate_decode_attention).
 DecodePlan plan_decode_for(const DecodeAttentionShape& s, const std::vector<int>& seq_lens, int sms);
 
 // Warps per work tile: 8 at one tile per SM (4 there left each scheduler one warp, its math and copy
