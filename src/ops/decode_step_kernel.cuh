@@ -103,6 +103,7 @@ struct StepShared {
   // filled by the producer at its first attention tile.
   int32_t seq_len[kMaxRows];
   int32_t seq_units[kMaxRows + 1];
+  int32_t equal_units;  // every sequence's units when they are all the same, else 0
   // Per activation row, for the consumers' epilogues: the norm's scale (or a slice's sums of squares),
   // a reduction slot (the LM head's maxima keys).
   float rstd[kMaxRows];
@@ -178,11 +179,14 @@ __device__ __forceinline__ int tile_of(int u, int tiles, int total) {
 // advances them after every reader).
 __device__ __forceinline__ void load_lengths(const StepParams& p, StepShared& sh) {
   const int lane = threadIdx.x % 32;
-  int carry = 0;
+  int carry = 0, first = -1;
+  bool equal = true;
   for (int b0 = 0; b0 < p.batch; b0 += 32) {
     const int b = b0 + lane;
     const int len = b < p.batch ? __ldcg(&p.seq_lens[b]) : 0;
     int units = b < p.batch ? kernels::decode_units(len + 1) * p.num_kv_heads : 0;
+    if (first < 0) first = __shfl_sync(0xffffffffu, units, 0);
+    equal = __all_sync(0xffffffffu, equal && (b >= p.batch || units == first));
 #pragma unroll
     for (int o = 1; o < 32; o *= 2) {  // inclusive warp scan
       const int v = __shfl_up_sync(0xffffffffu, units, o);
@@ -194,15 +198,29 @@ __device__ __forceinline__ void load_lengths(const StepParams& p, StepShared& sh
     }
     carry += __shfl_sync(0xffffffffu, units, 31);
   }
-  if (lane == 0) sh.seq_units[0] = 0;
+  if (lane == 0) sh.seq_units[0] = 0, sh.equal_units = equal ? first / p.num_kv_heads : 0;
   __syncwarp();
 }
 
 // The attention tiles that take units this launch, for `total` units: at most P (the plan's), and no
 // fewer than attn_min_units per tile (kMinAttentionUnits). Tiles then hold units in a row with no
-// empty tile in between (a pair's merge counts the tiles holding its parts).
-__device__ __forceinline__ int attention_tiles_for(const StepParams& p, int total) {
-  return max(1, min(p.attn_tiles, (total + p.attn_min_units - 1) / p.attn_min_units));
+// empty tile in between (a pair's merge counts the tiles holding its parts). Where every sequence
+// has the same units, the count is aligned to the pairs as DecodeAttention's planner aligns it: each
+// pair the same whole number of tiles, or each tile the same whole number of pairs where that fills
+// 90% of the count; then no tile holds parts of two pairs (one q, one combine, one partial each)
+// and with a pair per tile there is nothing to merge.
+__device__ __forceinline__ int attention_tiles_for(const StepParams& p, const StepShared& sh, int total) {
+  int t = max(1, min(p.attn_tiles, (total + p.attn_min_units - 1) / p.attn_min_units));
+  if (sh.equal_units > 0) {
+    const int pairs = p.batch * p.num_kv_heads;
+    if (pairs <= t) {
+      t = pairs * (t / pairs);
+    } else {
+      const int per = (pairs + t - 1) / t;
+      if (pairs % per == 0 && 10 * (pairs / per) >= 9 * t) t = pairs / per;
+    }
+  }
+  return t;
 }
 
 // Walks one attention tile's stages (one thread): segment by segment (a segment is the tile's part
@@ -231,7 +249,7 @@ __device__ __forceinline__ void walk_segment(const StepShared& sh, ChunkWalk& w,
 __device__ __forceinline__ ChunkWalk walk_begin(const StepParams& p, const StepShared& sh, int tile) {
   ChunkWalk w;
   w.total = sh.seq_units[p.batch];
-  w.tiles = attention_tiles_for(p, w.total);
+  w.tiles = attention_tiles_for(p, sh, w.total);
   w.tok = w.tok_end = 0;
   w.tile_u0 = w.u_hi = w.seg_u1 = 0;
   if (tile >= w.tiles) return w;  // no units for this tile (fewer units than tiles)
