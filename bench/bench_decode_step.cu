@@ -6,8 +6,10 @@
 // bench/decode_step_torch.py times torch.compile + CUDA graph on the same cases and merges its
 // numbers into the JSON; scripts/hf_check.py the error against transformers.
 //   bench_decode_step [--cases llama-3.2-1b:1:1024,...] [--layout paged] [--no-model] [--trace] [--max-split 0,2] [--attn-kib 0,64]
+//                     [--ragged]   (--ragged: each sequence's cache holds a length drawn from [kv_len / 2, kv_len], fixed seed)
 #include <cstdio>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -40,13 +42,14 @@ int main(int argc, char** argv) {
   std::string cases_arg = "llama-3.2-1b:1:1024,llama-3.2-1b:1:32768,llama-3.2-1b:16:4096,llama-3-8b:1:1024,"
                           "llama-3-8b:16:4096,qwen2-0.5b:1:1024,qwen2-7b:1:1024";
   tw::KvLayout layout = tw::KvLayout::Contiguous;
-  bool model = true, trace = false;
+  bool model = true, trace = false, ragged = false;
   std::vector<int> split_variants{0}, attn_kib_variants{0};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--cases") && i + 1 < argc) cases_arg = argv[++i];
     else if (!std::strcmp(argv[i], "--layout") && i + 1 < argc) layout = std::string(argv[++i]) == "paged" ? tw::KvLayout::Paged : tw::KvLayout::Contiguous;
     else if (!std::strcmp(argv[i], "--no-model")) model = false;
     else if (!std::strcmp(argv[i], "--trace")) trace = true;
+    else if (!std::strcmp(argv[i], "--ragged")) ragged = true;
     else if (!std::strcmp(argv[i], "--max-split") && i + 1 < argc) {
       split_variants.clear();
       for (const auto& v : tw::bench::split_list(argv[++i])) split_variants.push_back(std::stoi(v));
@@ -55,7 +58,7 @@ int main(int argc, char** argv) {
       for (const auto& v : tw::bench::split_list(argv[++i])) attn_kib_variants.push_back(std::stoi(v));
     }
     else {
-      std::fprintf(stderr, "usage: bench_decode_step [--cases model:batch:kv,...] [--layout contiguous|paged] [--no-model] [--trace] [--max-split N,...] [--attn-kib N,...]\n");
+      std::fprintf(stderr, "usage: bench_decode_step [--cases model:batch:kv,...] [--layout contiguous|paged] [--no-model] [--trace] [--max-split N,...] [--attn-kib N,...] [--ragged]\n");
       return 2;
     }
   }
@@ -65,6 +68,7 @@ int main(int argc, char** argv) {
   std::printf("%s: floor %.3f TB/s (bulk %.3f, vec %.3f)\n", gpu.prop.name, floor.tbps(), floor.bulk_tbps, floor.vec_tbps);
   tw::bench::ResultFile res("decode_step", gpu, floor);
   res.doc["layout"] = layout == tw::KvLayout::Paged ? "paged16" : "contiguous";
+  res.doc["ragged"] = ragged;
   std::vector<std::string> rows;
   for (const Case& c : cases)
   for (int max_split : split_variants)
@@ -79,7 +83,18 @@ int main(int argc, char** argv) {
     opt.attention_min_tile_bytes = int64_t(attn_kib) << 10;
     tw::DecodeStep st(cfg, opt);
     tw::bench::prepare_timed_step(st, c.kv_len, 0x5EED + c.batch, 0xCAC4E);
-    const int64_t wbytes = cfg.decode_weight_bytes(), kvbytes = cfg.kv_bytes(std::vector<int>(c.batch, c.kv_len));
+    std::vector<int> attended(c.batch, c.kv_len);  // tokens each sequence attends to after the append
+    if (ragged) {
+      std::mt19937 rng(0x5EED + c.batch);
+      std::vector<int> cached(c.batch);
+      for (int b = 0; b < c.batch; ++b) {
+        attended[b] = c.kv_len / 2 + int(rng() % uint32_t(c.kv_len - c.kv_len / 2 + 1));
+        attended[b] = std::max(attended[b], 1);
+        cached[b] = attended[b] - 1;
+      }
+      st.set_lengths(cached);
+    }
+    const int64_t wbytes = cfg.decode_weight_bytes(), kvbytes = cfg.kv_bytes(attended);
     const double floor_us = double(wbytes + kvbytes) / (floor.tbps() * 1e6);
     auto launch = [&](int, cudaStream_t s) { st.step(s); };
     const double replay = tw::bench::time_us(launch, 1, 3, 20);
@@ -87,6 +102,7 @@ int main(int argc, char** argv) {
     if (trace) st.step();  // the traced launch: one step after the timed ones
     if (st.plan().error()) throw std::runtime_error("a bounded wait expired");
     nlohmann::json j{{"model", c.model}, {"batch", c.batch}, {"kv_len", c.kv_len}, {"step_us", b2b},
+                     {"lengths", attended},
                      {"step_replay_us", replay}, {"floor_us", floor_us}, {"pct_floor", 100.0 * floor_us / b2b},
                      {"weight_bytes", wbytes}, {"kv_bytes", kvbytes}, {"tiles", st.graph().graph.num_tiles()},
                      {"attention_tiles", st.tiling().attention_tiles}, {"act_rows", st.act_rows()},

@@ -104,6 +104,9 @@ struct StepShared {
   int32_t seq_len[kMaxRows];
   int32_t seq_units[kMaxRows + 1];
   int32_t equal_units;  // every sequence's units when they are all the same, else 0
+  // Unequal sequences with no more pairs than tiles: sequence b's pairs get seq_tiles[b + 1] -
+  // seq_tiles[b] tiles, split evenly among its KV heads (attention_tiles_for); else seq_tiles[0] < 0.
+  int32_t seq_tiles[kMaxRows + 1];
   // Per activation row, for the consumers' epilogues: the norm's scale (or a slice's sums of squares),
   // a reduction slot (the LM head's maxima keys).
   float rstd[kMaxRows];
@@ -200,6 +203,30 @@ __device__ __forceinline__ void load_lengths(const StepParams& p, StepShared& sh
   }
   if (lane == 0) sh.seq_units[0] = 0, sh.equal_units = equal ? first / p.num_kv_heads : 0;
   __syncwarp();
+  // Unequal lengths, no more pairs than tiles: each pair 1 tile plus its share of the tiles left, in
+  // proportion to its units (at most one per attn_min_units units), so that every tile holds part of
+  // one pair; the even cut would put parts of two pairs in most tiles.
+  const int total = sh.seq_units[p.batch], pairs = p.batch * p.num_kv_heads;
+  const bool ragged = !equal && pairs <= p.attn_tiles;
+  carry = 0;
+  for (int b0 = 0; ragged && b0 < p.batch; b0 += 32) {
+    const int b = b0 + lane;
+    int tiles = 0;
+    if (b < p.batch) {
+      const int u = kernels::decode_units(sh.seq_len[b] + 1);
+      const int share = 1 + int(int64_t(p.attn_tiles - pairs) * u / total);
+      tiles = min(share, max(1, u / p.attn_min_units)) * p.num_kv_heads;
+    }
+#pragma unroll
+    for (int o = 1; o < 32; o *= 2) {
+      const int v = __shfl_up_sync(0xffffffffu, tiles, o);
+      if (lane >= o) tiles += v;
+    }
+    if (b < p.batch) sh.seq_tiles[b + 1] = carry + tiles;
+    carry += __shfl_sync(0xffffffffu, tiles, 31);
+  }
+  if (lane == 0) sh.seq_tiles[0] = ragged ? 0 : -1;
+  __syncwarp();
 }
 
 // The attention tiles that take units this launch, for `total` units: at most P (the plan's), and no
@@ -210,6 +237,7 @@ __device__ __forceinline__ void load_lengths(const StepParams& p, StepShared& sh
 // 90% of the count; then no tile holds parts of two pairs (one q, one combine, one partial each)
 // and with a pair per tile there is nothing to merge.
 __device__ __forceinline__ int attention_tiles_for(const StepParams& p, const StepShared& sh, int total) {
+  if (sh.seq_tiles[0] == 0) return sh.seq_tiles[p.batch];  // unequal lengths, tiles per pair (load_lengths)
   int t = max(1, min(p.attn_tiles, (total + p.attn_min_units - 1) / p.attn_min_units));
   if (sh.equal_units > 0) {
     const int pairs = p.batch * p.num_kv_heads;
@@ -235,6 +263,7 @@ struct ChunkWalk {
   int seg_units;             // units of the segment already walked
   int first_tile, ntiles;    // the tiles holding the pair's units (set at the segment's first stage)
   bool shift;
+  bool per_pair;             // the tiles are cut pair by pair (seq_tiles): first_tile / ntiles set by walk_begin
 };
 __device__ __forceinline__ void walk_segment(const StepShared& sh, ChunkWalk& w, int num_kv_heads) {
   const int units = kernels::decode_units(sh.seq_len[w.b] + 1);
@@ -252,9 +281,26 @@ __device__ __forceinline__ ChunkWalk walk_begin(const StepParams& p, const StepS
   w.tiles = attention_tiles_for(p, sh, w.total);
   w.tok = w.tok_end = 0;
   w.tile_u0 = w.u_hi = w.seg_u1 = 0;
+  w.per_pair = sh.seq_tiles[0] == 0;
   if (tile >= w.tiles) return w;  // no units for this tile (fewer units than tiles)
-  w.tile_u0 = tile_start(tile, w.tiles, w.total);
-  w.u_hi = tile_start(tile + 1, w.tiles, w.total);
+  if (w.per_pair) {
+    // Sequence b's tiles [seq_tiles[b], seq_tiles[b + 1]): n per KV head, each an even part of one pair.
+    int lo = 0, hi = p.batch - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (sh.seq_tiles[mid] <= tile) lo = mid; else hi = mid - 1;
+    }
+    const int n = (sh.seq_tiles[lo + 1] - sh.seq_tiles[lo]) / p.num_kv_heads, r = tile - sh.seq_tiles[lo];
+    const int h = r / n, j = r - h * n, u = kernels::decode_units(sh.seq_len[lo] + 1);
+    const int pu0 = sh.seq_units[lo] + h * u;
+    w.tile_u0 = pu0 + int(int64_t(u) * j / n);
+    w.u_hi = pu0 + int(int64_t(u) * (j + 1) / n);
+    w.first_tile = sh.seq_tiles[lo] + h * n;
+    w.ntiles = n;
+  } else {
+    w.tile_u0 = tile_start(tile, w.tiles, w.total);
+    w.u_hi = tile_start(tile + 1, w.tiles, w.total);
+  }
   w.seg_u1 = w.u_hi;
   int lo = 0, hi = p.batch - 1;       // the last sequence whose units start at or before the tile's
   while (lo < hi) {
@@ -277,9 +323,13 @@ __device__ __forceinline__ bool walk_next(const StepParams& p, const StepShared&
     // Once per segment: the producer is one thread, and these 64-bit divisions per stage (with a
     // second walk of every stage to count them) held it to one attention stage per 1.3 us at B = 16
     // (timestamps per stage, H200), slower than the consumers and the memory.
-    w.first_tile = tile_of(w.pu0, w.tiles, w.total);
-    w.ntiles = tile_of(w.pu1 - 1, w.tiles, w.total) - w.first_tile + 1;
-    w.shift = tile_start(w.first_tile, w.tiles, w.total) < w.pu0;
+    if (w.per_pair) {
+      w.shift = false;  // walk_begin set the pair's tiles: each holds part of this pair only
+    } else {
+      w.first_tile = tile_of(w.pu0, w.tiles, w.total);
+      w.ntiles = tile_of(w.pu1 - 1, w.tiles, w.total) - w.first_tile + 1;
+      w.shift = tile_start(w.first_tile, w.tiles, w.total) < w.pu0;
+    }
   }
   const int n = min(stage_tokens, w.tok_end - w.tok);
   c.pair = w.b * p.num_kv_heads + w.h;
@@ -1242,7 +1292,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
   __syncthreads();
   const int warp = threadIdx.x / 32;
   if (warp < 4) {
-    setmaxnreg_dec<80>();
+    setmaxnreg_dec<88>();
     if (warp == 0) run_producer<Cfg, D>(ring, sh, p);
   } else {
     setmaxnreg_inc<208>();
