@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -260,6 +261,44 @@ TEST(DecodeStep, BatchSizesAcrossTileHeights) {
     k.max_prompt = 5;
     k.generate = 2;
     run_against_reference(k, fresh_seed());
+  }
+}
+
+// Model shapes drawn from a seed, as the attention and FFN grids draw theirs: Llama (with or without
+// Llama-3 frequency scaling) or Qwen2 (biases, tied embeddings) of head dim 64 or 128, 1..4 KV heads
+// with 1..8 query heads each, hidden and intermediate sizes multiples of 8 (rarely of 128), 1..2
+// layers, batches up to 20 with ragged prompts (the attention cut pair by pair) and one of 40
+// sequences x 4 KV heads (more pairs than tiles: the even cut), contiguous or paged. Against the
+// fp32 and bf16 references like the named configs. TW_SHAPE_SEED picks the grid: the default is the
+// same every run, any other one a grid no test names.
+TEST(DecodeStep, RandomConfigGrid) {
+  TW_REQUIRE_SM90();
+  uint64_t seed = 16;
+  if (const char* v = std::getenv("TW_SHAPE_SEED")) seed = std::strtoull(v, nullptr, 10);
+  SCOPED_TRACE("TW_SHAPE_SEED=" + std::to_string(seed));
+  std::mt19937_64 rng(seed ^ 0x57E9);
+  static const int kPages[] = {16, 32, 64};
+  for (int i = 0; i < 6; ++i) {
+    const bool qwen = rng() % 2 == 0;
+    ModelConfig c = named_config(qwen ? "tiny-qwen2" : "tiny-llama");
+    c.name = "random-" + std::to_string(i);
+    c.head_dim = rng() % 2 ? 64 : 128;
+    c.num_kv_heads = 1 + int(rng() % 4);
+    c.num_q_heads = c.num_kv_heads * (1 + int(rng() % 8));
+    c.hidden_size = 8 * (8 + int64_t(rng() % 57));         // 64 .. 512
+    c.intermediate_size = 8 * (8 + int64_t(rng() % 121));  // 64 .. 1024
+    c.num_layers = 1 + int(rng() % 2);
+    c.vocab_size = 300 + int64_t(rng() % 500);
+    c.rope_theta = qwen ? 1e6 : 5e5;
+    if (!qwen && rng() % 2) c.rope_factor = 0;  // plain RoPE; else the named config's Llama-3 scaling
+    c.validate();
+    StepCase k{c, 1 + int(rng() % 20)};
+    if (i == 5) c.num_kv_heads = 4, c.num_q_heads = 4 * (1 + int(rng() % 4)), k = StepCase{c, 40};
+    k.layout = rng() % 2 ? KvLayout::Paged : KvLayout::Contiguous;
+    k.page_size = kPages[rng() % 3];
+    k.max_prompt = 2 + int(rng() % 40);
+    k.generate = 3;
+    run_against_reference(k, rng());
   }
 }
 
