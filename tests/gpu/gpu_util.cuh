@@ -34,6 +34,13 @@ inline uint64_t fresh_seed() {
   return std::random_device{}() * 0x9E3779B97F4A7C15ull + std::random_device{}();
 }
 
+// The seed of a randomized shape grid: TW_SHAPE_SEED, else 16 -- the same grid every run by default,
+// any other seed a grid no test names.
+inline uint64_t shape_seed() {
+  if (const char* v = std::getenv("TW_SHAPE_SEED")) return std::strtoull(v, nullptr, 10);
+  return 16;
+}
+
 // Host copy of a bf16 tensor: the rounded values, as float, for the reference.
 struct HostBf16 {
   std::vector<__nv_bfloat16> bits;

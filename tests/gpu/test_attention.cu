@@ -146,8 +146,7 @@ TEST(AttentionDecode, Batch40PagedGqa13D256Page64) {
 // TW_SHAPE_SEED picks the grid: the default is the same every run, any other one a grid no test names.
 TEST(AttentionDecode, RandomShapeGrid) {
   TW_REQUIRE_GPU();
-  uint64_t seed = 16;
-  if (const char* v = std::getenv("TW_SHAPE_SEED")) seed = std::strtoull(v, nullptr, 10);
+  const uint64_t seed = tw::test::shape_seed();
   SCOPED_TRACE("TW_SHAPE_SEED=" + std::to_string(seed));
   std::mt19937_64 rng(seed ^ 0xA77E);
   static const int kDims[] = {64, 128, 256};

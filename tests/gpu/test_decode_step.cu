@@ -273,8 +273,7 @@ TEST(DecodeStep, BatchSizesAcrossTileHeights) {
 // same every run, any other one a grid no test names.
 TEST(DecodeStep, RandomConfigGrid) {
   TW_REQUIRE_SM90();
-  uint64_t seed = 16;
-  if (const char* v = std::getenv("TW_SHAPE_SEED")) seed = std::strtoull(v, nullptr, 10);
+  const uint64_t seed = tw::test::shape_seed();
   SCOPED_TRACE("TW_SHAPE_SEED=" + std::to_string(seed));
   std::mt19937_64 rng(seed ^ 0x57E9);
   static const int kPages[] = {16, 32, 64};

@@ -482,8 +482,7 @@ TEST(FusedFfn, PlainChainActivations) {
 
 TEST(FusedFfn, RandomShapeGrid) {
   TW_REQUIRE_GPU();
-  uint64_t seed = 16;
-  if (const char* v = std::getenv("TW_SHAPE_SEED")) seed = std::strtoull(v, nullptr, 10);
+  const uint64_t seed = tw::test::shape_seed();
   SCOPED_TRACE("TW_SHAPE_SEED=" + std::to_string(seed));
   std::mt19937_64 rng(seed);
   for (int i = 0; i < 12; ++i) {
