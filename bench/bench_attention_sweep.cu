@@ -10,9 +10,8 @@
 // kernel for) is recorded with the op's message: a miss. Times are back to back (launches in one CUDA
 // graph, KV sets rotated so L2 holds none of a launch's input), as the bars read them.
 // Writes attention_sweep.json: per case the shape, us, kv_bytes, floor_us, pct_floor, memory_bound
-// (>= 64 MB of K/V); and a summary. --tiles-sweep also times each shape at other tile counts (whole
-// multiples of the pairs, and one or two tiles per SM: `tiles_sweep`), the data the planner is read
-// against.
+// (>= 64 MB of K/V); and a summary. --tiles-sweep also times each shape at the planner's candidates
+// (decode_plan_candidates: `tiles_sweep`), the data its cost model is fitted to.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -162,18 +161,11 @@ int main(int argc, char** argv) {
       j["sets"] = sets;
       j["num_tiles"] = op.num_tiles();
       if (tiles_sweep) {
-        const int pairs = c.batch * c.hkv, sms = gpu.prop.multiProcessorCount;
-        std::vector<int> counts;
-        for (int k : {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128})
-          if (int64_t(pairs) * k <= 2 * sms) counts.push_back(pairs * k);
-        for (int t : {sms / 4, sms / 2, sms, 2 * sms}) counts.push_back(t);
-        std::sort(counts.begin(), counts.end());
-        counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
         nlohmann::json sweep = nlohmann::json::array();
-        for (int t : counts) {
+        for (const auto& [t, per_sm] : tw::decode_plan_candidates(shape, c.lens, gpu.prop.multiProcessorCount)) {
           tw::DecodeAttentionShape v = shape;
           v.num_tiles = t;
-          v.tiles_per_sm = t <= sms ? 1 : 2;
+          v.tiles_per_sm = per_sm;
           try {
             const tw::DecodeAttention alt(v, c.lens, table);
             auto run_alt = [&](int s, cudaStream_t st) {

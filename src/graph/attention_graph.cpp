@@ -60,14 +60,8 @@ int plan_tiles(const std::vector<int>& lens, int num_kv_heads, int slots_max, bo
   // attention sweep: B = 64, 8 KV heads, 9 tokens 11.6 us in 64 tiles of 8 pairs, SDPA 4.7 us).
   const int by_units = (units + kMinUnitsPerTile - 1) / kMinUnitsPerTile;
   const int most = std::clamp(std::max(by_units, std::min(npairs, slots_max)), 1, slots_max);
-  const bool uniform = equal_units(lens);
-  if (!uniform) return most;
-  if (npairs > most) {
-    const int per_tile = (npairs + most - 1) / most, tiles = npairs / per_tile;
-    const bool whole = whole_pairs && npairs % per_tile == 0 && 10 * tiles >= 9 * most;
-    return whole ? tiles : most;
-  }
-  return aligned ? npairs * std::max(1, most / npairs) : most;
+  if (!equal_units(lens)) return most;
+  return (npairs > most ? whole_pairs : aligned) ? kernels::decode_aligned_tiles(npairs, most) : most;
 }
 
 [[noreturn]] void bad(const std::string& what) { throw InvalidArgument("decode attention: " + what); }
@@ -188,20 +182,24 @@ DecodePlan plan_decode_for(const DecodeAttentionShape& s, const std::vector<int>
   // pairs cut one unit a tile, whole pairs per tile where the merges cost more than the split saves,
   // fewer tiles for head dim 256's wide partials) and slower by more than 3% on one of the 120; with
   // no margin, more shapes lost where the model's error exceeds the candidates' difference.
-  int best_tiles = 0, best_per_sm = 0;
-  double best_us = 0.9 * pl.rule_us;
-  for (const auto& [t, per_sm] : decode_plan_candidates(s, seq_lens, sms)) {
-    const double us = predict_decode_cost(s, seq_lens, t, per_sm, sms).us;
-    if (us < best_us) best_us = us, best_tiles = t, best_per_sm = per_sm;
-  }
-  if (best_tiles == 0) return pl;
-  DecodePlan chosen = plan_decode(seq_lens, s.num_kv_heads, best_tiles);
-  chosen.tiles_per_sm = best_per_sm;
+  const std::vector<DecodeCandidate> ranked = rank_decode_candidates(s, seq_lens, sms);
+  if (ranked.empty() || !(ranked[0].cost.us < 0.9 * pl.rule_us)) return pl;
+  DecodePlan chosen = plan_decode(seq_lens, s.num_kv_heads, ranked[0].tiles);
+  chosen.tiles_per_sm = ranked[0].tiles_per_sm;
   chosen.rule_tiles = pl.rule_tiles;
   chosen.rule_tiles_per_sm = pl.rule_tiles_per_sm;
   chosen.rule_us = pl.rule_us;
-  chosen.predicted_us = best_us;
+  chosen.predicted_us = ranked[0].cost.us;
   return chosen;
+}
+
+std::vector<DecodeCandidate> rank_decode_candidates(const DecodeAttentionShape& s, const std::vector<int>& seq_lens,
+                                                    int sms, const DecodeCostModel& m) {
+  std::vector<DecodeCandidate> out;
+  for (const auto& [t, per_sm] : decode_plan_candidates(s, seq_lens, sms))
+    out.push_back({t, per_sm, predict_decode_cost(s, seq_lens, t, per_sm, sms, m)});
+  std::stable_sort(out.begin(), out.end(), [](const DecodeCandidate& a, const DecodeCandidate& b) { return a.cost.us < b.cost.us; });
+  return out;
 }
 
 double decode_active_fraction(int active, int sms) {

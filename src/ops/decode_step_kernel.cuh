@@ -103,9 +103,10 @@ struct StepShared {
   // filled by the producer at its first attention tile.
   int32_t seq_len[kMaxRows];
   int32_t seq_units[kMaxRows + 1];
-  int32_t equal_units;  // every sequence's units when they are all the same, else 0
-  // Unequal sequences with no more pairs than tiles: sequence b's pairs get seq_tiles[b + 1] -
-  // seq_tiles[b] tiles, split evenly among its KV heads (attention_tiles_for); else seq_tiles[0] < 0.
+  // The attention tiles that take units this launch (load_lengths). Unequal sequences with no more
+  // pairs than tiles: sequence b's pairs get seq_tiles[b + 1] - seq_tiles[b] of them, split evenly
+  // among its KV heads; else seq_tiles[0] < 0 and the units are cut evenly over attn_tiles.
+  int32_t attn_tiles;
   int32_t seq_tiles[kMaxRows + 1];
   // Per activation row, for the consumers' epilogues: the norm's scale (or a slice's sums of squares),
   // a reduction slot (the LM head's maxima keys).
@@ -180,6 +181,14 @@ __device__ __forceinline__ int tile_of(int u, int tiles, int total) {
 // (c + 1) U / P) of all pairs' units in a row (kernels/attention/decode_units.hpp), every tile the
 // same bytes whatever the lengths. The lengths are the launch's: read once per CTA (the sample tile
 // advances them after every reader).
+__device__ __forceinline__ int warp_inclusive_sum(int v, int lane) {
+#pragma unroll
+  for (int o = 1; o < 32; o *= 2) {
+    const int u = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += u;
+  }
+  return v;
+}
 __device__ __forceinline__ void load_lengths(const StepParams& p, StepShared& sh) {
   const int lane = threadIdx.x % 32;
   int carry = 0, first = -1;
@@ -190,18 +199,14 @@ __device__ __forceinline__ void load_lengths(const StepParams& p, StepShared& sh
     int units = b < p.batch ? kernels::decode_units(len + 1) * p.num_kv_heads : 0;
     if (first < 0) first = __shfl_sync(0xffffffffu, units, 0);
     equal = __all_sync(0xffffffffu, equal && (b >= p.batch || units == first));
-#pragma unroll
-    for (int o = 1; o < 32; o *= 2) {  // inclusive warp scan
-      const int v = __shfl_up_sync(0xffffffffu, units, o);
-      if (lane >= o) units += v;
-    }
+    units = warp_inclusive_sum(units, lane);
     if (b < p.batch) {
       sh.seq_len[b] = len;
       sh.seq_units[b + 1] = carry + units;
     }
     carry += __shfl_sync(0xffffffffu, units, 31);
   }
-  if (lane == 0) sh.seq_units[0] = 0, sh.equal_units = equal ? first / p.num_kv_heads : 0;
+  if (lane == 0) sh.seq_units[0] = 0;
   __syncwarp();
   // Unequal lengths, no more pairs than tiles: each pair 1 tile plus its share of the tiles left, in
   // proportion to its units (at most one per attn_min_units units), so that every tile holds part of
@@ -217,45 +222,29 @@ __device__ __forceinline__ void load_lengths(const StepParams& p, StepShared& sh
       const int share = 1 + int(int64_t(p.attn_tiles - pairs) * u / total);
       tiles = min(share, max(1, u / p.attn_min_units)) * p.num_kv_heads;
     }
-#pragma unroll
-    for (int o = 1; o < 32; o *= 2) {
-      const int v = __shfl_up_sync(0xffffffffu, tiles, o);
-      if (lane >= o) tiles += v;
-    }
+    tiles = warp_inclusive_sum(tiles, lane);
     if (b < p.batch) sh.seq_tiles[b + 1] = carry + tiles;
     carry += __shfl_sync(0xffffffffu, tiles, 31);
   }
-  if (lane == 0) sh.seq_tiles[0] = ragged ? 0 : -1;
   __syncwarp();
-}
-
-// The attention tiles that take units this launch, for `total` units: at most P (the plan's), and no
-// fewer than attn_min_units per tile (kMinAttentionUnits). Tiles then hold units in a row with no
-// empty tile in between (a pair's merge counts the tiles holding its parts). Where every sequence
-// has the same units, the count is aligned to the pairs as DecodeAttention's planner aligns it: each
-// pair the same whole number of tiles, or each tile the same whole number of pairs where that fills
-// 90% of the count; then no tile holds parts of two pairs (one q, one combine, one partial each)
-// and with a pair per tile there is nothing to merge.
-__device__ __forceinline__ int attention_tiles_for(const StepParams& p, const StepShared& sh, int total) {
-  if (sh.seq_tiles[0] == 0) return sh.seq_tiles[p.batch];  // unequal lengths, tiles per pair (load_lengths)
-  int t = max(1, min(p.attn_tiles, (total + p.attn_min_units - 1) / p.attn_min_units));
-  if (sh.equal_units > 0) {
-    const int pairs = p.batch * p.num_kv_heads;
-    if (pairs <= t) {
-      t = pairs * (t / pairs);
-    } else {
-      const int per = (pairs + t - 1) / t;
-      if (pairs % per == 0 && 10 * (pairs / per) >= 9 * t) t = pairs / per;
-    }
+  // At most P tiles (the plan's), no fewer than attn_min_units units each (kMinAttentionUnits); tiles
+  // hold units in a row with no empty tile in between (a pair's merge counts the tiles holding its
+  // parts). Equal sequences: the count aligned to the pairs as DecodeAttention's planner aligns it
+  // (decode_aligned_tiles), so that no tile holds parts of two pairs (one q, one combine, one partial
+  // each) and with a pair per tile there is nothing to merge.
+  if (lane == 0) {
+    sh.seq_tiles[0] = ragged ? 0 : -1;
+    const int most = max(1, min(p.attn_tiles, (total + p.attn_min_units - 1) / p.attn_min_units));
+    sh.attn_tiles = ragged ? sh.seq_tiles[p.batch] : equal ? kernels::decode_aligned_tiles(pairs, most) : most;
   }
-  return t;
+  __syncwarp();
 }
 
 // Walks one attention tile's stages (one thread): segment by segment (a segment is the tile's part
 // of one pair), each in stages of up to `stage_tokens` tokens.
 struct ChunkWalk {
   int tile_u0, u_hi, total;  // the tile's units, all units
-  int tiles;                 // tiles that take units (attention_tiles_for); the rest stay empty
+  int tiles;                 // tiles that take units (StepShared::attn_tiles); the rest stay empty
   int b, h;                  // the current pair
   int pu0, pu1;              // its units
   int seg_u0, seg_u1;        // the segment's units
@@ -278,7 +267,7 @@ __device__ __forceinline__ void walk_segment(const StepShared& sh, ChunkWalk& w,
 __device__ __forceinline__ ChunkWalk walk_begin(const StepParams& p, const StepShared& sh, int tile) {
   ChunkWalk w;
   w.total = sh.seq_units[p.batch];
-  w.tiles = attention_tiles_for(p, sh, w.total);
+  w.tiles = sh.attn_tiles;
   w.tok = w.tok_end = 0;
   w.tile_u0 = w.u_hi = w.seg_u1 = 0;
   w.per_pair = sh.seq_tiles[0] == 0;

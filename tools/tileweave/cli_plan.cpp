@@ -145,14 +145,7 @@ void run_plan_attention(const PlanOptions& o) {
   const DecodePlanSummary m = summarize_decode_plan(s, lens, plan);
   const DecodeCost cost = predict_decode_cost(s, lens, plan.num_tiles, plan.tiles_per_sm, gpu.sms);
   const double floor_us = double(m.kv_bytes) / (gpu.read_tbps * 1e6);
-  struct Ranked {
-    int tiles, per_sm;
-    DecodeCost cost;
-  };
-  std::vector<Ranked> ranked;
-  for (const auto& [t, per_sm] : decode_plan_candidates(s, lens, gpu.sms))
-    ranked.push_back({t, per_sm, predict_decode_cost(s, lens, t, per_sm, gpu.sms)});
-  std::sort(ranked.begin(), ranked.end(), [](const Ranked& a, const Ranked& b) { return a.cost.us < b.cost.us; });
+  const std::vector<DecodeCandidate> ranked = rank_decode_candidates(s, lens, gpu.sms);
   const bool equal = std::all_of(lens.begin(), lens.end(), [&](int l) { return l == lens[0]; });
   const std::string shape = fmt::format(
       "decode attention B={} heads {}/{} (group {}) d={}, {}, {}", s.batch, s.num_q_heads, s.num_kv_heads,
@@ -164,7 +157,8 @@ void run_plan_attention(const PlanOptions& o) {
   };
   if (o.json_out) {
     json cands = json::array();
-    for (const Ranked& r : ranked) cands.push_back({{"tiles", r.tiles}, {"tiles_per_sm", r.per_sm}, {"model", cost_json(r.cost)}});
+    for (const DecodeCandidate& r : ranked)
+      cands.push_back({{"tiles", r.tiles}, {"tiles_per_sm", r.tiles_per_sm}, {"model", cost_json(r.cost)}});
     std::cout << json{{"request", {{"batch", s.batch}, {"num_q_heads", s.num_q_heads}, {"num_kv_heads", s.num_kv_heads},
                                    {"head_dim", s.head_dim}, {"lengths", lens}, {"page_size", o.page_size}}},
                       {"preset", gpu.name},
@@ -201,10 +195,10 @@ void run_plan_attention(const PlanOptions& o) {
   fmt::print("\nCandidates, best first ({} of {}):\n", std::min<size_t>(ranked.size(), size_t(o.top)), ranked.size());
   fmt::print("  {:>6} {:>6} {:>9} {:>9} {:>9} {:>9} {:>7}\n", "tiles", "per SM", "us", "stream", "merge", "segments", "widest");
   for (size_t i = 0; i < ranked.size() && int(i) < o.top; ++i) {
-    const Ranked& r = ranked[i];
-    fmt::print("  {:>6} {:>6} {:>9.2f} {:>9.2f} {:>9.2f} {:>9} {:>7}{}\n", r.tiles, r.per_sm, r.cost.us, r.cost.stream_us,
+    const DecodeCandidate& r = ranked[i];
+    fmt::print("  {:>6} {:>6} {:>9.2f} {:>9.2f} {:>9.2f} {:>9} {:>7}{}\n", r.tiles, r.tiles_per_sm, r.cost.us, r.cost.stream_us,
                r.cost.merge_us, r.cost.max_segments, r.cost.widest_pair,
-               r.tiles == plan.num_tiles && r.per_sm == plan.tiles_per_sm ? "  <- the plan" : "");
+               r.tiles == plan.num_tiles && r.tiles_per_sm == plan.tiles_per_sm ? "  <- the plan" : "");
   }
 }
 

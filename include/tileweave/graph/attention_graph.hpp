@@ -98,6 +98,13 @@ DecodeCost predict_decode_cost(const DecodeAttentionShape& s, const std::vector<
 // The plans the planner weighs: (tiles, tiles per SM) for whole multiples of the pairs, a quarter,
 // half, all and twice the SMs, each at most the units (one unit a tile), at one or two tiles per SM.
 std::vector<std::pair<int, int>> decode_plan_candidates(const DecodeAttentionShape& s, const std::vector<int>& seq_lens, int sms);
+// The candidates with the model's cost, fastest first (ties in candidate order).
+struct DecodeCandidate {
+  int tiles = 0, tiles_per_sm = 0;
+  DecodeCost cost;
+};
+std::vector<DecodeCandidate> rank_decode_candidates(const DecodeAttentionShape& s, const std::vector<int>& seq_lens,
+                                                    int sms, const DecodeCostModel& m = {});
 // The planner: the plan DecodeAttention runs on a GPU with `sms` SMs, the shape's overrides
 // respected. The rules (comments in attention_graph.cpp) give a plan; the cost model's best candidate
 // replaces it where it predicts at least 10% less time (the margin keeps the rules' measured choices

@@ -32,6 +32,14 @@ TW_DECODE_HD inline int decode_tile_start(int c, int num_tiles, int total_units)
 TW_DECODE_HD inline int decode_tile_of(int u, int num_tiles, int total_units) {
   return static_cast<int>((int64_t(u + 1) * num_tiles - 1) / total_units);
 }
+// A tile count aligned to `pairs` equally long pairs, from `most` tiles: each pair the same whole
+// number of tiles (no tile holds parts of two pairs), or with more pairs than tiles each tile the
+// same whole number of pairs when that fills >= 90% of `most` (no partials at all); else `most`.
+TW_DECODE_HD inline int decode_aligned_tiles(int pairs, int most) {
+  if (pairs <= most) return pairs * (most / pairs);
+  const int per = (pairs + most - 1) / most, tiles = pairs / per;
+  return pairs % per == 0 && 10 * tiles >= 9 * most ? tiles : most;
+}
 #undef TW_DECODE_HD
 
 }  // namespace tw::kernels
