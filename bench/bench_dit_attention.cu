@@ -3,16 +3,21 @@
 // (cuBLASLt 8192^3, fp32 accumulate). TFLOP/s = flops() / time: 4 L^2 d H non-causal, the exact
 // masked count causal. bench/dit_attention_torch.py times the peers (torch SDPA backends,
 // FlashInfer fa2/fa3) on the same cases and merges them into the same file.
-//   bench_dit_attention [--cases H:d:L[:c][:bN],...] [--reps N] [--out DIR] [--quick]
+//   bench_dit_attention [--cases H:d:L[:c][:bN],...] [--dtypes bf16,fp8] [--reps N] [--out DIR] [--quick]
 //     c: causal; bN: N packed sequences of length L (default 1)
+//     fp8 (d = 128 cases): us is the e4m3 attention on inputs quantized beforehand, quant_us the
+//     quantization, us_with_quant the op's run() (both); its accuracy against this project's bf16
+//     output on Gaussian inputs with four channels 4x larger (cosine, max error / max|bf16|).
 //     JSON -> DIR/dit_attention.json (DIR: $TW_RESULTS_DIR/<gpu> or bench/results/<gpu>); a re-run
 //     replaces the measured fields of a matching case and keeps the rest (the peers' fields).
 #include <cuda_bf16.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -104,7 +109,7 @@ int main(int argc, char** argv) {
   using namespace tw::bench;
   bool quick = false;
   int reps = 0;
-  std::string out_dir, cases_arg;
+  std::string out_dir, cases_arg, dtypes_arg = "bf16,fp8";
   try {
     for (int i = 1; i < argc; ++i) {
       const bool has_value = i + 1 < argc;
@@ -112,6 +117,8 @@ int main(int argc, char** argv) {
         quick = true;
       else if (!std::strcmp(argv[i], "--cases") && has_value)
         cases_arg = argv[++i];
+      else if (!std::strcmp(argv[i], "--dtypes") && has_value)
+        dtypes_arg = argv[++i];
       else if (!std::strcmp(argv[i], "--reps") && has_value)
         reps = parse_counts(argv[++i], "--reps")[0];
       else if (!std::strcmp(argv[i], "--out") && has_value)
@@ -121,7 +128,8 @@ int main(int argc, char** argv) {
     }
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr,
-                 "bench_dit_attention: %s\nusage: %s [--cases H:d:L[:c][:bN],...] [--reps N] [--out DIR] [--quick]\n",
+                 "bench_dit_attention: %s\nusage: %s [--cases H:d:L[:c][:bN],...] [--dtypes bf16,fp8] [--reps N] "
+                 "[--out DIR] [--quick]\n",
                  e.what(), argv[0]);
     return 2;
   }
@@ -136,6 +144,17 @@ int main(int argc, char** argv) {
     }
   }
   if (reps == 0) reps = quick ? 10 : 50;
+  bool run_bf16 = false, run_fp8 = false;
+  for (const auto& d : split_list(dtypes_arg)) {
+    if (d == "bf16")
+      run_bf16 = true;
+    else if (d == "fp8")
+      run_fp8 = true;
+    else {
+      std::fprintf(stderr, "bench_dit_attention: --dtypes: '%s' is neither bf16 nor fp8\n", d.c_str());
+      return 2;
+    }
+  }
 
   const Gpu gpu = current_gpu();
   if (gpu.prop.major != 9 || gpu.prop.minor != 0) {
@@ -149,6 +168,17 @@ int main(int argc, char** argv) {
   // The cases first, the GEMM peak last (each in its steady state); the ratios are filled in after.
 
   std::vector<json> rows;
+  auto print_row = [](const Case& c, const json& row) {
+    const std::string dt = row["dtype"].get<std::string>();
+    if (row.contains("us"))
+      std::printf("H=%2d d=%3d L=%6d %-6s b=%d %-8s: %9.1f us %6.0f TFLOP/s\n", c.H, c.d, c.L,
+                  c.causal ? "causal" : "full", c.batch, dt.c_str(), row["us"].get<double>(),
+                  row["tflops"].get<double>());
+    else
+      std::printf("H=%2d d=%3d L=%6d %-6s b=%d %-8s: skipped (%s)\n", c.H, c.d, c.L, c.causal ? "causal" : "full",
+                  c.batch, dt.c_str(), row["skipped"].get<std::string>().c_str());
+    std::fflush(stdout);
+  };
   for (const Case& c : cases) {
     const int total = c.batch * c.L;
     tw::PrefillAttentionShape shape;
@@ -157,41 +187,93 @@ int main(int argc, char** argv) {
     shape.causal = c.causal;
     std::vector<int> cu(c.batch + 1);
     for (int b = 0; b <= c.batch; ++b) cu[b] = b * c.L;
-    json row = {{"op", "attention"},  {"H", c.H},         {"d", c.d},       {"L", c.L},
-                {"causal", c.causal}, {"batch", c.batch}, {"dtype", "bf16"}};
+    const json key = {{"op", "attention"}, {"H", c.H},         {"d", c.d}, {"L", c.L}, {"causal", c.causal},
+                      {"batch", c.batch},  {"dtype", "bf16"}};
     const size_t elems = size_t(total) * c.H * c.d;
-    bf16 *q, *k, *v, *o;
-    for (bf16** p : {&q, &k, &v, &o}) TW_CUDA_CHECK(cudaMalloc(p, elems * sizeof(bf16)));
-    fill_noise_bf16(q, elems, 1);
-    fill_noise_bf16(k, elems, 2);
-    fill_noise_bf16(v, elems, 3);
-    TW_CUDA_CHECK(cudaDeviceSynchronize());
-    try {
-      const tw::PrefillAttention op(shape, cu);
-      const tw::PrefillAttentionTensors t{q, k, v, o};
-      // Once outside capture: the first run sets the kernel's shared-memory attribute, which a
-      // capture must not see, and surfaces a bad launch here rather than inside the graph.
-      op.run(t, nullptr);
+    bf16 *q, *k, *v, *o, *o_ref;
+    for (bf16** p : {&q, &k, &v, &o, &o_ref}) TW_CUDA_CHECK(cudaMalloc(p, elems * sizeof(bf16)));
+    // Once outside capture: the first run sets the kernel's shared-memory attribute, which a
+    // capture must not see, and surfaces a bad launch here rather than inside the graph. One input
+    // set, no rotation: the kernel is compute-bound (each K/V tile is read by every query tile of
+    // its head, from L2), so whether a replay starts with its inputs in L2 moves the time by
+    // little; the peers are timed the same way.
+    auto time_op = [&](const std::function<void(cudaStream_t)>& run) {
+      run(nullptr);
       TW_CUDA_CHECK(cudaDeviceSynchronize());
-      // One input set, no rotation: the kernel is compute-bound (each K/V tile is read by every
-      // query tile of its head, from L2), so whether a replay starts with its inputs in L2 moves
-      // the time by little; the peers are timed the same way.
-      const auto make = [&](int, cudaStream_t st) { op.run(t, st); };
-      const double us = time_us(make, 1, steady_warmup(time_us(make, 1, 1, 3)), reps);
-      const double tflops = op.flops() / us * 1e-6;
-      row.update({{"flops", op.flops()}, {"us", us}, {"tflops", tflops}});
-    } catch (const tw::InvalidArgument& e) {  // a shape the op does not take yet: recorded, not fatal
-      row["skipped"] = e.what();
+      const auto make = [&](int, cudaStream_t st) { run(st); };
+      return time_us(make, 1, steady_warmup(time_us(make, 1, 1, 3)), reps);
+    };
+    if (run_bf16) {
+      json row = key;
+      fill_noise_bf16(q, elems, 1);
+      fill_noise_bf16(k, elems, 2);
+      fill_noise_bf16(v, elems, 3);
+      TW_CUDA_CHECK(cudaDeviceSynchronize());
+      try {
+        const tw::PrefillAttention op(shape, cu);
+        const tw::PrefillAttentionTensors t{q, k, v, o};
+        const double us = time_op([&](cudaStream_t st) { op.run(t, st); });
+        row.update({{"flops", op.flops()}, {"us", us}, {"tflops", op.flops() / us * 1e-6}});
+      } catch (const tw::InvalidArgument& e) {  // a shape the op does not take yet: recorded, not fatal
+        row["skipped"] = e.what();
+      }
+      print_row(c, row);
+      rows.push_back(std::move(row));
     }
-    for (bf16* p : {q, k, v, o}) TW_CUDA_CHECK(cudaFree(p));
-    if (row.contains("us"))
-      std::printf("H=%2d d=%3d L=%6d %-6s b=%d: %9.1f us %6.0f TFLOP/s\n", c.H, c.d, c.L, c.causal ? "causal" : "full",
-                  c.batch, row["us"].get<double>(), row["tflops"].get<double>());
-    else
-      std::printf("H=%2d d=%3d L=%6d %-6s b=%d: skipped (%s)\n", c.H, c.d, c.L, c.causal ? "causal" : "full", c.batch,
-                  row["skipped"].get<std::string>().c_str());
-    std::fflush(stdout);
-    rows.push_back(std::move(row));
+    if (run_fp8 && c.d == 128) {
+      json row = key;
+      row["dtype"] = "fp8_e4m3";
+      fill_outliers_bf16(q, elems, 11, c.d, 4.f);
+      fill_outliers_bf16(k, elems, 12, c.d, 4.f);
+      fill_outliers_bf16(v, elems, 13, c.d, 4.f);
+      tw::PrefillAttentionShape s8 = shape;
+      s8.fp8 = true;
+      try {
+        const tw::PrefillAttention ref(shape, cu), op(s8, cu);
+        const tw::PrefillAttentionTensors t_ref{q, k, v, o_ref}, t{q, k, v, o};
+        ref.run(t_ref, nullptr);
+        op.run(t, nullptr);
+        TW_CUDA_CHECK(cudaDeviceSynchronize());
+        // Accuracy against the bf16 kernel's output on the same inputs.
+        std::vector<bf16> a(elems), r(elems);
+        TW_CUDA_CHECK(cudaMemcpy(a.data(), o, elems * sizeof(bf16), cudaMemcpyDeviceToHost));
+        TW_CUDA_CHECK(cudaMemcpy(r.data(), o_ref, elems * sizeof(bf16), cudaMemcpyDeviceToHost));
+        double dot = 0, na = 0, nr = 0, max_err = 0, max_ref = 0;
+        for (size_t i = 0; i < elems; ++i) {
+          const double x = __bfloat162float(a[i]), y = __bfloat162float(r[i]);
+          dot += x * y;
+          na += x * x;
+          nr += y * y;
+          max_err = std::max(max_err, std::isfinite(x) ? std::fabs(x - y) : INFINITY);
+          max_ref = std::max(max_ref, std::fabs(y));
+        }
+        const double quant_us = time_op([&](cudaStream_t st) { op.quantize(t, st); });
+        const double us = time_op([&](cudaStream_t st) { op.run_quantized(t, st); });
+        const double both_us = time_op([&](cudaStream_t st) { op.run(t, st); });
+        row.update({{"flops", op.flops()},
+                    {"us", us},
+                    {"tflops", op.flops() / us * 1e-6},
+                    {"quant_us", quant_us},
+                    {"us_with_quant", both_us},
+                    {"cosine_vs_bf16", dot / std::sqrt(std::max(na * nr, 1e-300))},
+                    {"max_err_vs_bf16", max_err / std::max(max_ref, 1e-30)}});
+      } catch (const tw::InvalidArgument& e) {
+        row["skipped"] = e.what();
+      }
+      print_row(c, row);
+      rows.push_back(std::move(row));
+    }
+    for (bf16* p : {q, k, v, o, o_ref}) TW_CUDA_CHECK(cudaFree(p));
+  }
+  // fp8 rows: the speedup over this project's bf16 kernel on the same case, this run.
+  for (json& r : rows) {
+    if (r["dtype"] != "fp8_e4m3" || !r.contains("us")) continue;
+    for (const json& b : rows)
+      if (b["dtype"] == "bf16" && b.contains("us") && b["H"] == r["H"] && b["d"] == r["d"] && b["L"] == r["L"] &&
+          b["causal"] == r["causal"] && b["batch"] == r["batch"]) {
+        r["speedup_vs_bf16"] = b["us"].get<double>() / r["us"].get<double>();
+        r["speedup_vs_bf16_with_quant"] = b["us"].get<double>() / r["us_with_quant"].get<double>();
+      }
   }
   const double peak = gemm_peak_tflops();
   // The read floor too (DESIGN.md: a machine under 4.6 TB/s is degraded): attention at these sizes is
@@ -222,7 +304,10 @@ int main(int argc, char** argv) {
       std::to_string(reps) + " per-replay event pairs after " + std::to_string(int(kSteadyMs)) +
       " ms of warm-up replays (the steady state of the GPU's clocks at "
       "its power limit), one input set (compute-bound: not rotated); tflops = flops / us (4 L^2 d H, exact masked "
-      "count when causal); gemm_peak_tflops: cuBLASLt bf16 8192^3, fp32 accumulate, same run";
+      "count when causal); gemm_peak_tflops: cuBLASLt bf16 8192^3, fp32 accumulate, same run. dtype fp8_e4m3: "
+      "Gaussian q/k/v with channels 3, 40, 77, 101 4x larger; us = the e4m3 attention on inputs quantized before, "
+      "quant_us = the quantization, us_with_quant = both (the op's run()); cosine_vs_bf16 and max_err_vs_bf16 "
+      "(max |fp8 - bf16| / max |bf16|) against the bf16 kernel's output on the same inputs";
   for (json& r : rows) {
     json* hit = nullptr;
     for (json& c : doc["cases"])
@@ -231,7 +316,9 @@ int main(int argc, char** argv) {
       doc["cases"].push_back(json::object());
       hit = &doc["cases"].back();
     }
-    for (const char* stale : {"us", "tflops", "pct_gemm_peak", "flops", "speedup", "skipped"}) hit->erase(stale);
+    for (const char* stale : {"us", "tflops", "pct_gemm_peak", "flops", "speedup", "skipped", "quant_us", "us_with_quant",
+                              "cosine_vs_bf16", "max_err_vs_bf16", "speedup_vs_bf16", "speedup_vs_bf16_with_quant"})
+      hit->erase(stale);
     hit->update(r);
     json& c = *hit;
     const json best = c.value("peers", json()).is_object() && c.value("peer_best", json()).is_string()
@@ -245,11 +332,12 @@ int main(int argc, char** argv) {
 
   std::printf("\n%s, %s: GEMM peak %.0f TFLOP/s -> %s\n", gpu.prop.name, doc["date"].get<std::string>().c_str(), peak,
               path.string().c_str());
-  std::printf("%3s %4s %6s %-6s %2s %10s %7s %6s | %-16s %7s %7s\n", "H", "d", "L", "mask", "b", "us", "TFLOP/s",
-              "%peak", "peer_best", "TFLOP/s", "speedup");
+  std::printf("%3s %4s %6s %-6s %2s %-8s %10s %7s %6s | %-16s %7s %7s\n", "H", "d", "L", "mask", "b", "dtype", "us",
+              "TFLOP/s", "%peak", "peer_best", "TFLOP/s", "speedup");
   for (const json& r : rows) {
-    std::printf("%3d %4d %6d %-6s %2d ", r["H"].get<int>(), r["d"].get<int>(), r["L"].get<int>(),
-                r["causal"].get<bool>() ? "causal" : "full", r["batch"].get<int>());
+    std::printf("%3d %4d %6d %-6s %2d %-8s ", r["H"].get<int>(), r["d"].get<int>(), r["L"].get<int>(),
+                r["causal"].get<bool>() ? "causal" : "full", r["batch"].get<int>(),
+                r["dtype"] == "bf16" ? "bf16" : "fp8");
     if (r.contains("us"))
       std::printf("%10.1f %7.0f %5.1f%% | ", r["us"].get<double>(), r["tflops"].get<double>(),
                   r["pct_gemm_peak"].get<double>());
@@ -260,9 +348,14 @@ int main(int argc, char** argv) {
     else
       std::printf("%-16s %7s ", "-", "-");
     if (r.contains("speedup"))
-      std::printf("%6.2fx\n", r["speedup"].get<double>());
+      std::printf("%6.2fx", r["speedup"].get<double>());
     else
-      std::printf("%7s\n", "-");
+      std::printf("%7s", "-");
+    if (r.contains("speedup_vs_bf16"))
+      std::printf("  %.2fx bf16 (%.2fx with quant %.1f us), cos %.5f, max err %.3f", r["speedup_vs_bf16"].get<double>(),
+                  r["speedup_vs_bf16_with_quant"].get<double>(), r["quant_us"].get<double>(),
+                  r["cosine_vs_bf16"].get<double>(), r["max_err_vs_bf16"].get<double>());
+    std::printf("\n");
   }
   return 0;
 }

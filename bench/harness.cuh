@@ -175,6 +175,26 @@ inline void fill_noise_bf16(__nv_bfloat16* p, size_t n, uint64_t seed, float sca
   TW_CUDA_CHECK_LAUNCH();
 }
 
+// Gaussian noise (Box-Muller on the index's hash) times `scale`, with four channels of each row of
+// `row` elements (3, 40, 77, 101) `outlier` times larger: activations with a few large channels.
+static __global__ void fill_outliers_bf16_kernel(__nv_bfloat16* p, size_t n, uint64_t seed, float scale, int row,
+                                                 float outlier) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint64_t z = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    const float u1 = (float(z >> 40) + 1.f) * (1.0f / 16777217.0f), u2 = float((z >> 16) & 0xFFFFFF) * (1.0f / 16777216.0f);
+    const int c = int(i % size_t(row));
+    const bool big = c == 3 || c == 40 || c == 77 || c == 101;
+    p[i] = __float2bfloat16(sqrtf(-2.f * logf(u1)) * cospif(2.f * u2) * scale * (big ? outlier : 1.f));
+  }
+}
+inline void fill_outliers_bf16(__nv_bfloat16* p, size_t n, uint64_t seed, int row, float outlier, float scale = 1.f) {
+  fill_outliers_bf16_kernel<<<1024, 256>>>(p, n, seed, scale, row, outlier);
+  TW_CUDA_CHECK_LAUNCH();
+}
+
 // n elements of T on the device (at least one), uninitialised.
 template <class T>
 T* dev_alloc(int64_t n) {

@@ -2,6 +2,7 @@
 #include "tileweave/graph/prefill_attention_graph.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <string>
 
@@ -37,10 +38,13 @@ int kv_tiles_for(const PrefillAttentionShape& s, int len_q, int len_k, int t, in
 
 }  // namespace
 
-int prefill_block_n(const PrefillAttentionShape& s) { return s.head_dim == 128 && !s.causal ? 160 : kPrefillBlockN; }
+int prefill_block_n(const PrefillAttentionShape& s) {
+  if (s.fp8) return kPrefillFp8KeyBlock;
+  return s.head_dim == 128 && !s.causal ? 160 : kPrefillBlockN;
+}
 
 int prefill_block_m(const PrefillAttentionShape& s, const std::vector<int>& cu_q, int sms) {
-  if (s.head_dim != 64 || sms < 1) return kPrefillBlockM;
+  if (s.head_dim != 64 || s.fp8 || sms < 1) return kPrefillBlockM;
   // Time ~ rounds of items over the SMs x an item's time (its rows over the rows' throughput).
   constexpr double kThreeWarpgroupSpeed = 1.18;  // 192 rows against 128, d = 64, H200 (2026-11-24)
   auto time = [&](int block_m, double speed) {
@@ -55,6 +59,8 @@ int prefill_block_m(const PrefillAttentionShape& s, const std::vector<int>& cu_q
 void validate_prefill_attention(const PrefillAttentionShape& s, const std::vector<int>& cu_q,
                                 const std::vector<int>& cu_k) {
   if (s.head_dim != 64 && s.head_dim != 128) bad("head_dim must be 64 or 128, got " + std::to_string(s.head_dim));
+  if (s.fp8 && s.head_dim != 128)
+    bad("fp8 attention takes head_dim 128, got " + std::to_string(s.head_dim) + " (use bf16 for it)");
   if (s.num_kv_heads < 1) bad("num_kv_heads must be >= 1, got " + std::to_string(s.num_kv_heads));
   if (s.num_q_heads < 1 || s.num_q_heads % s.num_kv_heads != 0)
     bad("num_q_heads (" + std::to_string(s.num_q_heads) + ") must be a positive multiple of num_kv_heads (" +
@@ -68,6 +74,19 @@ void validate_prefill_attention(const PrefillAttentionShape& s, const std::vecto
     if (cu_k.size() != cu_q.size())
       bad("cu_seqlens_k has " + std::to_string(cu_k.size()) + " entries, cu_seqlens_q " + std::to_string(cu_q.size()));
   }
+}
+
+std::vector<int> prefill_fp8_key_offsets(const std::vector<int>& cu_k) {
+  std::vector<int> out(cu_k.size(), 0);
+  int64_t rows = 0;
+  for (size_t b = 0; b + 1 < cu_k.size(); ++b) {
+    out[b] = int(rows);
+    const int64_t len = cu_k[b + 1] - cu_k[b];
+    rows += (len + kPrefillFp8KeyBlock - 1) / kPrefillFp8KeyBlock * kPrefillFp8KeyBlock;
+    if (rows > INT32_MAX) bad("fp8 keys padded to whole blocks exceed 2^31 - 1 rows at sequence " + std::to_string(b));
+  }
+  out.back() = int(rows);
+  return out;
 }
 
 std::vector<PrefillTile> plan_prefill_tiles(const PrefillAttentionShape& s, const std::vector<int>& cu_q,

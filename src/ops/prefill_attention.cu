@@ -6,6 +6,7 @@
 #include <string>
 
 #include "ffn_sm90.hpp"  // check_operand
+#include "tileweave/kernels/attention/prefill_fp8_quant.cuh"
 #include "tileweave/kernels/attention/prefill_sm90.cuh"
 #include "tileweave/ops/prefill_attention.hpp"
 #include "tileweave/util/cuda_check.hpp"
@@ -16,22 +17,30 @@ namespace {
 
 [[noreturn]] void bad(const std::string& what) { throw InvalidArgument("prefill attention: " + what); }
 
-template <int kD, int kBN, int kWGs = 2>
-void launch(const PrefillAttentionShape& s, int total_q, int total_k, int num_tiles, const kernels::PrefillParams& p,
-            int sms, const PrefillAttentionTensors& t, cudaStream_t stream) {
-  using C = kernels::PrefillConfig<kD, kBN, kWGs>;
+// The kernel's three tensor maps: bf16 Q, K, V ([rows][heads][D]), or for fp8 the quantized
+// e4m3 Q and K ([rows][heads][D], 128-B rows) and V^T ([heads][D][rows_pad]).
+struct Maps {
+  CUtensorMap q, k, v;
+};
+
+template <int kD, int kBN, int kWGs = 2, bool kFp8 = false>
+void launch(const PrefillAttentionShape& s, int num_tiles, const Maps& m, const kernels::PrefillParams& p, int sms,
+            cudaStream_t stream) {
+  using C = kernels::PrefillConfig<kD, kBN, kWGs, kFp8>;
   static const bool attr_set = [] {
-    TW_CUDA_CHECK(cudaFuncSetAttribute(kernels::prefill_attention_sm90<kD, kBN, kWGs>,
+    TW_CUDA_CHECK(cudaFuncSetAttribute(kernels::prefill_attention_sm90<kD, kBN, kWGs, kFp8>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
     return true;
   }();
   (void)attr_set;
-  const CUtensorMap mq = sm90::make_head_rows_map_bf16(t.q, uint64_t(total_q), s.num_q_heads, kD, C::kBM);
-  const CUtensorMap mk = sm90::make_head_rows_map_bf16(t.k, uint64_t(total_k), s.num_kv_heads, kD, C::kBN);
-  const CUtensorMap mv = sm90::make_head_rows_map_bf16(t.v, uint64_t(total_k), s.num_kv_heads, kD, C::kBN);
   const int blocks = int(std::min<int64_t>(sms, int64_t(num_tiles) * s.num_q_heads));
-  kernels::prefill_attention_sm90<kD, kBN, kWGs><<<blocks, C::kThreads, C::kSmemBytes, stream>>>(mq, mk, mv, p);
+  kernels::prefill_attention_sm90<kD, kBN, kWGs, kFp8><<<blocks, C::kThreads, C::kSmemBytes, stream>>>(m.q, m.k, m.v, p);
   TW_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void alloc(T** p, size_t n) {
+  TW_CUDA_CHECK(cudaMalloc(p, std::max<size_t>(n, 1) * sizeof(T)));
 }
 
 }  // namespace
@@ -69,6 +78,29 @@ PrefillAttention::PrefillAttention(const PrefillAttentionShape& shape, std::vect
   TW_CUDA_CHECK(cudaMemcpy(d_cu_k_, cu_k_.data(), cu_k_.size() * sizeof(int), cudaMemcpyHostToDevice));
   if (!flat.empty())
     TW_CUDA_CHECK(cudaMemcpy(d_tiles_, flat.data(), flat.size() * sizeof(int), cudaMemcpyHostToDevice));
+
+  if (shape_.fp8) {
+    fp8_.cu_k_pad = prefill_fp8_key_offsets(cu_k_);
+    const int rows_pad = fp8_.cu_k_pad.back(), blocks = rows_pad / kPrefillFp8KeyBlock;
+    std::vector<int> block_seq(blocks);
+    for (size_t b = 0; b + 1 < cu_k_.size(); ++b)
+      for (int i = fp8_.cu_k_pad[b] / kPrefillFp8KeyBlock; i < fp8_.cu_k_pad[b + 1] / kPrefillFp8KeyBlock; ++i)
+        block_seq[i] = int(b);
+    const size_t d = size_t(shape_.head_dim), hq = size_t(shape_.num_q_heads), hkv = size_t(shape_.num_kv_heads);
+    alloc(&fp8_.d_cu_k_pad, fp8_.cu_k_pad.size());
+    alloc(&fp8_.d_block_seq, block_seq.size());
+    alloc(&fp8_.q8, size_t(total_q()) * hq * d);
+    alloc(&fp8_.k8, size_t(rows_pad) * hkv * d);
+    alloc(&fp8_.vt8, size_t(rows_pad) * hkv * d);
+    alloc(&fp8_.q_scale, size_t(total_q()) * hq);
+    alloc(&fp8_.k_scale, size_t(blocks) * hkv);
+    alloc(&fp8_.v_amax, hkv * d);
+    TW_CUDA_CHECK(cudaMemcpy(fp8_.d_cu_k_pad, fp8_.cu_k_pad.data(), fp8_.cu_k_pad.size() * sizeof(int),
+                             cudaMemcpyHostToDevice));
+    if (blocks > 0)
+      TW_CUDA_CHECK(
+          cudaMemcpy(fp8_.d_block_seq, block_seq.data(), block_seq.size() * sizeof(int), cudaMemcpyHostToDevice));
+  }
 }
 
 PrefillAttention::~PrefillAttention() {
@@ -76,13 +108,70 @@ PrefillAttention::~PrefillAttention() {
   cudaFree(d_cu_k_);
   cudaFree(d_tiles_);
   cudaFree(d_work_counter_);
+  for (void* p : {(void*)fp8_.d_cu_k_pad, (void*)fp8_.d_block_seq, (void*)fp8_.q8, (void*)fp8_.k8, (void*)fp8_.vt8,
+                  (void*)fp8_.q_scale, (void*)fp8_.k_scale, (void*)fp8_.v_amax})
+    cudaFree(p);
+}
+
+void PrefillAttention::check_tensors(const PrefillAttentionTensors& t, bool inputs) const {
+  if (inputs)
+    for (const auto& [ptr, name] : {std::pair<const void*, const char*>{t.q, "q"}, {t.k, "k"}, {t.v, "v"}})
+      ffn_sm90::check_operand("prefill attention", ptr, name);
+  ffn_sm90::check_operand("prefill attention", t.out, "out");
+  if (reinterpret_cast<uintptr_t>(t.lse) % alignof(float)) bad("lse must be 4-byte aligned");
 }
 
 void PrefillAttention::run(const PrefillAttentionTensors& t, cudaStream_t stream) const {
-  for (const auto& [ptr, name] :
-       {std::pair<const void*, const char*>{t.q, "q"}, {t.k, "k"}, {t.v, "v"}, {t.out, "out"}})
+  check_tensors(t, true);
+  if (shape_.fp8) quantize(t, stream);
+  attend(t, stream);
+}
+
+void PrefillAttention::quantize(const PrefillAttentionTensors& t, cudaStream_t stream) const {
+  if (!shape_.fp8) bad("quantize() is for an fp8 op (shape.fp8)");
+  for (const auto& [ptr, name] : {std::pair<const void*, const char*>{t.q, "q"}, {t.k, "k"}, {t.v, "v"}})
     ffn_sm90::check_operand("prefill attention", ptr, name);
-  if (reinterpret_cast<uintptr_t>(t.lse) % alignof(float)) bad("lse must be 4-byte aligned");
+  constexpr int kD = 128;
+  kernels::PrefillFp8QuantParams p;
+  p.q = t.q;
+  p.k = t.k;
+  p.v = t.v;
+  p.q8 = fp8_.q8;
+  p.k8 = fp8_.k8;
+  p.vt8 = fp8_.vt8;
+  p.q_scale = fp8_.q_scale;
+  p.k_scale = fp8_.k_scale;
+  p.v_amax = fp8_.v_amax;
+  p.cu_k = d_cu_k_;
+  p.cu_k_pad = fp8_.d_cu_k_pad;
+  p.block_seq = fp8_.d_block_seq;
+  p.total_q = total_q();
+  p.total_k = total_k();
+  p.heads_q = shape_.num_q_heads;
+  p.heads_kv = shape_.num_kv_heads;
+  p.rows_pad = fp8_.cu_k_pad.back();
+  p.k_blocks = p.rows_pad / kPrefillFp8KeyBlock;
+  TW_CUDA_CHECK(cudaMemsetAsync(fp8_.v_amax, 0, size_t(shape_.num_kv_heads) * kD * sizeof(float), stream));
+  if (p.total_k > 0) {
+    kernels::fp8_v_amax<kD><<<dim3((p.total_k + 127) / 128, p.heads_kv), 256, 0, stream>>>(p);
+    TW_CUDA_CHECK_LAUNCH();
+    kernels::fp8_quantize_kv<kD><<<dim3(p.k_blocks, p.heads_kv), 256, 0, stream>>>(p);
+    TW_CUDA_CHECK_LAUNCH();
+  }
+  if (p.total_q > 0) {
+    const int64_t blocks = (int64_t(p.total_q) * p.heads_q + 63) / 64;  // 64 rows a block
+    kernels::fp8_quantize_q<kD><<<int(std::min<int64_t>(blocks, 65535)), 256, 0, stream>>>(p);
+    TW_CUDA_CHECK_LAUNCH();
+  }
+}
+
+void PrefillAttention::run_quantized(const PrefillAttentionTensors& t, cudaStream_t stream) const {
+  if (!shape_.fp8) bad("run_quantized() is for an fp8 op (shape.fp8)");
+  check_tensors(t, false);
+  attend(t, stream);
+}
+
+void PrefillAttention::attend(const PrefillAttentionTensors& t, cudaStream_t stream) const {
   if (tiles_.empty()) return;  // every sequence has no query
   kernels::PrefillParams p;
   p.cu_q = d_cu_q_;
@@ -99,16 +188,40 @@ void PrefillAttention::run(const PrefillAttentionTensors& t, cudaStream_t stream
   p.scale_log2 = scale * 1.4426950408889634f;
   p.out = t.out;
   p.lse = t.lse;
-  // A tensor map needs at least one row: keys may be empty while queries are not.
-  const int rows_k = std::max(total_k(), 1);
+  const int num_tiles = int(tiles_.size());
+  const uint64_t hq = uint64_t(shape_.num_q_heads), hkv = uint64_t(shape_.num_kv_heads),
+                 d = uint64_t(shape_.head_dim);
+  if (shape_.fp8) {
+    p.cu_k_pad = fp8_.d_cu_k_pad;
+    p.q_scale = fp8_.q_scale;
+    p.k_scale = fp8_.k_scale;
+    p.v_amax = fp8_.v_amax;
+    // A tensor map needs at least one row: keys may be empty while queries are not.
+    const uint64_t rows_pad = uint64_t(std::max(fp8_.cu_k_pad.back(), kPrefillFp8KeyBlock));
+    p.k_blocks = fp8_.cu_k_pad.back() / kPrefillFp8KeyBlock;
+    constexpr uint32_t kBN = kPrefillFp8KeyBlock;
+    const Maps m{sm90::make_map_3d_u8(fp8_.q8, {d, hq, uint64_t(total_q())}, {d, hq * d}, {128, 1, kPrefillBlockM},
+                                      "fp8 q"),
+                 sm90::make_map_3d_u8(fp8_.k8, {d, hkv, rows_pad}, {d, hkv * d}, {128, 1, kBN}, "fp8 k"),
+                 sm90::make_map_3d_u8(fp8_.vt8, {rows_pad, d, hkv}, {rows_pad, d * rows_pad}, {kBN, uint32_t(d), 1},
+                                      "fp8 v^T")};
+    launch<128, kPrefillFp8KeyBlock, 2, true>(shape_, num_tiles, m, p, sms_, stream);
+    return;
+  }
+  const uint64_t rows_k = uint64_t(std::max(total_k(), 1));
+  auto maps = [&](int block_m, int block_n) {
+    return Maps{sm90::make_head_rows_map_bf16(t.q, uint64_t(total_q()), hq, d, block_m),
+                sm90::make_head_rows_map_bf16(t.k, rows_k, hkv, d, block_n),
+                sm90::make_head_rows_map_bf16(t.v, rows_k, hkv, d, block_n)};
+  };
   if (shape_.head_dim == 64 && block_m_ == 192)
-    launch<64, 128, 3>(shape_, total_q(), rows_k, int(tiles_.size()), p, sms_, t, stream);
+    launch<64, 128, 3>(shape_, num_tiles, maps(192, 128), p, sms_, stream);
   else if (shape_.head_dim == 64)
-    launch<64, 128>(shape_, total_q(), rows_k, int(tiles_.size()), p, sms_, t, stream);
+    launch<64, 128>(shape_, num_tiles, maps(128, 128), p, sms_, stream);
   else if (block_n_ == 160)
-    launch<128, 160>(shape_, total_q(), rows_k, int(tiles_.size()), p, sms_, t, stream);
+    launch<128, 160>(shape_, num_tiles, maps(128, 160), p, sms_, stream);
   else
-    launch<128, 128>(shape_, total_q(), rows_k, int(tiles_.size()), p, sms_, t, stream);
+    launch<128, 128>(shape_, num_tiles, maps(128, 128), p, sms_, stream);
 }
 
 }  // namespace tw

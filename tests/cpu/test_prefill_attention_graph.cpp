@@ -240,3 +240,20 @@ TEST(PrefillAttentionGraph, BlockMFromTheRoundsOverTheSms) {
   ASSERT_EQ(tiles.size(), 3u);  // rows 0-191, 192-383, 384-399
   EXPECT_EQ(tiles[0].kv_tiles, 4);  // causal: the last tile's rows see keys up to 399 (4 tiles of 128)
 }
+
+TEST(PrefillAttentionGraph, Fp8PlanAndKeyOffsets) {
+  PrefillAttentionShape s = shape(false, 24, 24, 128);
+  s.fp8 = true;
+  EXPECT_EQ(prefill_block_n(s), kPrefillFp8KeyBlock);  // a key tile is one K scale block
+  EXPECT_EQ(prefill_block_m(s, {0, 16384}, 132), kPrefillBlockM);
+  EXPECT_NO_THROW(validate_prefill_attention(s, {0, 4097}, {}));
+  s.head_dim = 64;
+  const std::string e = error_of([&] { validate_prefill_attention(s, {0, 4097}, {}); });
+  EXPECT_NE(e.find("fp8"), std::string::npos) << e;
+  EXPECT_NE(e.find("64"), std::string::npos) << e;
+  // Lengths 1, 0, 128, 256, 4097: each sequence's keys start on a block; an empty one takes none.
+  EXPECT_EQ(prefill_fp8_key_offsets({0, 1, 1, 129, 385, 4482}),
+            (std::vector<int>{0, 128, 128, 256, 512, 4736}));
+  EXPECT_EQ(prefill_fp8_key_offsets({0, 0}), (std::vector<int>{0, 0}));
+  EXPECT_EQ(prefill_fp8_key_offsets({0, 256}), (std::vector<int>{0, 256}));
+}

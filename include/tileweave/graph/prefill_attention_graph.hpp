@@ -19,11 +19,18 @@ struct PrefillAttentionShape {
   int head_dim = 128;                       // 64 or 128
   bool causal = false;                      // key j visible to query i iff j <= i + (len_k - len_q)
   float scale = 0.f;                        // softmax scale; 0: 1/sqrt(head_dim)
+  // FP8 (e4m3) Q, K and V, fp32 accumulation; head_dim 128. The op quantizes the bf16 inputs itself:
+  // Q with a scale per token and head, K per block of kPrefillFp8KeyBlock keys and head, V per
+  // channel and head (docs/prefill_attention.md, "FP8").
+  bool fp8 = false;
 };
 
 // Query rows per tile of the sm90 kernel, and keys per K/V tile unless prefill_block_n says more.
 constexpr int kPrefillBlockM = 128;
 constexpr int kPrefillBlockN = 128;
+// Keys per block of the FP8 path: a K scale covers one block, each sequence's keys start on a block
+// boundary of the quantized K and V (prefill_fp8_key_offsets), and the kernel's key tile is one block.
+constexpr int kPrefillFp8KeyBlock = 128;
 // Keys per K/V tile for the shape: 160 at d = 128 without the causal mask (fewer iterations, each
 // with its fixed cost: +1.5-3% over 128 at L 4097-14034 on the H200, 2026-11-24; 176 spilled and
 // ran no faster), 128 otherwise (the causal mask wastes more of a wider tile on the diagonal).
@@ -39,6 +46,11 @@ int prefill_block_m(const PrefillAttentionShape& s, const std::vector<int>& cu_s
 // rules. InvalidArgument "prefill attention: ..." naming the bad value.
 void validate_prefill_attention(const PrefillAttentionShape& s, const std::vector<int>& cu_seqlens_q,
                                 const std::vector<int>& cu_seqlens_k);
+
+// The FP8 path's key offsets: sequence b's keys at rows [out[b], out[b] + len_k) of the quantized K
+// and V, each sequence padded to whole kPrefillFp8KeyBlock blocks (zero keys, masked). cu_seqlens_k
+// validated; the result's last entry is the padded key count.
+std::vector<int> prefill_fp8_key_offsets(const std::vector<int>& cu_seqlens_k);
 
 // One item of the kernel: query rows [q_tile * block_m, +block_m) of sequence `seq` against its
 // first `kv_tiles` key tiles of block_n (fewer under the causal mask; 0 when the rows see no key).

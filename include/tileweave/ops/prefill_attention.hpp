@@ -4,8 +4,9 @@
 // producer thread streams each item's Q once and K/V tiles of 128 or 160 keys (prefill_block_n)
 // through TMA into mbarrier rings; two consumer warpgroups (three at d = 64 on large problems: 64
 // query rows each) take turns on the tensor cores for S = QK^T and O = PV (wgmma), the softmax of one key tile overlapping the PV GEMM
-// of the one before. The kernel is kernels/attention/prefill_sm90.cuh; docs/prefill_attention.md
-// has the design and the measurements.
+// of the one before. shape.fp8: the op quantizes Q, K and V to e4m3 with per-block scales into
+// buffers of its own, then runs the e4m3 instance of the kernel (head_dim 128). The kernel is
+// kernels/attention/prefill_sm90.cuh; docs/prefill_attention.md has the design and the measurements.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -35,10 +36,15 @@ class PrefillAttention {
   PrefillAttention(const PrefillAttention&) = delete;
   PrefillAttention& operator=(const PrefillAttention&) = delete;
 
-  // One launch on `stream`; capturable in a CUDA graph. Launches of one object run on one stream
-  // at a time (they share the work counter). Throws tw::InvalidArgument on a null or misaligned
+  // One launch on `stream` (fp8: the quantization's three, then the attention's); capturable in a
+  // CUDA graph. Launches of one object run on one stream at a time (they share the work counter
+  // and, for fp8, the quantized buffers). Throws tw::InvalidArgument on a null or misaligned
   // tensor (16 B; lse 4 B), tw::CudaError on a device without sm_90a.
   void run(const PrefillAttentionTensors& t, cudaStream_t stream) const;
+  // fp8 only, run()'s two halves (to time them apart): quantize t.q, t.k, t.v into the object's
+  // buffers; attend over the last quantized inputs, writing t.out and t.lse.
+  void quantize(const PrefillAttentionTensors& t, cudaStream_t stream) const;
+  void run_quantized(const PrefillAttentionTensors& t, cudaStream_t stream) const;
 
   const PrefillAttentionShape& shape() const { return shape_; }
   int batch() const { return int(cu_q_.size()) - 1; }
@@ -61,6 +67,16 @@ class PrefillAttention {
   int* d_cu_k_ = nullptr;
   int* d_tiles_ = nullptr;  // {seq, q_tile, kv_tiles} per tile
   int* d_work_counter_ = nullptr;  // the persistent blocks' next work item; zero between launches
+  // fp8: the quantized inputs and their scales (kernels/attention/prefill_fp8_quant.cuh).
+  struct Fp8Buffers {
+    std::vector<int> cu_k_pad;  // prefill_fp8_key_offsets
+    int* d_cu_k_pad = nullptr;
+    int* d_block_seq = nullptr;
+    uint8_t *q8 = nullptr, *k8 = nullptr, *vt8 = nullptr;
+    float *q_scale = nullptr, *k_scale = nullptr, *v_amax = nullptr;
+  } fp8_;
+  void check_tensors(const PrefillAttentionTensors& t, bool inputs) const;
+  void attend(const PrefillAttentionTensors& t, cudaStream_t stream) const;
 };
 
 }  // namespace tw

@@ -8,9 +8,13 @@
 //     (wgmma, both operands in shared memory) is issued, then O += P_{j-1} V_{j-1} (wgmma with P in
 //     registers, V read MN-major); the softmax of S_j runs while the PV GEMM is in flight, O is
 //     rescaled once it completes. fp32 online softmax in exp2 units, row sums reduced once.
+// kFp8: e4m3 Q, K and V^T (prefill_fp8_quant.cuh writes them and their scales), both GEMMs k = 32
+// e4m3 wgmma; the scales fold into the softmax's per-row factor (Q per token, K per key tile) and the
+// epilogue (V per channel).
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -34,21 +38,39 @@ struct PrefillParams {
   float scale_log2 = 0.f;  // softmax scale * log2(e)
   __nv_bfloat16* out = nullptr;
   float* lse = nullptr;
+  // FP8 only (prefill_fp8_quant.cuh): each sequence's first row in the quantized K / V^T, the
+  // scales (Q [total_q][heads_q]; K [heads_kv][k_blocks], a block per key tile) and V's channel
+  // amax [heads_kv][D] (its scale is fp8_scale(amax)).
+  const int* cu_k_pad = nullptr;
+  const float* q_scale = nullptr;
+  const float* k_scale = nullptr;
+  const float* v_amax = nullptr;
+  int k_blocks = 0;
 };
 
-template <int kD, int kBN_ = 128, int kWGs_ = 2>
+constexpr float kFp8Max = 448.f;  // the largest finite e4m3
+// The dequantization factor of a block whose largest magnitude is amax (an all-zero block: 1).
+__host__ __device__ inline float fp8_scale(float amax) { return amax > 0.f ? amax / kFp8Max : 1.f; }
+
+template <int kD, int kBN_ = 128, int kWGs_ = 2, bool kFp8_ = false>
 struct PrefillConfig {
   static_assert(kD == 64 || kD == 128, "head_dim 64 or 128");
+  static_assert(!kFp8_ || (kD == 128 && kBN_ == 128), "fp8: head_dim 128, key tiles of one 128-key scale block");
+  static constexpr bool kFp8 = kFp8_;
+  static constexpr int kElem = kFp8 ? 1 : 2;  // bytes per element
   static_assert(kBN_ % 16 == 0 && kBN_ <= 256, "keys per tile: a multiple of 16, a TMA box of <= 256 rows");
   static_assert(kWGs_ == 2 || kWGs_ == 3, "two or three consumer warpgroups");
   static constexpr int kWGs = kWGs_;                    // consumer warpgroups, 64 query rows each
   static constexpr int kBM = 64 * kWGs, kBN = kBN_;  // graph/prefill_attention_graph.hpp's prefill_block_m
-  static constexpr int kChunks = kD / 64;      // 128-B swizzle rows per operand row
+  static constexpr int kChunks = kD * kElem / 128;  // 128-B swizzle rows per operand row
+  static constexpr int kChunkElems = 128 / kElem;
+  static constexpr int kKSteps = kD * kElem / 32;   // wgmma k-steps (16 bf16 or 32 e4m3: 32 B) over D
   // d = 128: Q 32 KiB + 2 x (K + V): 160 KiB at 128 keys, 192 at 160; d = 64: 16 + 4 x 32 KiB.
   // Three stages at d = 128 (225 KiB) measured 2-3% slower than two (H200, L 4608-14034).
-  static constexpr int kStages = kD == 128 ? 2 : 4;
-  static constexpr int kQBytes = kBM * kD * 2;
-  static constexpr int kTileBytes = kBN * kD * 2;  // one K or one V tile
+  // fp8: 16 KiB a tile, Q 16 KiB.
+  static constexpr int kStages = kFp8 ? 3 : kD == 128 ? 2 : 4;
+  static constexpr int kQBytes = kBM * kD * kElem;
+  static constexpr int kTileBytes = kBN * kD * kElem;  // one K or one V tile
   static constexpr int kThreads = 128 * (kWGs + 1);
   // setmaxnreg budgets (x 128 threads: producer + consumers <= 64K). 176 keys per tile spilled
   // even at 232 and ran no faster than 160.
@@ -88,15 +110,27 @@ struct RowState {
 // Measured on the H200 (2026-11-24, A/B in one call): slack 8 against 0, +1-3% (d = 128 causal
 // +3%): most tiles then skip the 64 multiplies of O's rescale.
 constexpr float kRescaleSlack = 8.f;
+// FP8: P <= 2^(2 + 6) = 256; the rescale still skipped for a max that moves by <= 4x.
+constexpr float kFp8Slack = 2.f, kFp8POffset = 6.f;
+
+// Four fp32 -> four e4m3 in one register, the first in the low byte (saturating).
+__device__ __forceinline__ uint32_t pack_e4m3(float a, float b, float c, float d) {
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+  return lo | (hi << 16);
+}
 
 // S (m64nkBN accumulators: s[4i + 2h + c] is row g + 8h, key 8i + 2(lane % 4) + c) -> P = 2^(S' - m)
 // in place, m and l updated; alpha gets the factors the rows' earlier O must be scaled by, and the
 // result says whether any is not 1. The running max moves only when a tile's exceeds it by more
 // than `slack` (log2 units): P stays <= 2^slack (finite in fp32 and bf16 for slack <= 64), O / l
 // is the same whatever m is, and most tiles then need no rescale of O at all.
+// P is 2^(S' - m + p_offset) (l too, in the same units): the FP8 path stores P in e4m3, whose
+// smallest normal is 2^-6, and lifts the small probabilities out of its subnormals this way
+// (P <= 2^(slack + p_offset) must stay <= 448).
 template <int kBN>
-__device__ __forceinline__ bool softmax_tile(float (&s)[kBN / 2], RowState& st, float scale_log2, float slack,
-                                             float (&alpha)[2]) {
+__device__ __forceinline__ bool softmax_tile(float (&s)[kBN / 2], RowState& st, const float (&scale_log2)[2],
+                                             float slack, float p_offset, float (&alpha)[2]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     // Four independent chains for the max and the sum: one chain of kBN / 4 dependent ops would
@@ -105,18 +139,19 @@ __device__ __forceinline__ bool softmax_tile(float (&s)[kBN / 2], RowState& st, 
 #pragma unroll
     for (int i = 0; i < kBN / 8; ++i) mx4[i % 4] = fmaxf(mx4[i % 4], fmaxf(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]));
     const float mx = fmaxf(fmaxf(mx4[0], mx4[1]), fmaxf(mx4[2], mx4[3]));
-    const float m_row = quad_max(mx) * scale_log2;
+    const float m_row = quad_max(mx) * scale_log2[h];
     const float m_new = m_row > st.m[h] + slack ? m_row : st.m[h];
     // A row that has seen only masked keys keeps m = -inf: subtract 0 instead (no inf - inf).
     const float base = m_new == -INFINITY ? 0.f : m_new;
     alpha[h] = ex2(st.m[h] - base);
+    const float shift = base - p_offset;
     float sum4[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int i = 0; i < kBN / 8; ++i)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         float& x = s[4 * i + 2 * h + c];
-        x = ex2(fmaf(x, scale_log2, -base));
+        x = ex2(fmaf(x, scale_log2[h], -shift));
         sum4[(2 * i + c) % 4] += x;
       }
     st.l[h] = st.l[h] * alpha[h] + ((sum4[0] + sum4[1]) + (sum4[2] + sum4[3]));
@@ -128,15 +163,15 @@ __device__ __forceinline__ bool softmax_tile(float (&s)[kBN / 2], RowState& st, 
 }  // namespace prefill_detail
 #endif
 
-template <int kD, int kBN_, int kWGs_>
-__global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_>::kThreads, 1)
+template <int kD, int kBN_, int kWGs_, bool kFp8 = false>
+__global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads, 1)
     prefill_attention_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                            const __grid_constant__ CUtensorMap map_v, const PrefillParams p) {
 #if TW_SM90_ENABLED
   namespace ptx = cuda::ptx;
   using namespace tw::sm90;
   using namespace prefill_detail;
-  using C = PrefillConfig<kD, kBN_, kWGs_>;
+  using C = PrefillConfig<kD, kBN_, kWGs_, kFp8>;
   constexpr int kBM = C::kBM, kBN = C::kBN, kStages = C::kStages;
 
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -177,6 +212,7 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_>::kThreads, 1)
   // the next item (its Q and first K/V tiles) while the consumers finish the current one.
   struct Item {
     int head, q_tile, n_kv, q_begin, len_q, k_begin, len_k;
+    int k_row;  // the sequence's first row in the K / V tensors read (the padded ones for fp8)
   };
   auto item = [&](int w) {
     Item it;
@@ -189,6 +225,7 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_>::kThreads, 1)
     it.len_q = p.cu_q[seq + 1] - it.q_begin;
     it.k_begin = p.cu_k[seq];
     it.len_k = p.cu_k[seq + 1] - it.k_begin;
+    it.k_row = kFp8 ? p.cu_k_pad[seq] : it.k_begin;
     return it;
   };
 
@@ -199,14 +236,15 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_>::kThreads, 1)
     // for the blocks of the same head that run beside this one).
     const uint64_t pol_q = l2_evict_first(), pol_kv = l2_evict_last();
     uint32_t k_it = 0, v_it = 0, q_count = 0;  // K/V tiles loaded, items handed over
-    auto load = [&](uint8_t* ring, const CUtensorMap* map, uint64_t* full, uint64_t* empty, uint32_t n, int kv_head,
-                    int row) {
+    // Box coordinates (x, y, z) of the map; chunk c of a row at x + c * kChunkElems.
+    auto load = [&](uint8_t* ring, const CUtensorMap* map, uint64_t* full, uint64_t* empty, uint32_t n, int x, int y,
+                    int z) {
       const uint32_t s = n % kStages;
       if (n >= kStages) mbar_wait(&empty[s], ((n / kStages) + 1) & 1, "kv_empty");
       ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &full[s], C::kTileBytes);
 #pragma unroll
       for (int c = 0; c < C::kChunks; ++c)
-        tma_load_3d(ring + s * C::kTileBytes + c * kBN * 128, map, c * 64, kv_head, row, &full[s], pol_kv);
+        tma_load_3d(ring + s * C::kTileBytes + c * kBN * 128, map, x + c * C::kChunkElems, y, z, &full[s], pol_kv);
     };
     for (;;) {
       const int w = atomicAdd(p.work_counter, 1);
@@ -229,14 +267,23 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_>::kThreads, 1)
       ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, q_full, C::kQBytes);
 #pragma unroll
       for (int c = 0; c < C::kChunks; ++c)
-        tma_load_3d(sq + c * kBM * 128, &map_q, c * 64, it.head, it.q_begin + it.q_tile * kBM, q_full, pol_q);
+        tma_load_3d(sq + c * kBM * 128, &map_q, c * C::kChunkElems, it.head, it.q_begin + it.q_tile * kBM, q_full,
+                    pol_q);
       // K_j is freed when S_j is done, V_j only when O += P_j V_j is, half an iteration later: K
       // goes one tile ahead of V (K_j, then V_{j-1}) so that a late V slot never holds up a K load.
+      // V is [rows][heads][D] (bf16) or V^T [heads][D][rows] (fp8).
+      auto load_v = [&](int j) {
+        const int row = it.k_row + j * kBN;
+        if constexpr (kFp8)
+          load(sv, &map_v, v_full, v_empty, v_it++, row, 0, kv_head);
+        else
+          load(sv, &map_v, v_full, v_empty, v_it++, 0, kv_head, row);
+      };
       for (int j = 0; j < it.n_kv; ++j) {
-        load(sk, &map_k, k_full, k_empty, k_it++, kv_head, it.k_begin + j * kBN);
-        if (j > 0) load(sv, &map_v, v_full, v_empty, v_it++, kv_head, it.k_begin + (j - 1) * kBN);
+        load(sk, &map_k, k_full, k_empty, k_it++, 0, kv_head, it.k_row + j * kBN);
+        if (j > 0) load_v(j - 1);
       }
-      load(sv, &map_v, v_full, v_empty, v_it++, kv_head, it.k_begin + (it.n_kv - 1) * kBN);
+      load_v(it.n_kv - 1);
     }
     return;
   }
@@ -266,21 +313,49 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_>::kThreads, 1)
     const int diag = it.len_k - it.len_q;                             // causal: key <= row + diag
     RowState st;
     float o[kD / 2];
+    // The softmax's factor per row: scale * log2(e), times the rows' Q scales and the key tile's K
+    // scale for fp8 (q_sc[h] * k_scale[tile]).
+    float q_sc[2] = {p.scale_log2, p.scale_log2};
+    const int kv_head = it.head / p.group;
+    if constexpr (kFp8) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (r0 + 8 * h < it.len_q) q_sc[h] *= p.q_scale[int64_t(it.q_begin + r0 + 8 * h) * p.heads_q + it.head];
+    }
+    const float* k_scale = kFp8 ? p.k_scale + int64_t(kv_head) * p.k_blocks + it.k_row / kBN : nullptr;
+    // ks: the tile's K scale, loaded before the waits of its tile so its latency hides under them.
+    auto k_tile_scale = [&](int j) { return kFp8 ? k_scale[j] : 1.f; };
+    auto row_scale = [&](float ks, float(&sc)[2]) {
+      sc[0] = q_sc[0] * ks;
+      sc[1] = q_sc[1] * ks;
+    };
+    constexpr float kSlack = kFp8 ? kFp8Slack : kRescaleSlack, kPOffset = kFp8 ? kFp8POffset : 0.f;
+    constexpr int kPSteps = kBN * C::kElem / 32;  // PV k-steps: 16 keys (bf16) or 32 (e4m3)
     if (it.n_kv > 0) {
       auto issue_s = [&](float(&s)[kBN / 2], uint32_t stage) {
         const uint64_t k_desc = make_desc_sw128(sk + stage * C::kTileBytes);
 #pragma unroll
-        for (int kk = 0; kk < kD / 16; ++kk) {
+        for (int kk = 0; kk < C::kKSteps; ++kk) {
           const uint32_t off_q = (kk / 4) * kBM * 128 + (kk % 4) * 32, off_k = (kk / 4) * kBN * 128 + (kk % 4) * 32;
-          Wgmma<kBN>::mma(s, desc_add(q_desc, off_q), desc_add(k_desc, off_k), kk > 0);
+          if constexpr (kFp8)
+            WgmmaFp8<kBN>::mma(s, desc_add(q_desc, off_q), desc_add(k_desc, off_k), kk > 0);
+          else
+            Wgmma<kBN>::mma(s, desc_add(q_desc, off_q), desc_add(k_desc, off_k), kk > 0);
         }
         wgmma_commit();
       };
-      auto issue_pv = [&](const uint32_t(&pf)[kBN / 16][4], uint32_t stage, bool first) {
-        const uint64_t v_desc = make_desc_sw128_mn(sv + stage * C::kTileBytes, kBN * 128);
+      // bf16: V [keys][D] read MN-major; fp8: V^T [D][keys] read K-major, 32 keys (32 B) a step.
+      auto issue_pv = [&](const uint32_t(&pf)[kPSteps][4], uint32_t stage, bool first) {
+        if constexpr (kFp8) {
+          const uint64_t v_desc = make_desc_sw128(sv + stage * C::kTileBytes);
 #pragma unroll
-        for (int kk = 0; kk < kBN / 16; ++kk)
-          WgmmaRS<kD, 1>::mma(o, pf[kk], desc_add(v_desc, kk * 16 * 128), !first || kk > 0);
+          for (int kk = 0; kk < kPSteps; ++kk) WgmmaFp8RS<kD>::mma(o, pf[kk], desc_add(v_desc, kk * 32), !first || kk > 0);
+        } else {
+          const uint64_t v_desc = make_desc_sw128_mn(sv + stage * C::kTileBytes, kBN * 128);
+#pragma unroll
+          for (int kk = 0; kk < kPSteps; ++kk)
+            WgmmaRS<kD, 1>::mma(o, pf[kk], desc_add(v_desc, kk * 16 * 128), !first || kk > 0);
+        }
         wgmma_commit();
       };
       // Keys of tile j that the mask hides from some row of this warpgroup: the last (ragged)
@@ -301,16 +376,29 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_>::kThreads, 1)
               if (hidden) s[4 * i + 2 * h + c] = -INFINITY;
             }
       };
-      auto to_p = [](const float(&s)[kBN / 2], uint32_t(&pf)[kBN / 16][4]) {
+      // bf16: P's A fragments are S's accumulators packed pairwise. e4m3: register r of k-step kk
+      // holds row g + 8 (r % 2) at K positions 4t .. 4t + 3 (+16 for r >= 2, t = lane % 4), but the
+      // thread's accumulators of that row are keys 2t, 2t + 1, 2t + 8, 2t + 9 (+16): K position
+      // 4t + i stands for key 2t + (i % 2) + 8 (i / 2) of its 16, and the quantizer stores V^T's
+      // keys in that order (prefill_fp8_quant.cuh, fp8_key_position), so no shuffle is needed.
+      auto to_p = [](const float(&s)[kBN / 2], uint32_t(&pf)[kPSteps][4]) {
 #pragma unroll
-        for (int kk = 0; kk < kBN / 16; ++kk)
+        for (int kk = 0; kk < kPSteps; ++kk)
 #pragma unroll
-          for (int r = 0; r < 4; ++r) pf[kk][r] = pack_bf16(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+          for (int r = 0; r < 4; ++r) {
+            if constexpr (kFp8) {
+              const int b = 16 * kk + 2 * (r % 2) + 8 * (r / 2);
+              pf[kk][r] = pack_e4m3(s[b], s[b + 1], s[b + 4], s[b + 5]);
+            } else {
+              pf[kk][r] = pack_bf16(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+            }
+          }
       };
 
       float s[kBN / 2];
-      uint32_t pf[kBN / 16][4];
-      float alpha[2];
+      uint32_t pf[kPSteps][4];
+      float alpha[2], sc[2];
+      const float ks0 = k_tile_scale(0);
       {
         const uint32_t sk0 = k_it % kStages;
         mbar_wait(&k_full[sk0], (k_it / kStages) & 1, "k_full");
@@ -325,10 +413,12 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_>::kThreads, 1)
         ++k_it;
       }
       mask(s, 0);
-      softmax_tile<kBN>(s, st, p.scale_log2, kRescaleSlack, alpha);
+      row_scale(ks0, sc);
+      softmax_tile<kBN>(s, st, sc, kSlack, kPOffset, alpha);
       to_p(s, pf);
       for (int j = 1; j < it.n_kv; ++j) {
         const uint32_t sj = k_it % kStages, sp = v_it % kStages;
+        const float ks = k_tile_scale(j);
         mbar_wait(&k_full[sj], (k_it / kStages) & 1, "k_full");
         mbar_wait(&v_full[sp], (v_it / kStages) & 1, "v_full");
         named_bar_sync(my_turn, 256);
@@ -342,11 +432,12 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_>::kThreads, 1)
         if (j == it.n_kv - 1) mbar_arrive(q_empty);
         ++k_it;
         mask(s, j);
-        const bool rescale = __any_sync(0xffffffffu, softmax_tile<kBN>(s, st, p.scale_log2, kRescaleSlack, alpha));
+        row_scale(ks, sc);
+        const bool rescale = __any_sync(0xffffffffu, softmax_tile<kBN>(s, st, sc, kSlack, kPOffset, alpha));
         wgmma_wait<0>();
         fence_operands(o);
 #pragma unroll
-        for (int kk = 0; kk < kBN / 16; ++kk)
+        for (int kk = 0; kk < kPSteps; ++kk)
 #pragma unroll
           for (int r = 0; r < 4; ++r) fence_operand(pf[kk][r]);  // P_{j-1} stays live until its GEMM is done
         if (lane == 0) mbar_arrive(&v_empty[sp]);
@@ -381,6 +472,17 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_>::kThreads, 1)
     // Epilogue: rows past the sequence (the tile's overhang into the next one, or past the
     // tensor's end) are computed but not stored.
     const int row_stride = p.heads_q * kD;
+    // fp8: O's columns times V's channel scales (the thread's columns 8i + 2t, + 1).
+    float2 v_sc[kD / 8];
+#pragma unroll
+    for (int i = 0; i < kD / 8; ++i) {
+      v_sc[i] = make_float2(1.f, 1.f);
+      if constexpr (kFp8) {
+        const float2 a =
+            *reinterpret_cast<const float2*>(p.v_amax + int64_t(kv_head) * kD + 8 * i + 2 * (lane % 4));
+        v_sc[i] = make_float2(fp8_scale(a.x), fp8_scale(a.y));
+      }
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = r0 + 8 * h;
@@ -390,10 +492,11 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_>::kThreads, 1)
       __nv_bfloat16* dst = p.out + int64_t(it.q_begin + row) * row_stride + it.head * kD + 2 * (lane % 4);
 #pragma unroll
       for (int i = 0; i < kD / 8; ++i)
-        *reinterpret_cast<uint32_t*>(dst + 8 * i) = pack_bf16(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
+        *reinterpret_cast<uint32_t*>(dst + 8 * i) =
+            pack_bf16(o[4 * i + 2 * h] * inv * v_sc[i].x, o[4 * i + 2 * h + 1] * inv * v_sc[i].y);
       if (p.lse && lane % 4 == 0)
         p.lse[int64_t(it.head) * p.total_q + it.q_begin + row] =
-            l > 0.f ? (st.m[h] + __log2f(l)) * 0.69314718f : -INFINITY;
+            l > 0.f ? (st.m[h] + __log2f(l) - kPOffset) * 0.69314718f : -INFINITY;
     }
   }
   if (cw == 0) named_bar_sync(my_turn, 256);

@@ -94,9 +94,11 @@ namespace detail {
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                  const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
                                  CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-// A bf16 tensor map with 128-B swizzle; dims[0] is the contiguous one (64 elements per box row).
-inline CUtensorMap encode_bf16_sw128(const void* base, int rank, const cuuint64_t* dims, const cuuint64_t* strides,
-                                     const cuuint32_t* box, bool promote_256, const std::string& what) {
+// A tensor map with 128-B swizzle; dims[0] is the contiguous one (64 bf16 elements per box row).
+// (dtype: bf16 unless given; an 8-bit type has 128 elements per box row.)
+inline CUtensorMap encode_sw128(const void* base, int rank, const cuuint64_t* dims, const cuuint64_t* strides,
+                                     const cuuint32_t* box, bool promote_256, const std::string& what,
+                                     CUtensorMapDataType dtype = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16) {
   static EncodeTiled encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult q{};
@@ -106,7 +108,7 @@ inline CUtensorMap encode_bf16_sw128(const void* base, int rank, const cuuint64_
   }();
   CUtensorMap map;
   const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
-  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(base), dims, strides, box,
+  const CUresult r = encode(&map, dtype, rank, const_cast<void*>(base), dims, strides, box,
                             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             promote_256 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -125,7 +127,7 @@ inline CUtensorMap make_tensor_map_bf16(const void* base, uint64_t rows, uint64_
   const cuuint64_t dims[2] = {cols, rows};
   const cuuint64_t strides[1] = {cols * 2};
   const cuuint32_t box[2] = {64, box_rows};
-  return detail::encode_bf16_sw128(base, 2, dims, strides, box, promote_256,
+  return detail::encode_sw128(base, 2, dims, strides, box, promote_256,
                                    "a " + std::to_string(rows) + "x" + std::to_string(cols) + " bf16 matrix, box rows " +
                                        std::to_string(box_rows));
 }
@@ -138,7 +140,7 @@ inline CUtensorMap make_paired_rows_map_bf16(const void* base, uint64_t half_row
   const cuuint64_t dims[4] = {cols, 8, 2, half_rows / 8};
   const cuuint64_t strides[3] = {cols * 2, half_rows * cols * 2, 8 * cols * 2};
   const cuuint32_t box[4] = {64, 8, 2, groups};
-  return detail::encode_bf16_sw128(base, 4, dims, strides, box, false,
+  return detail::encode_sw128(base, 4, dims, strides, box, false,
                                    "paired halves of " + std::to_string(half_rows) + "x" + std::to_string(cols) + " rows");
 }
 
@@ -151,9 +153,17 @@ inline CUtensorMap make_head_rows_map_bf16(const void* base, uint64_t rows, uint
   const cuuint64_t dims[3] = {cols, heads, rows};
   const cuuint64_t strides[2] = {cols * 2, heads * cols * 2};
   const cuuint32_t box[3] = {64, 1, box_rows};
-  return detail::encode_bf16_sw128(base, 3, dims, strides, box, true,
+  return detail::encode_sw128(base, 3, dims, strides, box, true,
                                    std::to_string(rows) + " rows x " + std::to_string(heads) + " heads x " +
                                        std::to_string(cols) + " bf16, box rows " + std::to_string(box_rows));
+}
+
+// 8-bit elements (e4m3), 128-B swizzle: a 3-D tensor (dims[0] contiguous, strides in bytes of
+// dims 1 and 2, multiples of 16) read in boxes of box = {128, box[1], box[2]}: each box lands as
+// box[1] * box[2] rows of 128 B. Zero-filled past the ends.
+inline CUtensorMap make_map_3d_u8(const void* base, const cuuint64_t (&dims)[3], const cuuint64_t (&strides)[2],
+                                  const cuuint32_t (&box)[3], const std::string& what) {
+  return detail::encode_sw128(base, 3, dims, strides, box, true, what, CU_TENSOR_MAP_DATA_TYPE_UINT8);
 }
 
 }  // namespace tw::sm90
