@@ -39,7 +39,7 @@ int kv_tiles_for(const PrefillAttentionShape& s, int len_q, int len_k, int t, in
 }  // namespace
 
 int prefill_block_n(const PrefillAttentionShape& s) {
-  if (s.fp8) return kPrefillFp8KeyBlock;
+  if (s.fp8) return kPrefillFp8TileKeys;
   return s.head_dim == 128 && !s.causal ? 160 : kPrefillBlockN;
 }
 
@@ -76,13 +76,13 @@ void validate_prefill_attention(const PrefillAttentionShape& s, const std::vecto
   }
 }
 
-std::vector<int> prefill_fp8_key_offsets(const std::vector<int>& cu_k) {
+std::vector<int> prefill_fp8_key_offsets(const std::vector<int>& cu_k, int tile_keys) {
   std::vector<int> out(cu_k.size(), 0);
   int64_t rows = 0;
   for (size_t b = 0; b + 1 < cu_k.size(); ++b) {
     out[b] = int(rows);
     const int64_t len = cu_k[b + 1] - cu_k[b];
-    rows += (len + kPrefillFp8KeyBlock - 1) / kPrefillFp8KeyBlock * kPrefillFp8KeyBlock;
+    rows += (len + tile_keys - 1) / tile_keys * tile_keys;
     if (rows > INT32_MAX) bad("fp8 keys padded to whole blocks exceed 2^31 - 1 rows at sequence " + std::to_string(b));
   }
   out.back() = int(rows);

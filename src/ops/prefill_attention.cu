@@ -80,7 +80,7 @@ PrefillAttention::PrefillAttention(const PrefillAttentionShape& shape, std::vect
     TW_CUDA_CHECK(cudaMemcpy(d_tiles_, flat.data(), flat.size() * sizeof(int), cudaMemcpyHostToDevice));
 
   if (shape_.fp8) {
-    fp8_.cu_k_pad = prefill_fp8_key_offsets(cu_k_);
+    fp8_.cu_k_pad = prefill_fp8_key_offsets(cu_k_, block_n_);
     const int rows_pad = fp8_.cu_k_pad.back(), blocks = rows_pad / kPrefillFp8KeyBlock;
     std::vector<int> block_seq(blocks);
     for (size_t b = 0; b + 1 < cu_k_.size(); ++b)
@@ -155,7 +155,7 @@ void PrefillAttention::quantize(const PrefillAttentionTensors& t, cudaStream_t s
   if (p.total_k > 0) {
     kernels::fp8_v_amax<kD><<<dim3((p.total_k + 127) / 128, p.heads_kv), 256, 0, stream>>>(p);
     TW_CUDA_CHECK_LAUNCH();
-    kernels::fp8_quantize_kv<kD><<<dim3(p.k_blocks, p.heads_kv), 256, 0, stream>>>(p);
+    kernels::fp8_quantize_kv<kD><<<dim3(p.k_blocks, p.heads_kv), 128, 0, stream>>>(p);
     TW_CUDA_CHECK_LAUNCH();
   }
   if (p.total_q > 0) {
@@ -197,15 +197,15 @@ void PrefillAttention::attend(const PrefillAttentionTensors& t, cudaStream_t str
     p.k_scale = fp8_.k_scale;
     p.v_amax = fp8_.v_amax;
     // A tensor map needs at least one row: keys may be empty while queries are not.
-    const uint64_t rows_pad = uint64_t(std::max(fp8_.cu_k_pad.back(), kPrefillFp8KeyBlock));
+    const uint64_t rows_pad = uint64_t(std::max(fp8_.cu_k_pad.back(), kPrefillFp8TileKeys));
     p.k_blocks = fp8_.cu_k_pad.back() / kPrefillFp8KeyBlock;
-    constexpr uint32_t kBN = kPrefillFp8KeyBlock;
+    constexpr uint32_t kBN = kPrefillFp8TileKeys;
     const Maps m{sm90::make_map_3d_u8(fp8_.q8, {d, hq, uint64_t(total_q())}, {d, hq * d}, {128, 1, kPrefillBlockM},
                                       "fp8 q"),
                  sm90::make_map_3d_u8(fp8_.k8, {d, hkv, rows_pad}, {d, hkv * d}, {128, 1, kBN}, "fp8 k"),
-                 sm90::make_map_3d_u8(fp8_.vt8, {rows_pad, d, hkv}, {rows_pad, d * rows_pad}, {kBN, uint32_t(d), 1},
-                                      "fp8 v^T")};
-    launch<128, kPrefillFp8KeyBlock, 2, true>(shape_, num_tiles, m, p, sms_, stream);
+                 sm90::make_map_3d_u8(fp8_.vt8, {rows_pad, d, hkv}, {rows_pad, d * rows_pad}, {64, uint32_t(d), 1},
+                                      "fp8 v^T")};  // 64-key boxes, 64-B swizzle (PrefillConfig::kVChunks)
+    launch<128, kPrefillFp8TileKeys, 2, true>(shape_, num_tiles, m, p, sms_, stream);
     return;
   }
   const uint64_t rows_k = uint64_t(std::max(total_k(), 1));

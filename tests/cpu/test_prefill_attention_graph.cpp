@@ -244,16 +244,17 @@ TEST(PrefillAttentionGraph, BlockMFromTheRoundsOverTheSms) {
 TEST(PrefillAttentionGraph, Fp8PlanAndKeyOffsets) {
   PrefillAttentionShape s = shape(false, 24, 24, 128);
   s.fp8 = true;
-  EXPECT_EQ(prefill_block_n(s), kPrefillFp8KeyBlock);  // a key tile is one K scale block
+  EXPECT_EQ(prefill_block_n(s), kPrefillFp8TileKeys);  // whole K scale blocks a tile
+  EXPECT_EQ(kPrefillFp8TileKeys % kPrefillFp8KeyBlock, 0);
   EXPECT_EQ(prefill_block_m(s, {0, 16384}, 132), kPrefillBlockM);
   EXPECT_NO_THROW(validate_prefill_attention(s, {0, 4097}, {}));
   s.head_dim = 64;
   const std::string e = error_of([&] { validate_prefill_attention(s, {0, 4097}, {}); });
   EXPECT_NE(e.find("fp8"), std::string::npos) << e;
   EXPECT_NE(e.find("64"), std::string::npos) << e;
-  // Lengths 1, 0, 128, 256, 4097: each sequence's keys start on a block; an empty one takes none.
+  // Lengths 1, 0, 128, 256, 4097: each sequence's keys start on a 192-key tile; an empty one takes none.
   EXPECT_EQ(prefill_fp8_key_offsets({0, 1, 1, 129, 385, 4482}),
-            (std::vector<int>{0, 128, 128, 256, 512, 4736}));
+            (std::vector<int>{0, 192, 192, 384, 768, 4992}));
   EXPECT_EQ(prefill_fp8_key_offsets({0, 0}), (std::vector<int>{0, 0}));
-  EXPECT_EQ(prefill_fp8_key_offsets({0, 256}), (std::vector<int>{0, 256}));
+  EXPECT_EQ(prefill_fp8_key_offsets({0, 384}), (std::vector<int>{0, 384}));
 }

@@ -28,9 +28,12 @@ struct PrefillAttentionShape {
 // Query rows per tile of the sm90 kernel, and keys per K/V tile unless prefill_block_n says more.
 constexpr int kPrefillBlockM = 128;
 constexpr int kPrefillBlockN = 128;
-// Keys per block of the FP8 path: a K scale covers one block, each sequence's keys start on a block
-// boundary of the quantized K and V (prefill_fp8_key_offsets), and the kernel's key tile is one block.
-constexpr int kPrefillFp8KeyBlock = 128;
+// The FP8 path's keys: a K scale covers one block of kPrefillFp8KeyBlock keys; the kernel's key
+// tile is kPrefillFp8TileKeys (three blocks: 192 keys, the reach of FlashAttention-3's 224 in our
+// layout: fewer iterations than 128, each with its fixed cost); each sequence's keys start on a
+// tile boundary of the quantized K and V (prefill_fp8_key_offsets).
+constexpr int kPrefillFp8KeyBlock = 64;
+constexpr int kPrefillFp8TileKeys = 192;
 // Keys per K/V tile for the shape: 160 at d = 128 without the causal mask (fewer iterations, each
 // with its fixed cost: +1.5-3% over 128 at L 4097-14034 on the H200, 2026-11-24; 176 spilled and
 // ran no faster), 128 otherwise (the causal mask wastes more of a wider tile on the diagonal).
@@ -48,9 +51,9 @@ void validate_prefill_attention(const PrefillAttentionShape& s, const std::vecto
                                 const std::vector<int>& cu_seqlens_k);
 
 // The FP8 path's key offsets: sequence b's keys at rows [out[b], out[b] + len_k) of the quantized K
-// and V, each sequence padded to whole kPrefillFp8KeyBlock blocks (zero keys, masked). cu_seqlens_k
+// and V, each sequence padded to whole kPrefillFp8TileKeys tiles (zero keys, masked). cu_seqlens_k
 // validated; the result's last entry is the padded key count.
-std::vector<int> prefill_fp8_key_offsets(const std::vector<int>& cu_seqlens_k);
+std::vector<int> prefill_fp8_key_offsets(const std::vector<int>& cu_seqlens_k, int tile_keys = kPrefillFp8TileKeys);
 
 // One item of the kernel: query rows [q_tile * block_m, +block_m) of sequence `seq` against its
 // first `kv_tiles` key tiles of block_n (fewer under the causal mask; 0 when the rows see no key).

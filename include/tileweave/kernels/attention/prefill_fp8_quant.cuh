@@ -2,8 +2,8 @@
 // THD layout -> e4m3 with the scales the kernel folds back in:
 //   Q  [total_q][Hq][D], one scale per (token, head): a row's scale multiplies the softmax factor
 //      of that row, so it costs nothing per element;
-//   K  [rows_pad][Hkv][D], one scale per (block of kPrefillFp8KeyBlock keys, head): one factor per
-//      key tile of the kernel; each sequence starts on a block (prefill_fp8_key_offsets);
+//   K  [rows_pad][Hkv][D], one scale per (block of kPrefillFp8KeyBlock keys, head): a factor per
+//      block of the kernel's key tile; each sequence starts on a tile (prefill_fp8_key_offsets);
 //   V^T [Hkv][D][rows_pad], one scale per (head, channel) from the channel's amax over all keys:
 //      it multiplies O's column in the epilogue. e4m3 wgmma reads B K-major only, so V goes in
 //      transposed, its keys within each 16 in the order the kernel's P fragments hold them.
@@ -182,28 +182,29 @@ __global__ void __launch_bounds__(256) fp8_quantize_q(const PrefillFp8QuantParam
   }
 }
 
-// K and V of one (key block, kv head), 256 threads. K: thread t on key t / 2, channels 64 (t % 2)
-// .. + 63 (two lanes a row for the rotation); the block's amax, then its rows. V: warp w on
-// channels 16w .. + 15, lane l on keys {2j, 2j + 1, 2j + 8, 2j + 9} + 16 (l / 4) (j = l % 4), which
-// fp8_key_position puts at the four bytes 4j .. 4j + 3 of their group: one 4-byte store per channel
-// into the transposed tile, a warp's 32 stores one row of 128 B (no bank conflict); then V^T's kD
-// rows of 128 keys go out in 16-B pieces. (A thread per key and byte stores: 140 us at H = 24,
-// L = 8704 on the H200.)
+// K and V of one block of kPrefillFp8KeyBlock = 64 keys and one kv head, 128 threads. K: thread t
+// on key t / 2, channels 64 (t % 2) .. + 63 (two lanes a row for the rotation); the block's amax,
+// then its rows. V: warp w on channels 32w + 16 (l / 16) .. + 15 (lane l), keys {2j, 2j + 1,
+// 2j + 8, 2j + 9} + 16 ((l / 4) % 4) (j = l % 4), which fp8_key_position puts at the four bytes
+// 4j .. 4j + 3 of their group: one 4-byte store per channel into the transposed tile (a thread per
+// key and byte stores: 140 us at H = 24, L = 8704 on the H200); then V^T's kD rows of 64 keys go
+// out in 16-B pieces.
 template <int kD>
-__global__ void __launch_bounds__(256) fp8_quantize_kv(const PrefillFp8QuantParams p) {
-  static_assert(kD == 128 && kPrefillFp8KeyBlock == 128, "a thread per half key row");
-  __shared__ float s_max[8];
+__global__ void __launch_bounds__(128) fp8_quantize_kv(const PrefillFp8QuantParams p) {
+  static_assert(kD == 128 && kPrefillFp8KeyBlock == 64, "a thread per half key row");
+  constexpr int kB = kPrefillFp8KeyBlock;
+  __shared__ float s_max[4];
   __shared__ float s_vinv[kD];  // 1 / V's channel scales
-  __shared__ __align__(16) uint8_t s_vt[kD][kPrefillFp8KeyBlock];
+  __shared__ __align__(16) uint8_t s_vt[kD][kB];
   const int b = blockIdx.x, head = blockIdx.y, t = threadIdx.x;
   const int seq = p.block_seq[b];
-  const int first = (b - p.cu_k_pad[seq] / kPrefillFp8KeyBlock) * kPrefillFp8KeyBlock;  // key index in the sequence
+  const int first = (b - p.cu_k_pad[seq] / kB) * kB;  // the block's first key in the sequence
   const int len = p.cu_k[seq + 1] - p.cu_k[seq];
   const int key = t / 2, c0 = 64 * (t % 2);
   const bool live = first + key < len;
   const int64_t src = (int64_t(p.cu_k[seq] + first + key) * p.heads_kv + head) * kD + c0;
   const int64_t row_pad = int64_t(p.cu_k_pad[seq]) + first + key;
-  if (t < kD) s_vinv[t] = 1.f / fp8_scale(p.v_amax[head * kD + t]);  // read after the K part's barrier
+  s_vinv[t] = 1.f / fp8_scale(p.v_amax[head * kD + t]);  // read after the K part's barrier
 
   // K
   float x[64];
@@ -230,9 +231,7 @@ __global__ void __launch_bounds__(256) fp8_quantize_kv(const PrefillFp8QuantPara
   m = warp_max(m);
   if (t % 32 == 0) s_max[t / 32] = m;
   __syncthreads();
-  m = s_max[0];
-#pragma unroll
-  for (int w = 1; w < 8; ++w) m = fmaxf(m, s_max[w]);
+  m = fmaxf(fmaxf(s_max[0], s_max[1]), fmaxf(s_max[2], s_max[3]));
   const float k_scale = fp8_scale(m), k_inv = 1.f / k_scale;
   uint8_t* k_dst = p.k8 + (row_pad * p.heads_kv + head) * kD + c0;
 #pragma unroll
@@ -250,7 +249,7 @@ __global__ void __launch_bounds__(256) fp8_quantize_kv(const PrefillFp8QuantPara
 
   // V
   {
-    const int w = t / 32, l = t % 32, j = l % 4, g = l / 4;
+    const int w = t / 32, l = t % 32, j = l % 4, g = (l / 4) % 4, cbase = 32 * w + 16 * (l / 16);
     const int keys[4] = {16 * g + 2 * j, 16 * g + 2 * j + 1, 16 * g + 2 * j + 8, 16 * g + 2 * j + 9};
     uint4 raw[4][2];
 #pragma unroll
@@ -260,13 +259,13 @@ __global__ void __launch_bounds__(256) fp8_quantize_kv(const PrefillFp8QuantPara
         raw[k][h] = make_uint4(0, 0, 0, 0);
         if (first + keys[k] < len)
           raw[k][h] = *reinterpret_cast<const uint4*>(
-              p.v + (int64_t(p.cu_k[seq] + first + keys[k]) * p.heads_kv + head) * kD + 16 * w + 8 * h);
+              p.v + (int64_t(p.cu_k[seq] + first + keys[k]) * p.heads_kv + head) * kD + cbase + 8 * h);
       }
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int e = 0; e < 8; e += 2) {
-        const int c = 16 * w + 8 * h + e;
+        const int c = cbase + 8 * h + e;
         float f[4][2];
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
@@ -279,11 +278,11 @@ __global__ void __launch_bounds__(256) fp8_quantize_kv(const PrefillFp8QuantPara
       }
   }
   __syncthreads();
-  // kD rows of 128 B: 8 x 16 B each, 1024 stores of 16 B over 256 threads.
+  // kD rows of 64 B: 4 x 16 B each, 512 stores of 16 B over 128 threads.
   const int64_t col = int64_t(p.cu_k_pad[seq]) + first;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const int idx = t + 256 * i, d = idx / 8, part = idx % 8;
+    const int idx = t + 128 * i, d = idx / 4, part = idx % 4;
     *reinterpret_cast<uint4*>(p.vt8 + (int64_t(head) * kD + d) * p.rows_pad + col + 16 * part) =
         *reinterpret_cast<const uint4*>(&s_vt[d][16 * part]);
   }

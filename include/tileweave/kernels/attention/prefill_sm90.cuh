@@ -55,7 +55,7 @@ __host__ __device__ inline float fp8_scale(float amax) { return amax > 0.f ? ama
 template <int kD, int kBN_ = 128, int kWGs_ = 2, bool kFp8_ = false>
 struct PrefillConfig {
   static_assert(kD == 64 || kD == 128, "head_dim 64 or 128");
-  static_assert(!kFp8_ || (kD == 128 && kBN_ == 128), "fp8: head_dim 128, key tiles of one 128-key scale block");
+  static_assert(!kFp8_ || (kD == 128 && kBN_ % 64 == 0), "fp8: head_dim 128, key tiles of whole 64-key V^T chunks");
   static constexpr bool kFp8 = kFp8_;
   static constexpr int kElem = kFp8 ? 1 : 2;  // bytes per element
   static_assert(kBN_ % 16 == 0 && kBN_ <= 256, "keys per tile: a multiple of 16, a TMA box of <= 256 rows");
@@ -65,9 +65,18 @@ struct PrefillConfig {
   static constexpr int kChunks = kD * kElem / 128;  // 128-B swizzle rows per operand row
   static constexpr int kChunkElems = 128 / kElem;
   static constexpr int kKSteps = kD * kElem / 32;   // wgmma k-steps (16 bf16 or 32 e4m3: 32 B) over D
+  // fp8 V^T tile: kBN / 64 chunks of [kD rows][64 keys], 64-B swizzle (a 128-B box would need the
+  // tile's keys in multiples of 128).
+  static constexpr int kVChunks = kFp8 ? kBN_ / 64 : kChunks, kVChunkBytes = kFp8 ? kD * 64 : kBN_ * 128;
+  static constexpr int kVChunkElems = kFp8 ? 64 : kChunkElems;
+  static constexpr int kScaleBlocks = kFp8 ? kBN_ / 64 : 1;  // K scales per key tile (kPrefillFp8KeyBlock)
+  // The consumer warpgroups take turns issuing their GEMMs (bf16: ~1%, measured). fp8 runs freer
+  // without: 718 -> 756 TFLOP/s at H 24 L 8704, causal 662 -> 685 (H200, one call, 2026-11-25): the
+  // softmax is as long as the GEMMs there, and a warpgroup ready to issue waited for its turn.
+  static constexpr bool kTurns = !kFp8;
   // d = 128: Q 32 KiB + 2 x (K + V): 160 KiB at 128 keys, 192 at 160; d = 64: 16 + 4 x 32 KiB.
   // Three stages at d = 128 (225 KiB) measured 2-3% slower than two (H200, L 4608-14034).
-  // fp8: 16 KiB a tile, Q 16 KiB.
+  // fp8: 24 KiB a tile at 192 keys, Q 16 KiB: 3 stages 160 KiB.
   static constexpr int kStages = kFp8 ? 3 : kD == 128 ? 2 : 4;
   static constexpr int kQBytes = kBM * kD * kElem;
   static constexpr int kTileBytes = kBN * kD * kElem;  // one K or one V tile
@@ -128,18 +137,26 @@ __device__ __forceinline__ uint32_t pack_e4m3(float a, float b, float c, float d
 // P is 2^(S' - m + p_offset) (l too, in the same units): the FP8 path stores P in e4m3, whose
 // smallest normal is 2^-6, and lifts the small probabilities out of its subnormals this way
 // (P <= 2^(slack + p_offset) must stay <= 448).
-template <int kBN>
-__device__ __forceinline__ bool softmax_tile(float (&s)[kBN / 2], RowState& st, const float (&scale_log2)[2],
+// scale_log2[h][b]: row h's factor for keys of block b (kBN / kBlocks keys each; fp8: the K block
+// scales differ): the max is taken per block, scaled, then across blocks.
+template <int kBN, int kBlocks = 1>
+__device__ __forceinline__ bool softmax_tile(float (&s)[kBN / 2], RowState& st, const float (&scale_log2)[2][kBlocks],
                                              float slack, float p_offset, float (&alpha)[2]) {
+  constexpr int kPer = kBN / 8 / kBlocks;  // 8-key groups a block
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     // Four independent chains for the max and the sum: one chain of kBN / 4 dependent ops would
     // leave the softmax latency-bound (one warp per scheduler runs it).
-    float mx4[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    float mx = -INFINITY;
 #pragma unroll
-    for (int i = 0; i < kBN / 8; ++i) mx4[i % 4] = fmaxf(mx4[i % 4], fmaxf(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]));
-    const float mx = fmaxf(fmaxf(mx4[0], mx4[1]), fmaxf(mx4[2], mx4[3]));
-    const float m_row = quad_max(mx) * scale_log2[h];
+    for (int b = 0; b < kBlocks; ++b) {
+      float mx4[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+#pragma unroll
+      for (int i = b * kPer; i < (b + 1) * kPer; ++i)
+        mx4[i % 4] = fmaxf(mx4[i % 4], fmaxf(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]));
+      mx = fmaxf(mx, fmaxf(fmaxf(mx4[0], mx4[1]), fmaxf(mx4[2], mx4[3])) * scale_log2[h][b]);
+    }
+    const float m_row = quad_max(mx);
     const float m_new = m_row > st.m[h] + slack ? m_row : st.m[h];
     // A row that has seen only masked keys keeps m = -inf: subtract 0 instead (no inf - inf).
     const float base = m_new == -INFINITY ? 0.f : m_new;
@@ -151,7 +168,7 @@ __device__ __forceinline__ bool softmax_tile(float (&s)[kBN / 2], RowState& st, 
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         float& x = s[4 * i + 2 * h + c];
-        x = ex2(fmaf(x, scale_log2[h], -shift));
+        x = ex2(fmaf(x, scale_log2[h][i / kPer], -shift));
         sum4[(2 * i + c) % 4] += x;
       }
     st.l[h] = st.l[h] * alpha[h] + ((sum4[0] + sum4[1]) + (sum4[2] + sum4[3]));
@@ -236,15 +253,16 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads
     // for the blocks of the same head that run beside this one).
     const uint64_t pol_q = l2_evict_first(), pol_kv = l2_evict_last();
     uint32_t k_it = 0, v_it = 0, q_count = 0;  // K/V tiles loaded, items handed over
-    // Box coordinates (x, y, z) of the map; chunk c of a row at x + c * kChunkElems.
+    // Box coordinates (x, y, z) of the map; `chunks` boxes, box c at x + c * chunk_elems, chunk_bytes
+    // apart in the slot.
     auto load = [&](uint8_t* ring, const CUtensorMap* map, uint64_t* full, uint64_t* empty, uint32_t n, int x, int y,
-                    int z) {
+                    int z, int chunks, int chunk_bytes, int chunk_elems) {
       const uint32_t s = n % kStages;
       if (n >= kStages) mbar_wait(&empty[s], ((n / kStages) + 1) & 1, "kv_empty");
       ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &full[s], C::kTileBytes);
 #pragma unroll
-      for (int c = 0; c < C::kChunks; ++c)
-        tma_load_3d(ring + s * C::kTileBytes + c * kBN * 128, map, x + c * C::kChunkElems, y, z, &full[s], pol_kv);
+      for (int c = 0; c < chunks; ++c)
+        tma_load_3d(ring + s * C::kTileBytes + c * chunk_bytes, map, x + c * chunk_elems, y, z, &full[s], pol_kv);
     };
     for (;;) {
       const int w = atomicAdd(p.work_counter, 1);
@@ -275,12 +293,13 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads
       auto load_v = [&](int j) {
         const int row = it.k_row + j * kBN;
         if constexpr (kFp8)
-          load(sv, &map_v, v_full, v_empty, v_it++, row, 0, kv_head);
+          load(sv, &map_v, v_full, v_empty, v_it++, row, 0, kv_head, C::kVChunks, C::kVChunkBytes, C::kVChunkElems);
         else
-          load(sv, &map_v, v_full, v_empty, v_it++, 0, kv_head, row);
+          load(sv, &map_v, v_full, v_empty, v_it++, 0, kv_head, row, C::kChunks, kBN * 128, C::kChunkElems);
       };
       for (int j = 0; j < it.n_kv; ++j) {
-        load(sk, &map_k, k_full, k_empty, k_it++, 0, kv_head, it.k_row + j * kBN);
+        load(sk, &map_k, k_full, k_empty, k_it++, 0, kv_head, it.k_row + j * kBN, C::kChunks, kBN * 128,
+             C::kChunkElems);
         if (j > 0) load_v(j - 1);
       }
       load_v(it.n_kv - 1);
@@ -291,7 +310,7 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads
   setmaxnreg_inc<C::kConsumerRegs>();
   const int cw = wg - 1;  // this warpgroup's 64 rows of the tile
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
-  // The consumer warpgroups take turns issuing their GEMMs, round robin (named barrier 1 + c is
+  // The consumer warpgroups take turns issuing their GEMMs (kTurns), round robin (named barrier 1 + c is
   // warpgroup c's turn: it waits on its own, then arrives on the next one's), so the tensor cores
   // run one warpgroup's GEMMs while the others compute their softmax (worth only ~1% with two at
   // d = 128 on the H200, A/B 2026-11-24; at d = 64 three warpgroups, each softmax under two
@@ -299,7 +318,7 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads
   // n_kv + 1 turns per item, and warpgroup 0 takes one more wait at the very end to match the
   // opening arrive (no arrival left pending when the block ends).
   const uint32_t my_turn = 1 + cw, other_turn = 1 + (cw + 1) % C::kWGs;
-  if (cw == C::kWGs - 1) named_bar_arrive(1, 256);
+  if (C::kTurns && cw == C::kWGs - 1) named_bar_arrive(1, 256);
   const uint64_t q_desc = make_desc_sw128(sq + cw * 64 * 128);
   uint32_t k_it = 0, v_it = 0, q_count = 0;
 
@@ -322,12 +341,19 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads
       for (int h = 0; h < 2; ++h)
         if (r0 + 8 * h < it.len_q) q_sc[h] *= p.q_scale[int64_t(it.q_begin + r0 + 8 * h) * p.heads_q + it.head];
     }
-    const float* k_scale = kFp8 ? p.k_scale + int64_t(kv_head) * p.k_blocks + it.k_row / kBN : nullptr;
-    // ks: the tile's K scale, loaded before the waits of its tile so its latency hides under them.
-    auto k_tile_scale = [&](int j) { return kFp8 ? k_scale[j] : 1.f; };
-    auto row_scale = [&](float ks, float(&sc)[2]) {
-      sc[0] = q_sc[0] * ks;
-      sc[1] = q_sc[1] * ks;
+    constexpr int kSB = C::kScaleBlocks;
+    const float* k_scale = kFp8 ? p.k_scale + int64_t(kv_head) * p.k_blocks + it.k_row / 64 : nullptr;
+    // The tile's K scales, loaded before the waits of its tile so their latency hides under them.
+    auto k_tile_scale = [&](int j, float(&ks)[kSB]) {
+#pragma unroll
+      for (int b = 0; b < kSB; ++b) ks[b] = kFp8 ? k_scale[kSB * j + b] : 1.f;
+    };
+    auto row_scale = [&](const float(&ks)[kSB], float(&sc)[2][kSB]) {
+#pragma unroll
+      for (int b = 0; b < kSB; ++b) {
+        sc[0][b] = q_sc[0] * ks[b];
+        sc[1][b] = q_sc[1] * ks[b];
+      }
     };
     constexpr float kSlack = kFp8 ? kFp8Slack : kRescaleSlack, kPOffset = kFp8 ? kFp8POffset : 0.f;
     constexpr int kPSteps = kBN * C::kElem / 32;  // PV k-steps: 16 keys (bf16) or 32 (e4m3)
@@ -347,9 +373,11 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads
       // bf16: V [keys][D] read MN-major; fp8: V^T [D][keys] read K-major, 32 keys (32 B) a step.
       auto issue_pv = [&](const uint32_t(&pf)[kPSteps][4], uint32_t stage, bool first) {
         if constexpr (kFp8) {
-          const uint64_t v_desc = make_desc_sw128(sv + stage * C::kTileBytes);
+          const uint64_t v_desc = make_desc_sw64(sv + stage * C::kTileBytes);
 #pragma unroll
-          for (int kk = 0; kk < kPSteps; ++kk) WgmmaFp8RS<kD>::mma(o, pf[kk], desc_add(v_desc, kk * 32), !first || kk > 0);
+          for (int kk = 0; kk < kPSteps; ++kk)
+            WgmmaFp8RS<kD>::mma(o, pf[kk], desc_add(v_desc, (kk / 2) * C::kVChunkBytes + (kk % 2) * 32),
+                                !first || kk > 0);
         } else {
           const uint64_t v_desc = make_desc_sw128_mn(sv + stage * C::kTileBytes, kBN * 128);
 #pragma unroll
@@ -397,15 +425,15 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads
 
       float s[kBN / 2];
       uint32_t pf[kPSteps][4];
-      float alpha[2], sc[2];
-      const float ks0 = k_tile_scale(0);
+      float alpha[2], sc[2][kSB], ks[kSB];
+      k_tile_scale(0, ks);
       {
         const uint32_t sk0 = k_it % kStages;
         mbar_wait(&k_full[sk0], (k_it / kStages) & 1, "k_full");
-        named_bar_sync(my_turn, 256);
+        if (C::kTurns) named_bar_sync(my_turn, 256);
         wgmma_fence();
         issue_s(s, sk0);
-        named_bar_arrive(other_turn, 256);
+        if (C::kTurns) named_bar_arrive(other_turn, 256);
         wgmma_wait<0>();
         fence_operands(s);
         if (lane == 0) mbar_arrive(&k_empty[sk0]);
@@ -413,19 +441,19 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads
         ++k_it;
       }
       mask(s, 0);
-      row_scale(ks0, sc);
-      softmax_tile<kBN>(s, st, sc, kSlack, kPOffset, alpha);
+      row_scale(ks, sc);
+      softmax_tile<kBN, kSB>(s, st, sc, kSlack, kPOffset, alpha);
       to_p(s, pf);
       for (int j = 1; j < it.n_kv; ++j) {
         const uint32_t sj = k_it % kStages, sp = v_it % kStages;
-        const float ks = k_tile_scale(j);
+        k_tile_scale(j, ks);
         mbar_wait(&k_full[sj], (k_it / kStages) & 1, "k_full");
         mbar_wait(&v_full[sp], (v_it / kStages) & 1, "v_full");
-        named_bar_sync(my_turn, 256);
+        if (C::kTurns) named_bar_sync(my_turn, 256);
         wgmma_fence();
         issue_s(s, sj);
         issue_pv(pf, sp, j == 1);
-        named_bar_arrive(other_turn, 256);
+        if (C::kTurns) named_bar_arrive(other_turn, 256);
         wgmma_wait<1>();  // S_j done; PV_{j-1} may still run
         fence_operands(s);
         if (lane == 0) mbar_arrive(&k_empty[sj]);
@@ -433,7 +461,7 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads
         ++k_it;
         mask(s, j);
         row_scale(ks, sc);
-        const bool rescale = __any_sync(0xffffffffu, softmax_tile<kBN>(s, st, sc, kSlack, kPOffset, alpha));
+        const bool rescale = __any_sync(0xffffffffu, softmax_tile<kBN, kSB>(s, st, sc, kSlack, kPOffset, alpha));
         wgmma_wait<0>();
         fence_operands(o);
 #pragma unroll
@@ -455,10 +483,10 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads
       }
       const uint32_t sl = v_it % kStages;
       mbar_wait(&v_full[sl], (v_it / kStages) & 1, "v_full");
-      named_bar_sync(my_turn, 256);
+      if (C::kTurns) named_bar_sync(my_turn, 256);
       wgmma_fence();
       issue_pv(pf, sl, it.n_kv == 1);
-      named_bar_arrive(other_turn, 256);
+      if (C::kTurns) named_bar_arrive(other_turn, 256);
       wgmma_wait<0>();
       fence_operands(o);
       if (lane == 0) mbar_arrive(&v_empty[sl]);
@@ -499,7 +527,7 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads
             l > 0.f ? (st.m[h] + __log2f(l) - kPOffset) * 0.69314718f : -INFINITY;
     }
   }
-  if (cw == 0) named_bar_sync(my_turn, 256);
+  if (C::kTurns && cw == 0) named_bar_sync(my_turn, 256);
 #else
   __trap();  // dispatched only on sm_90a (ops/prefill_attention.cu checks the device)
 #endif

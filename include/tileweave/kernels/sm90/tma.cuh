@@ -95,10 +95,12 @@ using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, 
                                  const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
                                  CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 // A tensor map with 128-B swizzle; dims[0] is the contiguous one (64 bf16 elements per box row).
-// (dtype: bf16 unless given; an 8-bit type has 128 elements per box row.)
-inline CUtensorMap encode_sw128(const void* base, int rank, const cuuint64_t* dims, const cuuint64_t* strides,
-                                     const cuuint32_t* box, bool promote_256, const std::string& what,
-                                     CUtensorMapDataType dtype = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16) {
+// (dtype: bf16 unless given; an 8-bit type has 128 elements per box row. swizzle: 128 B unless
+// given, whose span the box's rows must not exceed.)
+inline CUtensorMap encode_tiled(const void* base, int rank, const cuuint64_t* dims, const cuuint64_t* strides,
+                                const cuuint32_t* box, bool promote_256, const std::string& what,
+                                CUtensorMapDataType dtype = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                                CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
   static EncodeTiled encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult q{};
@@ -109,7 +111,7 @@ inline CUtensorMap encode_sw128(const void* base, int rank, const cuuint64_t* di
   CUtensorMap map;
   const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
   const CUresult r = encode(&map, dtype, rank, const_cast<void*>(base), dims, strides, box,
-                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
                             promote_256 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) throw CudaError("cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) + ") for " + what);
@@ -127,7 +129,7 @@ inline CUtensorMap make_tensor_map_bf16(const void* base, uint64_t rows, uint64_
   const cuuint64_t dims[2] = {cols, rows};
   const cuuint64_t strides[1] = {cols * 2};
   const cuuint32_t box[2] = {64, box_rows};
-  return detail::encode_sw128(base, 2, dims, strides, box, promote_256,
+  return detail::encode_tiled(base, 2, dims, strides, box, promote_256,
                                    "a " + std::to_string(rows) + "x" + std::to_string(cols) + " bf16 matrix, box rows " +
                                        std::to_string(box_rows));
 }
@@ -140,7 +142,7 @@ inline CUtensorMap make_paired_rows_map_bf16(const void* base, uint64_t half_row
   const cuuint64_t dims[4] = {cols, 8, 2, half_rows / 8};
   const cuuint64_t strides[3] = {cols * 2, half_rows * cols * 2, 8 * cols * 2};
   const cuuint32_t box[4] = {64, 8, 2, groups};
-  return detail::encode_sw128(base, 4, dims, strides, box, false,
+  return detail::encode_tiled(base, 4, dims, strides, box, false,
                                    "paired halves of " + std::to_string(half_rows) + "x" + std::to_string(cols) + " rows");
 }
 
@@ -153,17 +155,19 @@ inline CUtensorMap make_head_rows_map_bf16(const void* base, uint64_t rows, uint
   const cuuint64_t dims[3] = {cols, heads, rows};
   const cuuint64_t strides[2] = {cols * 2, heads * cols * 2};
   const cuuint32_t box[3] = {64, 1, box_rows};
-  return detail::encode_sw128(base, 3, dims, strides, box, true,
+  return detail::encode_tiled(base, 3, dims, strides, box, true,
                                    std::to_string(rows) + " rows x " + std::to_string(heads) + " heads x " +
                                        std::to_string(cols) + " bf16, box rows " + std::to_string(box_rows));
 }
 
-// 8-bit elements (e4m3), 128-B swizzle: a 3-D tensor (dims[0] contiguous, strides in bytes of
-// dims 1 and 2, multiples of 16) read in boxes of box = {128, box[1], box[2]}: each box lands as
-// box[1] * box[2] rows of 128 B. Zero-filled past the ends.
+// 8-bit elements (e4m3): a 3-D tensor (dims[0] contiguous, strides in bytes of dims 1 and 2,
+// multiples of 16) read in boxes of box[0] x box[1] x box[2] with the 128-B swizzle (box[0] = 128)
+// or the 64-B one (box[0] = 64): each box lands as box[1] * box[2] rows of box[0] bytes. Zero-filled
+// past the ends.
 inline CUtensorMap make_map_3d_u8(const void* base, const cuuint64_t (&dims)[3], const cuuint64_t (&strides)[2],
                                   const cuuint32_t (&box)[3], const std::string& what) {
-  return detail::encode_sw128(base, 3, dims, strides, box, true, what, CU_TENSOR_MAP_DATA_TYPE_UINT8);
+  return detail::encode_tiled(base, 3, dims, strides, box, true, what, CU_TENSOR_MAP_DATA_TYPE_UINT8,
+                              box[0] == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 }  // namespace tw::sm90

@@ -26,6 +26,17 @@ __device__ __forceinline__ uint64_t make_desc_sw128(const void* smem_ptr) {
   d |= uint64_t(1) << 62;                     // layout: 128-B swizzle
   return d;
 }
+// The same for rows of 64 B stored with the 64-byte swizzle (CU_TENSOR_MAP_SWIZZLE_64B): 8-row
+// groups 512 B apart; the tile 512-B aligned.
+__device__ __forceinline__ uint64_t make_desc_sw64(const void* smem_ptr) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_ptr));
+  uint64_t d = 0;
+  d |= uint64_t((addr >> 4) & 0x3FFF);
+  d |= uint64_t(1) << 16;
+  d |= uint64_t(512 >> 4) << 32;
+  d |= uint64_t(2) << 62;  // layout: 64-B swizzle
+  return d;
+}
 // Advance a descriptor by a byte offset (multiple of 16) without re-deriving it.
 __device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t bytes) { return d + (bytes >> 4); }
 
