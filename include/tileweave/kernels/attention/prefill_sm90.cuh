@@ -67,7 +67,12 @@ struct PrefillConfig {
   static constexpr int kKSteps = kD * kElem / 32;   // wgmma k-steps (16 bf16 or 32 e4m3: 32 B) over D
   // fp8 V^T tile: kBN / 64 chunks of [kD rows][64 keys], 64-B swizzle (a 128-B box would need the
   // tile's keys in multiples of 128).
-  static constexpr int kVChunks = kFp8 ? kBN_ / 64 : kChunks, kVChunkBytes = kFp8 ? kD * 64 : kBN_ * 128;
+  // fp8 also gives the PV GEMM 8 more B rows of ones (kVRows, filled once at the start, never
+  // loaded): O's columns kD .. kD + 7 are then P's row sums, as P was rounded to e4m3, and the
+  // softmax drops its adds (one of ~8 instructions an element).
+  static constexpr int kVRows = kFp8 ? kD + 8 : kD;
+  static constexpr int kOAcc = kVRows / 2;  // O accumulators a thread
+  static constexpr int kVChunks = kFp8 ? kBN_ / 64 : kChunks, kVChunkBytes = kFp8 ? kVRows * 64 : kBN_ * 128;
   static constexpr int kVChunkElems = kFp8 ? 64 : kChunkElems;
   static constexpr int kScaleBlocks = kFp8 ? kBN_ / 64 : 1;  // K scales per key tile (kPrefillFp8KeyBlock)
   // The consumer warpgroups take turns issuing their GEMMs (bf16: ~1%, measured). fp8 runs freer
@@ -79,13 +84,14 @@ struct PrefillConfig {
   // fp8: 24 KiB a tile at 192 keys, Q 16 KiB: 3 stages 160 KiB.
   static constexpr int kStages = kFp8 ? 3 : kD == 128 ? 2 : 4;
   static constexpr int kQBytes = kBM * kD * kElem;
-  static constexpr int kTileBytes = kBN * kD * kElem;  // one K or one V tile
+  static constexpr int kTileBytes = kBN * kD * kElem;  // one K or one V tile (the bytes TMA brings)
+  static constexpr int kVSlotBytes = kFp8 ? kVChunks * kVChunkBytes : kTileBytes;  // a V slot, with the ones
   static constexpr int kThreads = 128 * (kWGs + 1);
   // setmaxnreg budgets (x 128 threads: producer + consumers <= 64K). 176 keys per tile spilled
   // even at 232 and ran no faster than 160.
   static constexpr int kProducerRegs = kWGs == 2 ? 56 : 32, kConsumerRegs = kWGs == 2 ? 224 : 160;
   static constexpr int kConsumerWarps = 4 * kWGs;
-  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kTileBytes + 256 + 1024;  // + barriers, align slack
+  static constexpr int kSmemBytes = kQBytes + kStages * (kTileBytes + kVSlotBytes) + 256 + 1024;  // + barriers, slack
   static_assert((2 + 4 * kStages) * 8 + 4 <= 256, "barriers and the item slot fit their 256 B");
 };
 
@@ -139,7 +145,7 @@ __device__ __forceinline__ uint32_t pack_e4m3(float a, float b, float c, float d
 // (P <= 2^(slack + p_offset) must stay <= 448).
 // scale_log2[h][b]: row h's factor for keys of block b (kBN / kBlocks keys each; fp8: the K block
 // scales differ): the max is taken per block, scaled, then across blocks.
-template <int kBN, int kBlocks = 1>
+template <int kBN, int kBlocks = 1, bool kRowSum = true>
 __device__ __forceinline__ bool softmax_tile(float (&s)[kBN / 2], RowState& st, const float (&scale_log2)[2][kBlocks],
                                              float slack, float p_offset, float (&alpha)[2]) {
   constexpr int kPer = kBN / 8 / kBlocks;  // 8-key groups a block
@@ -169,9 +175,9 @@ __device__ __forceinline__ bool softmax_tile(float (&s)[kBN / 2], RowState& st, 
       for (int c = 0; c < 2; ++c) {
         float& x = s[4 * i + 2 * h + c];
         x = ex2(fmaf(x, scale_log2[h][i / kPer], -shift));
-        sum4[(2 * i + c) % 4] += x;
+        if constexpr (kRowSum) sum4[(2 * i + c) % 4] += x;
       }
-    st.l[h] = st.l[h] * alpha[h] + ((sum4[0] + sum4[1]) + (sum4[2] + sum4[3]));
+    if constexpr (kRowSum) st.l[h] = st.l[h] * alpha[h] + ((sum4[0] + sum4[1]) + (sum4[2] + sum4[3]));
     st.m[h] = m_new;
   }
   return alpha[0] != 1.f || alpha[1] != 1.f;
@@ -195,8 +201,8 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint8_t* sq = smem;                          // [chunk][128 rows][128 B]
   uint8_t* sk = sq + C::kQBytes;               // [stage][chunk][kBN keys][128 B]
-  uint8_t* sv = sk + kStages * C::kTileBytes;  // same
-  uint64_t* q_full = reinterpret_cast<uint64_t*>(sv + kStages * C::kTileBytes);
+  uint8_t* sv = sk + kStages * C::kTileBytes;  // same (fp8: [stage][chunk][kVRows d][64 B] of V^T)
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(sv + kStages * C::kVSlotBytes);
   uint64_t* q_empty = q_full + 1;
   uint64_t* k_full = q_empty + 1;
   uint64_t* v_full = k_full + kStages;
@@ -218,6 +224,16 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads
       mbar_init(&v_empty[s], C::kConsumerWarps);
     }
     ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);  // visible to the async proxy
+  }
+  if constexpr (kFp8) {
+    // V^T's rows of ones (e4m3 1.0 = 0x38) in every chunk of every slot; any swizzle of bytes that
+    // are all equal is the same. wgmma reads them through the async proxy: fence the writes.
+    constexpr int kOnes = 8 * 64 / 4, kWords = kStages * C::kVChunks * kOnes;
+    for (int i = threadIdx.x; i < kWords; i += blockDim.x) {
+      const int chunk = i / kOnes;
+      *reinterpret_cast<uint32_t*>(sv + chunk * C::kVChunkBytes + kD * 64 + 4 * (i % kOnes)) = 0x38383838u;
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   }
   __syncthreads();
 
@@ -255,14 +271,14 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads
     uint32_t k_it = 0, v_it = 0, q_count = 0;  // K/V tiles loaded, items handed over
     // Box coordinates (x, y, z) of the map; `chunks` boxes, box c at x + c * chunk_elems, chunk_bytes
     // apart in the slot.
-    auto load = [&](uint8_t* ring, const CUtensorMap* map, uint64_t* full, uint64_t* empty, uint32_t n, int x, int y,
-                    int z, int chunks, int chunk_bytes, int chunk_elems) {
+    auto load = [&](uint8_t* ring, int slot_bytes, const CUtensorMap* map, uint64_t* full, uint64_t* empty, uint32_t n,
+                    int x, int y, int z, int chunks, int chunk_bytes, int chunk_elems) {
       const uint32_t s = n % kStages;
       if (n >= kStages) mbar_wait(&empty[s], ((n / kStages) + 1) & 1, "kv_empty");
       ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &full[s], C::kTileBytes);
 #pragma unroll
       for (int c = 0; c < chunks; ++c)
-        tma_load_3d(ring + s * C::kTileBytes + c * chunk_bytes, map, x + c * chunk_elems, y, z, &full[s], pol_kv);
+        tma_load_3d(ring + s * slot_bytes + c * chunk_bytes, map, x + c * chunk_elems, y, z, &full[s], pol_kv);
     };
     for (;;) {
       const int w = atomicAdd(p.work_counter, 1);
@@ -293,13 +309,15 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads
       auto load_v = [&](int j) {
         const int row = it.k_row + j * kBN;
         if constexpr (kFp8)
-          load(sv, &map_v, v_full, v_empty, v_it++, row, 0, kv_head, C::kVChunks, C::kVChunkBytes, C::kVChunkElems);
+          load(sv, C::kVSlotBytes, &map_v, v_full, v_empty, v_it++, row, 0, kv_head, C::kVChunks, C::kVChunkBytes,
+               C::kVChunkElems);
         else
-          load(sv, &map_v, v_full, v_empty, v_it++, 0, kv_head, row, C::kChunks, kBN * 128, C::kChunkElems);
+          load(sv, C::kVSlotBytes, &map_v, v_full, v_empty, v_it++, 0, kv_head, row, C::kChunks, kBN * 128,
+               C::kChunkElems);
       };
       for (int j = 0; j < it.n_kv; ++j) {
-        load(sk, &map_k, k_full, k_empty, k_it++, 0, kv_head, it.k_row + j * kBN, C::kChunks, kBN * 128,
-             C::kChunkElems);
+        load(sk, C::kTileBytes, &map_k, k_full, k_empty, k_it++, 0, kv_head, it.k_row + j * kBN, C::kChunks,
+             kBN * 128, C::kChunkElems);
         if (j > 0) load_v(j - 1);
       }
       load_v(it.n_kv - 1);
@@ -331,7 +349,7 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads
     const int r0 = it.q_tile * kBM + cw * 64 + warp * 16 + lane / 4;  // rows r0 and r0 + 8 of the sequence
     const int diag = it.len_k - it.len_q;                             // causal: key <= row + diag
     RowState st;
-    float o[kD / 2];
+    float o[C::kOAcc];
     // The softmax's factor per row: scale * log2(e), times the rows' Q scales and the key tile's K
     // scale for fp8 (q_sc[h] * k_scale[tile]).
     float q_sc[2] = {p.scale_log2, p.scale_log2};
@@ -373,11 +391,11 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads
       // bf16: V [keys][D] read MN-major; fp8: V^T [D][keys] read K-major, 32 keys (32 B) a step.
       auto issue_pv = [&](const uint32_t(&pf)[kPSteps][4], uint32_t stage, bool first) {
         if constexpr (kFp8) {
-          const uint64_t v_desc = make_desc_sw64(sv + stage * C::kTileBytes);
+          const uint64_t v_desc = make_desc_sw64(sv + stage * C::kVSlotBytes);
 #pragma unroll
           for (int kk = 0; kk < kPSteps; ++kk)
-            WgmmaFp8RS<kD>::mma(o, pf[kk], desc_add(v_desc, (kk / 2) * C::kVChunkBytes + (kk % 2) * 32),
-                                !first || kk > 0);
+            WgmmaFp8RS<C::kVRows>::mma(o, pf[kk], desc_add(v_desc, (kk / 2) * C::kVChunkBytes + (kk % 2) * 32),
+                                       !first || kk > 0);
         } else {
           const uint64_t v_desc = make_desc_sw128_mn(sv + stage * C::kTileBytes, kBN * 128);
 #pragma unroll
@@ -442,7 +460,7 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads
       }
       mask(s, 0);
       row_scale(ks, sc);
-      softmax_tile<kBN, kSB>(s, st, sc, kSlack, kPOffset, alpha);
+      softmax_tile<kBN, kSB, !kFp8>(s, st, sc, kSlack, kPOffset, alpha);
       to_p(s, pf);
       for (int j = 1; j < it.n_kv; ++j) {
         const uint32_t sj = k_it % kStages, sp = v_it % kStages;
@@ -461,7 +479,7 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads
         ++k_it;
         mask(s, j);
         row_scale(ks, sc);
-        const bool rescale = __any_sync(0xffffffffu, softmax_tile<kBN, kSB>(s, st, sc, kSlack, kPOffset, alpha));
+        const bool rescale = __any_sync(0xffffffffu, softmax_tile<kBN, kSB, !kFp8>(s, st, sc, kSlack, kPOffset, alpha));
         wgmma_wait<0>();
         fence_operands(o);
 #pragma unroll
@@ -472,7 +490,7 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads
         ++v_it;
         if (rescale) {
 #pragma unroll
-          for (int i = 0; i < kD / 8; ++i) {
+          for (int i = 0; i < C::kOAcc / 4; ++i) {
             o[4 * i + 0] *= alpha[0];
             o[4 * i + 1] *= alpha[0];
             o[4 * i + 2] *= alpha[1];
@@ -494,7 +512,7 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads
     } else {
       mbar_arrive(q_empty);
 #pragma unroll
-      for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
+      for (int i = 0; i < C::kOAcc; ++i) o[i] = 0.f;
     }
 
     // Epilogue: rows past the sequence (the tile's overhang into the next one, or past the
@@ -514,7 +532,8 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = r0 + 8 * h;
-      const float l = quad_sum(st.l[h]);
+      // fp8: the row sum is O's column kD + 2t, the whole row's (the GEMM summed over the keys).
+      const float l = kFp8 ? o[kD / 2 + 2 * h] : quad_sum(st.l[h]);
       const float inv = l > 0.f ? 1.f / l : 0.f;
       if (row >= it.len_q) continue;
       __nv_bfloat16* dst = p.out + int64_t(it.q_begin + row) * row_stride + it.head * kD + 2 * (lane % 4);
