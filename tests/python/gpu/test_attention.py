@@ -144,7 +144,7 @@ def test_fake_implementation_matches_the_op():
     cu = offsets([5, 130])
     q, k, v = randn(cu[-1], 4, 64, seed=13), randn(cu[-1], 2, 64, seed=14), randn(cu[-1], 2, 64, seed=15)
     for return_lse in (False, True):
-        torch.library.opcheck(torch.ops.tileweave.attention.default, (q, k, v, cu, cu, True, 0.0, return_lse))
+        torch.library.opcheck(torch.ops.tileweave.attention.default, (q, k, v, cu, cu, True, 0.0, return_lse, False))
 
 
 @needs_sm90a
@@ -178,6 +178,25 @@ def test_cuda_graph_capture_and_replay():
         graph.replay()
         torch.cuda.synchronize()
         assert_close_to(out, reference(q, k, v, cu, cu, True)[0])
+
+
+@needs_sm90a
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp8_close_to_the_reference(causal):
+    """fp8=True: e4m3 q, k, p, v (the C++ tests' bounds: cosine >= 0.997 to fp32, max error <= 0.2 of
+    max|ref|, lse within 5% + 0.4), packed ragged lengths with GQA, and the bf16 path's plan untouched."""
+    cu = offsets([1, 300, 1000, 129])
+    q, k, v = randn(cu[-1], 8, 128, seed=31), randn(cu[-1], 2, 128, seed=32), randn(cu[-1], 2, 128, seed=33)
+    ref, ref_lse = reference(q, k, v, cu, cu, causal)
+    poison_allocator((q.shape, torch.bfloat16), ((q.shape[1], q.shape[0]), torch.float32))
+    out, lse = ops.attention(q, k, v, causal=causal, cu_seqlens=cu, return_lse=True, fp8=True)
+    assert out.shape == q.shape and out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    o, r = out.float().flatten(), ref.flatten()
+    cosine = (o @ r / (o.norm() * r.norm())).item()
+    assert cosine >= 0.997, f"cosine {cosine:.5f}"
+    assert ((o - r).abs().max() / r.abs().max()).item() <= 0.2
+    assert ((lse - ref_lse).abs() <= 0.05 * ref_lse.abs() + 0.4).all()
+    assert_close_to(ops.attention(q, k, v, causal=causal, cu_seqlens=cu), ref)  # bf16: its own plan
 
 
 @pytest.mark.skipif(SM90A, reason="checks the error on GPUs other than sm_90a")
@@ -230,6 +249,9 @@ def _misaligned(shape):
     (lambda q, k, v: ops.attention(q, k, v, scale=-1.0), "scale must be a positive finite number or None"),
     (lambda q, k, v: ops.attention(q, k, v, scale=math.nan), "scale must be a positive finite number or None"),
     (lambda q, k, v: ops.attention(_misaligned(q.shape), k, v, cu_seqlens=[0, 3, 10]), "q must be 16-byte aligned"),
+    (lambda q, k, v: ops.attention(q, k, v, cu_seqlens=[0, 3, 10], fp8=True),
+     "fp8 attention takes head dim D = 128, got 64"),
+    (lambda q, k, v: ops.attention(q, k, v, cu_seqlens=[0, 3, 10], fp8="yes"), "fp8 must be True or False"),
 ])
 def test_bad_input_names_the_argument(make, words):
     q, k, v = randn(10, 4, 64, seed=1), randn(10, 2, 64, seed=2), randn(10, 2, 64, seed=3)
