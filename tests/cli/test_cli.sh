@@ -163,6 +163,17 @@ expect_error "--heads '32' is not Q/KV" plan attention --len 100 --heads 32
 expect_error "--len (every sequence) or --lens" plan attention --heads 32/8
 expect_error "--lens item 'x' is not an integer" plan attention --lens 5,x
 expect_error "--m/--d/--f/--n/--k do not apply" plan attention --len 5 --m 3
+# plan prefill: PrefillAttention's plan and the traffic model's DRAM bytes for the kernel's order and
+# the other: at H 24, L 14034 the kernel's (head by head) reads K/V once, query tile by tile many times.
+expect_ok "items of 128 query rows x 1 head, K/V tiles of 160 keys; 2640 items" plan prefill --heads 24/24 --len 14034
+grep -qE "heads .* 1.00x .*\(the kernel.s\)" "$tmp/out" || fail "plan prefill: the kernel's order should read the minimum"
+expect_ok "K/V tiles of 192 keys" plan prefill --heads 24/24 --lens 4096,1000,3 --causal --fp8
+expect_json plan prefill --heads 16/4 --len 4097 --json
+python3 -c "import json,sys; d=json.load(open(sys.argv[1])); o=d['orders']; assert o[0]['kernel'] and o[0]['order'] == 'heads' and d['plan']['block_n'] == 160, d" "$tmp/out" ||
+  fail "plan prefill --json: the kernel's order first, 160-key tiles"
+expect_error "fp8 attention takes head_dim 128, got 64" plan prefill --heads 8/8 --dim 64 --len 100 --fp8
+expect_error "--heads '24' is not Q/KV" plan prefill --heads 24 --len 100
+expect_error "--plain and --page-size do not apply" plan prefill --heads 8/8 --len 100 --page-size 16
 expect_error "--f is required" plan ffn --m 16 --d 4096
 expect_error "--n does not apply" plan ffn --m 16 --d 4096 --f 14336 --n 5
 expect_error "nosuch" nosuch

@@ -3,6 +3,8 @@
 // predicted DRAM bytes and time, then the candidate plans the model considers beside it, ranked
 // (model/planner.hpp). `tileweave plan attention`: DecodeAttention's plan for a shape and lengths
 // (graph/attention_graph.hpp: the same planner the op runs) with its bytes and a rough time.
+// `tileweave plan prefill`: PrefillAttention's plan with the DRAM bytes the traffic model replays for
+// its order of work items and the other one (model/prefill_traffic.hpp).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -10,10 +12,15 @@
 #include <iostream>
 #include <limits>
 #include <memory>
+#include <tuple>
+#include <utility>
 #include <nlohmann/json.hpp>
 
 #include "cli_commands.hpp"
 #include "tileweave/graph/attention_graph.hpp"
+#include "tileweave/graph/prefill_attention_graph.hpp"
+#include "tileweave/model/prefill_traffic.hpp"
+#include "tileweave/model/presets.hpp"
 #include "tileweave/model/planner.hpp"
 
 namespace tw::cli {
@@ -34,6 +41,7 @@ struct PlanOptions {
   double max_split_waves = 8;
   // attention
   int batch = 0, dim = 128, page_size = 0;
+  bool causal = false, fp8 = false;  // prefill
   int64_t len = kUnset;
   std::string heads = "32/8", lens;
 };
@@ -80,26 +88,24 @@ json candidate_json(const PlanCandidate& c) {
   return j;
 }
 
-// Decode attention: the planner's tiles for the shape and lengths on the preset's SMs, what they
-// stream and merge, the cost model's time for the plan and for every candidate it weighed. The ring
-// depth is the op's, from the GPU's shared memory at run time.
-void run_plan_attention(const PlanOptions& o) {
-  for (const int64_t v : {o.m, o.d, o.f, o.n, o.k})
-    if (v != kUnset) throw InvalidArgument("plan attention: --m/--d/--f/--n/--k do not apply (--batch, --heads, --dim, --len or --lens)");
-  if (o.plain) throw InvalidArgument("plan attention: --plain applies to ffn only");
-  DecodeAttentionShape s;
+// --heads Q/KV -> (query heads, KV heads).
+std::pair<int, int> parse_heads(const PlanOptions& o, const char* what) {
   const auto slash = o.heads.find('/');
   try {
     if (slash == std::string::npos) throw std::invalid_argument("no /");
-    s.num_q_heads = std::stoi(o.heads.substr(0, slash));
-    s.num_kv_heads = std::stoi(o.heads.substr(slash + 1));
+    return {std::stoi(o.heads.substr(0, slash)), std::stoi(o.heads.substr(slash + 1))};
   } catch (const std::exception&) {
-    throw InvalidArgument("plan attention: --heads '" + o.heads + "' is not Q/KV (query heads / KV heads, e.g. 32/8)");
+    throw InvalidArgument(std::string(what) + ": --heads '" + o.heads +
+                          "' is not Q/KV (query heads / KV heads, e.g. 32/8)");
   }
-  s.head_dim = o.dim;
+}
+
+// --lens a,b,c, or --len L for each of --batch sequences; lengths >= min_len.
+std::vector<int> parse_lengths(const PlanOptions& o, const char* what, int min_len) {
   std::vector<int> lens;
+  if (o.batch < 0) throw InvalidArgument(fmt::format("{}: --batch {} must be >= 1", what, o.batch));
   if (!o.lens.empty()) {
-    if (o.len != kUnset) throw InvalidArgument("plan attention: give --len or --lens, not both");
+    if (o.len != kUnset) throw InvalidArgument(std::string(what) + ": give --len or --lens, not both");
     std::string item;
     for (size_t i = 0; i <= o.lens.size(); ++i) {
       if (i < o.lens.size() && o.lens[i] != ',') {
@@ -111,19 +117,102 @@ void run_plan_attention(const PlanOptions& o) {
         lens.push_back(std::stoi(item, &used));
         if (used != item.size()) throw std::invalid_argument("trailing");
       } catch (const std::exception&) {
-        throw InvalidArgument("plan attention: --lens item '" + item + "' is not an integer");
+        throw InvalidArgument(std::string(what) + ": --lens item '" + item + "' is not an integer");
       }
+      if (lens.back() < min_len) throw InvalidArgument(fmt::format("{}: --lens item {} is below {}", what, lens.back(), min_len));
       item.clear();
     }
     if (o.batch > 0 && o.batch != int(lens.size()))
-      throw InvalidArgument(fmt::format("plan attention: --batch {} but --lens has {} lengths", o.batch, lens.size()));
+      throw InvalidArgument(fmt::format("{}: --batch {} but --lens has {} lengths", what, o.batch, lens.size()));
   } else {
-    if (o.len == kUnset) throw InvalidArgument("plan attention: --len (every sequence) or --lens (one per sequence) is required");
-    if (o.len < 1 || o.len > std::numeric_limits<int>::max())
-      throw InvalidArgument(fmt::format("plan attention: --len {} is outside [1, 2^31)", o.len));
+    if (o.len == kUnset) throw InvalidArgument(std::string(what) + ": --len (every sequence) or --lens (one per sequence) is required");
+    if (o.len < min_len || o.len > std::numeric_limits<int>::max())
+      throw InvalidArgument(fmt::format("{}: --len {} is outside [{}, 2^31)", what, o.len, min_len));
     lens.assign(o.batch > 0 ? o.batch : 1, int(o.len));
   }
-  if (o.batch < 0) throw InvalidArgument(fmt::format("plan attention: --batch {} must be >= 1", o.batch));
+  return lens;
+}
+
+// Prefill attention (ops/prefill_attention.hpp): the op's plan for the shape and lengths (query rows
+// per item, keys per K/V tile, items, rounds over the SMs), its FLOPs, and the DRAM bytes the
+// traffic model replays for the kernel's order of items and the other (model/prefill_traffic.hpp).
+void run_plan_prefill(const PlanOptions& o) {
+  for (const int64_t v : {o.m, o.d, o.f, o.n, o.k})
+    if (v != kUnset) throw InvalidArgument("plan prefill: --m/--d/--f/--n/--k do not apply (--batch, --heads, --dim, --len or --lens)");
+  if (o.plain || o.page_size != 0) throw InvalidArgument("plan prefill: --plain and --page-size do not apply");
+  PrefillAttentionShape s;
+  std::tie(s.num_q_heads, s.num_kv_heads) = parse_heads(o, "plan prefill");
+  s.head_dim = o.dim;
+  s.causal = o.causal;
+  s.fp8 = o.fp8;
+  const std::vector<int> lens = parse_lengths(o, "plan prefill", 0);
+  std::vector<int> cu{0};
+  for (int l : lens) {
+    if (int64_t(cu.back()) + l > std::numeric_limits<int>::max()) throw InvalidArgument("plan prefill: the lengths add up past 2^31 - 1 rows");
+    cu.push_back(cu.back() + l);
+  }
+  validate_prefill_attention(s, cu, {});
+  const GpuPreset gpu = find_gpu_preset(o.gpu);
+  const double flops = prefill_attention_flops(s, cu, {});
+  std::vector<std::pair<PrefillOrder, PrefillTraffic>> runs;
+  for (PrefillOrder ord : {PrefillOrder::Heads, PrefillOrder::Tiles})
+    runs.emplace_back(ord, predict_prefill_traffic(s, cu, {}, ord, gpu.sms, gpu.l2_bytes));
+  const PrefillTraffic& k = runs.front().second;
+  const int64_t rounds = (k.items + gpu.sms - 1) / gpu.sms;
+  if (o.json_out) {
+    json orders = json::array();
+    for (const auto& [ord, t] : runs)
+      orders.push_back({{"order", to_string(ord)}, {"kernel", ord == PrefillOrder::Heads}, {"dram_read", t.read_bytes()},
+                        {"kv_dram_read", t.kv_read_bytes}, {"kv_tile_reads", t.kv_tile_reads},
+                        {"kv_tile_misses", t.kv_tile_misses}, {"read_us_at_floor", t.read_bytes() / (gpu.read_tbps * 1e6)},
+                        {"ratio_to_compulsory", t.read_bytes() / std::max(t.compulsory_read_bytes(), 1.0)}});
+    std::cout << json{{"request", {{"num_q_heads", s.num_q_heads}, {"num_kv_heads", s.num_kv_heads}, {"head_dim", s.head_dim},
+                                   {"causal", s.causal}, {"fp8", s.fp8}, {"lengths", lens}}},
+                      {"preset", gpu.name},
+                      {"plan", {{"block_m", k.block_m}, {"block_n", k.block_n}, {"items", k.items}, {"rounds", rounds}}},
+                      {"flops", flops},
+                      {"bytes", {{"q", k.q_bytes}, {"kv", k.kv_bytes}, {"out", k.out_bytes},
+                                 {"compulsory_read", k.compulsory_read_bytes()}}},
+                      {"compute_us_at_gemm_peak", flops / (gpu.gemm_tflops * (s.fp8 ? 2 : 1) * 1e6)},
+                      {"orders", orders}}
+                         .dump(2)
+              << "\n";
+    return;
+  }
+  const bool equal = std::all_of(lens.begin(), lens.end(), [&](int l) { return l == lens[0]; });
+  fmt::print("prefill attention heads {}/{} d={} {}{}, {} on {} ({} SMs, L2 {} MB)\n\n", s.num_q_heads, s.num_kv_heads,
+             s.head_dim, s.causal ? "causal " : "", s.fp8 ? "fp8" : "bf16",
+             equal ? fmt::format("{} x L={}", lens.size(), lens[0]) : fmt::format("{} sequences, {} rows", lens.size(), cu.back()),
+             gpu.name, gpu.sms, gpu.l2_bytes >> 20);
+  fmt::print("PrefillAttention's plan: items of {} query rows x 1 head, K/V tiles of {} keys; {} items, {} round(s) over the SMs\n",
+             k.block_m, k.block_n, k.items, rounds);
+  fmt::print("  {:.3g} GFLOP (4 d Hq x visible pairs); reads Q {:.1f} MB, K+V {:.1f} MB at least; writes {:.1f} MB\n\n",
+             flops * 1e-9, k.q_bytes / 1e6, k.kv_bytes / 1e6, k.out_bytes / 1e6);
+  fmt::print("DRAM reads the traffic model replays (model/prefill_traffic.hpp: LRU over K/V tiles in L2 / 2):\n");
+  fmt::print("  {:<8} {:>12} {:>14} {:>12} {:>10} {:>16}\n", "order", "read MB", "K/V read MB", "K/V misses", "x minimum",
+             "us at the floor");
+  for (const auto& [ord, t] : runs)
+    fmt::print("  {:<8} {:>12.1f} {:>14.1f} {:>12} {:>9.2f}x {:>16.1f}{}\n", to_string(ord), t.read_bytes() / 1e6,
+               t.kv_read_bytes / 1e6, t.kv_tile_misses, t.read_bytes() / std::max(t.compulsory_read_bytes(), 1.0),
+               t.read_bytes() / (gpu.read_tbps * 1e6), ord == PrefillOrder::Heads ? "  (the kernel's)" : "");
+  fmt::print("\nThe FLOPs at the preset's GEMM peak ({:.0f} TFLOP/s{}) take {:.1f} us: the kernel's DRAM reads are {:.1f}% of "
+             "that.\n",
+             gpu.gemm_tflops * (s.fp8 ? 2 : 1), s.fp8 ? ", twice the bf16 peak for e4m3" : "",
+             flops / (gpu.gemm_tflops * (s.fp8 ? 2 : 1) * 1e6),
+             100.0 * (k.read_bytes() / (gpu.read_tbps * 1e6)) / std::max(flops / (gpu.gemm_tflops * (s.fp8 ? 2 : 1) * 1e6), 1e-9));
+}
+
+// Decode attention: the planner's tiles for the shape and lengths on the preset's SMs, what they
+// stream and merge, the cost model's time for the plan and for every candidate it weighed. The ring
+// depth is the op's, from the GPU's shared memory at run time.
+void run_plan_attention(const PlanOptions& o) {
+  for (const int64_t v : {o.m, o.d, o.f, o.n, o.k})
+    if (v != kUnset) throw InvalidArgument("plan attention: --m/--d/--f/--n/--k do not apply (--batch, --heads, --dim, --len or --lens)");
+  if (o.plain) throw InvalidArgument("plan attention: --plain applies to ffn only");
+  DecodeAttentionShape s;
+  std::tie(s.num_q_heads, s.num_kv_heads) = parse_heads(o, "plan attention");
+  s.head_dim = o.dim;
+  const std::vector<int> lens = parse_lengths(o, "plan attention", 1);
   s.batch = int(lens.size());
   std::vector<int> table;
   const int longest = lens.empty() ? 0 : *std::max_element(lens.begin(), lens.end());
@@ -204,6 +293,7 @@ void run_plan_attention(const PlanOptions& o) {
 
 void run_plan(const PlanOptions& o) {
   if (o.op == "attention") return run_plan_attention(o);
+  if (o.op == "prefill") return run_plan_prefill(o);
   PlanRequest r;
   r.op = o.op;
   if (r.op != "ffn" && r.op != "gemm") throw InvalidArgument("plan: unknown op '" + r.op + "' (known: ffn, gemm, attention)");
@@ -296,7 +386,10 @@ void run_plan(const PlanOptions& o) {
 void register_plan_command(CLI::App& app) {
   auto o = std::make_shared<PlanOptions>();
   CLI::App* c = app.add_subcommand("plan", "the executor's plan for an op and shape, and the candidate plans the model ranks beside it");
-  c->add_option("op", o->op, "ffn (fused FFN: gated, or --plain), gemm (DecodeGemm) or attention (DecodeAttention)")->required();
+  c->add_option("op", o->op,
+                "ffn (fused FFN: gated, or --plain), gemm (DecodeGemm), attention (DecodeAttention) or prefill "
+                "(PrefillAttention)")
+      ->required();
   c->add_option("--m", o->m, "activation rows (tokens)");
   c->add_option("--d", o->d, "ffn: hidden size");
   c->add_option("--f", o->f, "ffn: intermediate size");
@@ -309,6 +402,8 @@ void register_plan_command(CLI::App& app) {
   c->add_option("--len", o->len, "attention: tokens in every sequence's cache (the new one included)");
   c->add_option("--lens", o->lens, "attention: one length per sequence, comma-separated (ragged batches)");
   c->add_option("--page-size", o->page_size, "attention: a paged cache of this many tokens per page (0: contiguous)");
+  c->add_flag("--causal", o->causal, "prefill: the causal mask (bottom-right)");
+  c->add_flag("--fp8", o->fp8, "prefill: the e4m3 path (head dim 128)");
   c->add_option("--gpu", o->gpu, "GPU preset: h200, h100, a100 or a preset JSON")->capture_default_str();
   c->add_option("--refine", o->refine, "the simple model's best N re-scored with the partitioned model (-1: all)")
       ->capture_default_str();

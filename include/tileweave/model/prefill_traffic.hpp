@@ -1,0 +1,53 @@
+// DRAM traffic of prefill attention (ops/prefill_attention.hpp) for an order of its work items, on
+// the host (issue 20 item 3: the order of (sequence, head, query tile) work from the traffic model).
+//
+// Every item (one query tile of one head) reads its Q tile once and then every K/V tile its rows
+// see, in key order. K/V tiles are what items share: all query tiles of a head (and the heads of a
+// GQA group) read the same ones, so the DRAM bytes depend on which items run side by side and
+// whether the K/V they share is still in L2. The replay:
+//  - `sms` persistent workers take items in the order's sequence, each from a queue as it frees up
+//    (the kernel's work counter), and advance one K/V tile per step, all at one rate (a K/V tile
+//    is the same work for every item; the causal diagonal is not modelled as cheaper);
+//  - L2 holds K/V tiles with LRU over l2_bytes / kv_copies: both halves of Hopper's L2 hold a copy
+//    of a line that SMs on both sides read (docs/model.md, "The partitioned L2"), and every K/V
+//    tile is read from both sides when more than one SM reads it; Q is read once (evict-first in
+//    the kernel) and not cached; the output is written once.
+// No CUDA here: the CLI (`tileweave plan prefill`) prints it for the kernel's order and the others.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tileweave/graph/prefill_attention_graph.hpp"
+
+namespace tw {
+
+// Orders of the work items w = 0 .. tiles x heads - 1 (the plan's tiles, longest first):
+//   heads: all query tiles of head 0, then head 1, ... (the kernel's: item w is tile w % tiles of
+//          head w / tiles);
+//   tiles: all heads of tile 0, then tile 1, ... (the heads of one query tile side by side).
+enum class PrefillOrder { Heads, Tiles };
+const char* to_string(PrefillOrder o);
+PrefillOrder prefill_order_from_string(const std::string& s);  // InvalidArgument naming it
+
+struct PrefillTraffic {
+  int block_m = 0, block_n = 0;  // the op's query rows per item and keys per K/V tile
+  int64_t items = 0;             // work items (tiles x query heads)
+  int64_t kv_tile_reads = 0;     // K/V tiles read by all items
+  int64_t kv_tile_misses = 0;    // of those, from DRAM
+  double q_bytes = 0;            // Q, read once
+  double kv_bytes = 0;           // K and V, each once (the compulsory part)
+  double kv_read_bytes = 0;      // K and V from DRAM, as replayed
+  double out_bytes = 0;          // the output, written once
+  double read_bytes() const { return q_bytes + kv_read_bytes; }
+  double compulsory_read_bytes() const { return q_bytes + kv_bytes; }
+};
+
+// The replay above for the op's plan of the shape (prefill_block_n / prefill_block_m on `sms` SMs;
+// fp8: one byte an element). Validates the shape and offsets as the op does. kv_copies >= 1.
+PrefillTraffic predict_prefill_traffic(const PrefillAttentionShape& s, const std::vector<int>& cu_seqlens_q,
+                                       const std::vector<int>& cu_seqlens_k, PrefillOrder order, int sms,
+                                       int64_t l2_bytes, double kv_copies = 2.0);
+
+}  // namespace tw
