@@ -18,6 +18,7 @@
 
 #include <cstdint>
 
+#include "tileweave/graph/prefill_attention_graph.hpp"  // kPrefillFp8KeyBlock
 #include "tileweave/kernels/sm90/arch.cuh"
 #include "tileweave/kernels/sm90/tma.cuh"
 #include "tileweave/kernels/sm90/wgmma.cuh"
@@ -55,7 +56,8 @@ __host__ __device__ inline float fp8_scale(float amax) { return amax > 0.f ? ama
 template <int kD, int kBN_ = 128, int kWGs_ = 2, bool kFp8_ = false>
 struct PrefillConfig {
   static_assert(kD == 64 || kD == 128, "head_dim 64 or 128");
-  static_assert(!kFp8_ || (kD == 128 && kBN_ % 64 == 0), "fp8: head_dim 128, key tiles of whole 64-key V^T chunks");
+  static_assert(!kFp8_ || (kD == 128 && kBN_ % 64 == 0 && kBN_ % kPrefillFp8KeyBlock == 0),
+                "fp8: head_dim 128, key tiles of whole 64-key V^T chunks and K scale blocks");
   static constexpr bool kFp8 = kFp8_;
   static constexpr int kElem = kFp8 ? 1 : 2;  // bytes per element
   static_assert(kBN_ % 16 == 0 && kBN_ <= 256, "keys per tile: a multiple of 16, a TMA box of <= 256 rows");
@@ -65,16 +67,16 @@ struct PrefillConfig {
   static constexpr int kChunks = kD * kElem / 128;  // 128-B swizzle rows per operand row
   static constexpr int kChunkElems = 128 / kElem;
   static constexpr int kKSteps = kD * kElem / 32;   // wgmma k-steps (16 bf16 or 32 e4m3: 32 B) over D
-  // fp8 V^T tile: kBN / 64 chunks of [kD rows][64 keys], 64-B swizzle (a 128-B box would need the
-  // tile's keys in multiples of 128).
-  // fp8 also gives the PV GEMM 8 more B rows of ones (kVRows, filled once at the start, never
-  // loaded): O's columns kD .. kD + 7 are then P's row sums, as P was rounded to e4m3, and the
-  // softmax drops its adds (one of ~8 instructions an element).
+  // fp8 gives the PV GEMM 8 more B rows of ones (kVRows, filled once at the start, never loaded):
+  // O's columns kD .. kD + 7 are then P's row sums, as P was rounded to e4m3, and the softmax drops
+  // its adds (one of ~8 instructions an element).
   static constexpr int kVRows = kFp8 ? kD + 8 : kD;
   static constexpr int kOAcc = kVRows / 2;  // O accumulators a thread
+  // fp8 V^T tile: kBN / 64 chunks of [kVRows rows][64 keys], 64-B swizzle (a 128-B box would need
+  // the tile's keys in multiples of 128).
   static constexpr int kVChunks = kFp8 ? kBN_ / 64 : kChunks, kVChunkBytes = kFp8 ? kVRows * 64 : kBN_ * 128;
   static constexpr int kVChunkElems = kFp8 ? 64 : kChunkElems;
-  static constexpr int kScaleBlocks = kFp8 ? kBN_ / 64 : 1;  // K scales per key tile (kPrefillFp8KeyBlock)
+  static constexpr int kScaleBlocks = kFp8 ? kBN_ / kPrefillFp8KeyBlock : 1;  // K scales per key tile
   // The consumer warpgroups take turns issuing their GEMMs (bf16: ~1%, measured). fp8 runs freer
   // without: 718 -> 756 TFLOP/s at H 24 L 8704, causal 662 -> 685 (H200, one call, 2026-11-25): the
   // softmax is as long as the GEMMs there, and a warpgroup ready to issue waited for its turn.
@@ -360,7 +362,7 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads
         if (r0 + 8 * h < it.len_q) q_sc[h] *= p.q_scale[int64_t(it.q_begin + r0 + 8 * h) * p.heads_q + it.head];
     }
     constexpr int kSB = C::kScaleBlocks;
-    const float* k_scale = kFp8 ? p.k_scale + int64_t(kv_head) * p.k_blocks + it.k_row / 64 : nullptr;
+    const float* k_scale = kFp8 ? p.k_scale + int64_t(kv_head) * p.k_blocks + it.k_row / kPrefillFp8KeyBlock : nullptr;
     // The tile's K scales, loaded before the waits of its tile so their latency hides under them.
     auto k_tile_scale = [&](int j, float(&ks)[kSB]) {
 #pragma unroll
