@@ -2,6 +2,7 @@
 #include "tileweave/model/prefill_traffic.hpp"
 
 #include <algorithm>
+#include <functional>
 #include <cstdint>
 #include <list>
 #include <queue>
@@ -50,6 +51,41 @@ class TileLru {
 };
 
 }  // namespace
+
+PrefillTimeModel prefill_time_model(const PrefillAttentionShape& s) {
+  // bench/fit_prefill_time.py on bench/results/h200/dit_attention.json and dit_attention_fp8.json.
+  PrefillTimeModel m;
+  if (s.fp8)
+    m.us_per_key_row = 0.009500, m.us_per_item = 10.430;
+  else if (s.head_dim == 64)
+    m.us_per_key_row = 0.013639, m.us_per_item = 0.0;
+  else
+    m.us_per_key_row = 0.014037, m.us_per_item = 2.979;
+  return m;
+}
+
+double predict_prefill_us(const PrefillAttentionShape& s, const std::vector<int>& cu_q, const std::vector<int>& cu_k_in,
+                          int sms, const PrefillTimeModel& m) {
+  validate_prefill_attention(s, cu_q, cu_k_in);
+  if (sms < 1) throw InvalidArgument("prefill time: sms must be >= 1, got " + std::to_string(sms));
+  const std::vector<int>& cu_k = cu_k_in.empty() ? cu_q : cu_k_in;
+  const int block_n = prefill_block_n(s), block_m = prefill_block_m(s, cu_q, sms);
+  const std::vector<PrefillTile> tiles = plan_prefill_tiles(s, cu_q, cu_k, block_n, block_m);
+  if (tiles.empty()) return 0.0;
+  // The kernel's order: head by head, the plan's tiles (longest first) within a head.
+  std::priority_queue<double, std::vector<double>, std::greater<double>> free;
+  for (int i = 0; i < std::min<int64_t>(sms, int64_t(tiles.size()) * s.num_q_heads); ++i) free.push(0.0);
+  double end = 0;
+  for (int h = 0; h < s.num_q_heads; ++h)
+    for (const PrefillTile& t : tiles) {
+      const double start = free.top();
+      free.pop();
+      const double done = start + m.us_per_item + m.us_per_key_row * double(t.kv_tiles) * block_n;
+      end = std::max(end, done);
+      free.push(done);
+    }
+  return end + m.launch_us;
+}
 
 PrefillTraffic predict_prefill_traffic(const PrefillAttentionShape& s, const std::vector<int>& cu_q,
                                        const std::vector<int>& cu_k_in, PrefillOrder order, int sms,

@@ -169,7 +169,7 @@ expect_ok "items of 128 query rows x 1 head, K/V tiles of 160 keys; 2640 items" 
 grep -qE "heads .* 1.00x .*\(the kernel.s\)" "$tmp/out" || fail "plan prefill: the kernel's order should read the minimum"
 expect_ok "K/V tiles of 192 keys" plan prefill --heads 24/24 --lens 4096,1000,3 --causal --fp8
 expect_json plan prefill --heads 16/4 --len 4097 --json
-python3 -c "import json,sys; d=json.load(open(sys.argv[1])); o=d['orders']; assert o[0]['kernel'] and o[0]['order'] == 'heads' and d['plan']['block_n'] == 160, d" "$tmp/out" ||
+python3 -c "import json,sys; d=json.load(open(sys.argv[1])); o=d['orders']; assert o[0]['kernel'] and o[0]['order'] == 'heads' and d['plan']['block_n'] == 160 and d['predicted_us'] > 0, d" "$tmp/out" ||
   fail "plan prefill --json: the kernel's order first, 160-key tiles"
 expect_error "fp8 attention takes head_dim 128, got 64" plan prefill --heads 8/8 --dim 64 --len 100 --fp8
 expect_error "--heads '24' is not Q/KV" plan prefill --heads 24 --len 100

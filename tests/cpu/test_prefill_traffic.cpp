@@ -79,3 +79,43 @@ TEST(PrefillTraffic, BadInputNamesTheValue) {
 
 }  // namespace
 }  // namespace tw
+
+namespace tw {
+namespace {
+
+// Equal items: the replay is rounds x (per item + key rows x per row) + launch.
+TEST(PrefillTime, EqualItemsTakeRoundsOfOneItem) {
+  PrefillAttentionShape s;
+  s.num_q_heads = s.num_kv_heads = 24;
+  const PrefillTimeModel m{0.01, 2.0, 3.0};
+  // L 4608, 160-key tiles: 36 query tiles x 24 heads = 864 items, 7 rounds of 132; 29 key tiles.
+  EXPECT_NEAR(predict_prefill_us(s, {0, 4608}, {}, 132, m), 7 * (2.0 + 0.01 * 29 * 160) + 3.0, 1e-9);
+  EXPECT_EQ(predict_prefill_us(s, {0, 0}, {}, 132, m), 0.0);  // no query: no launch
+  EXPECT_THROW(predict_prefill_us(s, {0, 5}, {}, 0, m), InvalidArgument);
+}
+
+// The H200 fit against the runs it was fitted on and the causal ones it was not (H200, 2026-11-24 and
+// -25: bench/results/h200/dit_attention.json, dit_attention_fp8.json; bench/fit_prefill_time.py).
+TEST(PrefillTime, H200FitWithinEightPercent) {
+  struct Case {
+    int h, len;
+    bool causal, fp8;
+    double measured_us;
+  };
+  const Case cases[] = {{24, 4608, false, false, 468.3},  {24, 14034, false, false, 3990.9},
+                        {40, 32760, false, false, 36078.8}, {8, 1024, false, false, 21.5},
+                        {24, 8704, true, false, 856.8},    {24, 8704, false, true, 1218.5},
+                        {24, 8704, true, true, 668.7},     {16, 4097, false, true, 199.2}};
+  for (const Case& c : cases) {
+    PrefillAttentionShape s;
+    s.num_q_heads = s.num_kv_heads = c.h;
+    s.causal = c.causal;
+    s.fp8 = c.fp8;
+    const double us = predict_prefill_us(s, {0, c.len}, {}, 132, prefill_time_model(s));
+    EXPECT_NEAR(us / c.measured_us, 1.0, 0.08) << "H " << c.h << " L " << c.len << (c.causal ? " causal" : "")
+                                               << (c.fp8 ? " fp8" : "") << ": " << us << " us";
+  }
+}
+
+}  // namespace
+}  // namespace tw

@@ -159,6 +159,7 @@ void run_plan_prefill(const PlanOptions& o) {
     runs.emplace_back(ord, predict_prefill_traffic(s, cu, {}, ord, gpu.sms, gpu.l2_bytes));
   const PrefillTraffic& k = runs.front().second;
   const int64_t rounds = (k.items + gpu.sms - 1) / gpu.sms;
+  const double us = predict_prefill_us(s, cu, {}, gpu.sms, prefill_time_model(s));
   if (o.json_out) {
     json orders = json::array();
     for (const auto& [ord, t] : runs)
@@ -171,6 +172,8 @@ void run_plan_prefill(const PlanOptions& o) {
                       {"preset", gpu.name},
                       {"plan", {{"block_m", k.block_m}, {"block_n", k.block_n}, {"items", k.items}, {"rounds", rounds}}},
                       {"flops", flops},
+                      {"predicted_us", us},
+                      {"predicted_tflops", flops / std::max(us, 1e-9) * 1e-6},
                       {"bytes", {{"q", k.q_bytes}, {"kv", k.kv_bytes}, {"out", k.out_bytes},
                                  {"compulsory_read", k.compulsory_read_bytes()}}},
                       {"compute_us_at_gemm_peak", flops / (gpu.gemm_tflops * (s.fp8 ? 2 : 1) * 1e6)},
@@ -186,8 +189,12 @@ void run_plan_prefill(const PlanOptions& o) {
              gpu.name, gpu.sms, gpu.l2_bytes >> 20);
   fmt::print("PrefillAttention's plan: items of {} query rows x 1 head, K/V tiles of {} keys; {} items, {} round(s) over the SMs\n",
              k.block_m, k.block_n, k.items, rounds);
-  fmt::print("  {:.3g} GFLOP (4 d Hq x visible pairs); reads Q {:.1f} MB, K+V {:.1f} MB at least; writes {:.1f} MB\n\n",
+  fmt::print("  {:.3g} GFLOP (4 d Hq x visible pairs); reads Q {:.1f} MB, K+V {:.1f} MB at least; writes {:.1f} MB\n",
              flops * 1e-9, k.q_bytes / 1e6, k.kv_bytes / 1e6, k.out_bytes / 1e6);
+  const PrefillTimeModel tm = prefill_time_model(s);
+  fmt::print("  predicted {:.1f} us, {:.0f} TFLOP/s (each item {:.3g} us + {:.4f} us a key row, on {} SMs; fitted on the "
+             "H200: bench/fit_prefill_time.py)\n\n",
+             us, flops / std::max(us, 1e-9) * 1e-6, tm.us_per_item, tm.us_per_key_row, gpu.sms);
   fmt::print("DRAM reads the traffic model replays (model/prefill_traffic.hpp: LRU over K/V tiles in L2 / 2):\n");
   fmt::print("  {:<8} {:>12} {:>14} {:>12} {:>10} {:>16}\n", "order", "read MB", "K/V read MB", "K/V misses", "x minimum",
              "us at the floor");

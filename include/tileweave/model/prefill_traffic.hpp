@@ -12,7 +12,8 @@
 //    of a line that SMs on both sides read (docs/model.md, "The partitioned L2"), and every K/V
 //    tile is read from both sides when more than one SM reads it; Q is read once (evict-first in
 //    the kernel) and not cached; the output is written once.
-// No CUDA here: the CLI (`tileweave plan prefill`) prints it for the kernel's order and the others.
+// No CUDA here: the CLI (`tileweave plan prefill`) prints it for the kernel's order and the others,
+// with the time model below.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +44,21 @@ struct PrefillTraffic {
   double read_bytes() const { return q_bytes + kv_read_bytes; }
   double compulsory_read_bytes() const { return q_bytes + kv_bytes; }
 };
+
+// The op's time: every item takes us_per_item + us_per_key_row x (the key rows it reads: its K/V
+// tiles x keys per tile), the items run on `sms` SMs that take them in the kernel's order from its
+// counter (list scheduling), plus a launch. Fitted per configuration on the H200 by
+// bench/fit_prefill_time.py (bench/results/h200/dit_attention*.json: bf16 and fp8, H 8-48, L
+// 1024-32760, fitted on the non-causal cases, the causal ones predicted): every case within 8%, most
+// within 4%. The fixed cost per item says where an item's time goes besides its keys: 3.0 us at bf16
+// d = 128, 10.4 us at fp8 (its scale loads and divides at the item's ends, and the first S GEMM
+// with nothing to overlap at e4m3 rates), 0 at d = 64.
+struct PrefillTimeModel {
+  double us_per_key_row = 0, us_per_item = 0, launch_us = 3.0;
+};
+PrefillTimeModel prefill_time_model(const PrefillAttentionShape& s);  // the H200 fit for the configuration
+double predict_prefill_us(const PrefillAttentionShape& s, const std::vector<int>& cu_seqlens_q,
+                          const std::vector<int>& cu_seqlens_k, int sms, const PrefillTimeModel& m);
 
 // The replay above for the op's plan of the shape (prefill_block_n / prefill_block_m on `sms` SMs;
 // fp8: one byte an element). Validates the shape and offsets as the op does. kv_copies >= 1.
