@@ -103,6 +103,60 @@ std::vector<PrefillTile> plan_prefill_tiles(const PrefillAttentionShape& s, cons
   return tiles;
 }
 
+int TileGraph::add_prefill_attention(std::string name, const PrefillAttentionShape& s, const std::vector<int>& cu_q,
+                                     const std::vector<int>& cu_k_in, int block_m, int block_n,
+                                     const PrefillAttentionTensorIds& t) {
+  validate_prefill_attention(s, cu_q, cu_k_in);
+  const std::vector<int>& cu_k = keys_of(cu_q, cu_k_in);
+  auto bad_op = [&](const std::string& what) { return InvalidArgument("op '" + name + "': " + what); };
+  if (block_m < 1 || block_n < 1)
+    throw bad_op("block_m " + std::to_string(block_m) + " and block_n " + std::to_string(block_n) + " must be >= 1");
+  const int64_t D = s.head_dim, qd = int64_t(s.num_q_heads) * D, kvd = int64_t(s.num_kv_heads) * D;
+  auto expect = [&](int id, const char* what, int64_t rows, int64_t col0, int64_t cols) {
+    check_tensor(id, what);
+    const Tensor& T = tensors_[id];
+    if (T.rows != rows || col0 < 0 || T.cols < col0 + cols)
+      throw bad_op(std::string(what) + " is " + std::to_string(T.rows) + "x" + std::to_string(T.cols) + ", expected " +
+                   std::to_string(rows) + " rows holding columns " + std::to_string(col0) + ".." +
+                   std::to_string(col0 + cols));
+  };
+  expect(t.q, "q", cu_q.back(), t.q_col, qd);
+  expect(t.k, "k", cu_k.back(), t.k_col, kvd);
+  expect(t.v, "v", cu_k.back(), t.v_col, kvd);
+  expect(t.out, "out", cu_q.back(), 0, qd);
+  const std::vector<PrefillTile> plan = plan_prefill_tiles(s, cu_q, cu_k, block_n, block_m);
+  Op o;
+  o.name = std::move(name);
+  o.kind = OpKind::PrefillAttention;
+  o.m = cu_q.back(), o.n = qd, o.k = cu_k.back();
+  o.a = t.q, o.b = t.k, o.c = t.out;
+  // Not a grid over the output (packed sequences' tiles start at their own rows): consumers find
+  // their producers by overlap. tm = the plan's tile, tn = the head.
+  o.tiling.bm = block_m, o.tiling.bn = D, o.tiling.bk = block_n, o.tiling.split_k = 1;
+  o.grid_m = int64_t(plan.size()), o.grid_n = s.num_q_heads;
+  o.first_tile = num_tiles();
+  const int group = s.num_q_heads / s.num_kv_heads;
+  for (int h = 0; h < s.num_q_heads; ++h)
+    for (size_t i = 0; i < plan.size(); ++i) {
+      const PrefillTile& p = plan[i];
+      const int64_t q0 = cu_q[p.seq] + int64_t(p.q_tile) * block_m, q1 = std::min<int64_t>(q0 + block_m, cu_q[p.seq + 1]);
+      const int64_t keys = std::min<int64_t>(int64_t(p.kv_tiles) * block_n, cu_k[p.seq + 1] - cu_k[p.seq]);
+      const int kvh = h / group;
+      Tile tile;
+      tile.op = static_cast<int>(ops_.size());
+      tile.tm = int64_t(i), tile.tn = h;
+      tile.reads.push_back({t.q, q0, q1, t.q_col + h * D, t.q_col + (h + 1) * D});
+      if (keys > 0) {
+        tile.reads.push_back({t.k, cu_k[p.seq], cu_k[p.seq] + keys, t.k_col + kvh * D, t.k_col + (kvh + 1) * D});
+        tile.reads.push_back({t.v, cu_k[p.seq], cu_k[p.seq] + keys, t.v_col + kvh * D, t.v_col + (kvh + 1) * D});
+      }
+      tile.writes.push_back({t.out, q0, q1, h * D, (h + 1) * D});
+      tile.flops = 4.0 * double(D) * double(q1 - q0) * double(keys);  // the mask's savings not counted
+      tiles_.push_back(std::move(tile));
+    }
+  return finish_op(std::move(o));
+}
+
 double prefill_attention_flops(const PrefillAttentionShape& s, const std::vector<int>& cu_q,
                                const std::vector<int>& cu_k_in) {
   const auto& cu_k = keys_of(cu_q, cu_k_in);

@@ -28,6 +28,7 @@ const char* to_string(OpKind k) {
     case OpKind::GemmSiluMul: return "gemm_silu_mul";
     case OpKind::SiluMul: return "silu_mul";
     case OpKind::DecodeAttention: return "decode_attention";
+    case OpKind::PrefillAttention: return "prefill_attention";
     case OpKind::Embed: return "embed";
     case OpKind::Sample: return "sample";
     case OpKind::AllReduce: return "all_reduce";
@@ -368,7 +369,7 @@ void TileGraph::derive_deps(int first_new_tile) {
       const bool side = std::find(po.side_outputs.begin(), po.side_outputs.end(), r.tensor) != po.side_outputs.end();
       if (r.tensor != po.c && !side)
         throw InvalidArgument("op '" + ops_[t.op].name + "' reads the internal tensor '" + tensors_[r.tensor].name + "'");
-      if (side || po.kind == OpKind::DecodeAttention || po.kind == OpKind::Sample) {
+      if (side || po.kind == OpKind::DecodeAttention || po.kind == OpKind::PrefillAttention || po.kind == OpKind::Sample) {
         for (int w : ws)
           if (overlapping(w, r)) t.deps.push_back(w);
         continue;

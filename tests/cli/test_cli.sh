@@ -163,6 +163,12 @@ expect_error "--heads '32' is not Q/KV" plan attention --len 100 --heads 32
 expect_error "--len (every sequence) or --lens" plan attention --heads 32/8
 expect_error "--lens item 'x' is not an integer" plan attention --lens 5,x
 expect_error "--m/--d/--f/--n/--k do not apply" plan attention --len 5 --m 3
+# The attention half of a DiT block as one tile graph: its fusion report and the orders' traffic.
+expect_ok "qkv -> attention via qkv: many-to-many" graph --dit 4x1000
+expect_ok "op attention        prefill_attention" graph --dit 24x4608
+expect_ok "col_major" sim --dit 24x4608
+expect_error "--dit and --gemm / --attention name two problems" sim --dit 24x4608 --gemm 64x64x64
+expect_error "--tile and --split-k do not apply to --dit" sim --dit 24x4608 --tile 64x64x64
 # plan prefill: PrefillAttention's plan and the traffic model's DRAM bytes for the kernel's order and
 # the other: at H 24, L 14034 the kernel's (head by head) reads K/V once, query tile by tile many times.
 expect_ok "items of 128 query rows x 1 head, K/V tiles of 160 keys; 2640 items" plan prefill --heads 24/24 --len 14034

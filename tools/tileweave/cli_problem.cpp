@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "tileweave/graph/attention_graph.hpp"
+#include "tileweave/graph/dit_graph.hpp"
 #include "tileweave/graph/gemm_graph.hpp"
 #include "tileweave/model/presets.hpp"
 
@@ -19,6 +20,9 @@ void add_problem_options(CLI::App& cmd, ProblemOptions& o) {
   cmd.add_option("--attention", o.attention,
                  "decode attention -> o_proj BxL (Llama-3-8B: 32/8 heads, d 128, hidden 4096; B sequences of L "
                  "tokens) instead of a model FFN, tiled as the GPU executor runs it");
+  cmd.add_option("--dit", o.dit,
+                 "the attention half of a DiT block HxL (H heads of 128, L tokens: QKV projection with per-head "
+                 "RMSNorm and RoPE in its epilogue, attention, output projection) instead of a model FFN");
   cmd.add_option("--tile", o.tile, "tile BMxBNxBK (default 128x128x64, clipped to the problem)");
   cmd.add_option("--split-k", o.split_k, "K slices of the last GEMM")->capture_default_str();
   cmd.add_option("--gpu", o.gpu, "GPU preset: h100 | h200 | a100, or a preset JSON file (bench/l2_probe writes one)")
@@ -154,6 +158,23 @@ Problem make_problem(const ProblemOptions& o) {
   const std::string cache_text = fmt::format("cache {}, {} B lines{}, P = {}{}", cap_text,
                                              p.cache.line_bytes, p.cache.sets > 1 ? fmt::format(", {} sets", p.cache.sets) : "",
                                              p.cache.in_flight, l2_text);
+  if (!o.dit.empty()) {
+    if (!o.gemm.empty() || !o.attention.empty()) throw InvalidArgument("--dit and --gemm / --attention name two problems: give one");
+    if (!o.tile.empty() || o.split_k != 1) throw InvalidArgument("--tile and --split-k do not apply to --dit (its tiles are planned)");
+    int64_t v[2];
+    parse_dims(o.dit, "dit shape", v, 2);
+    DitAttentionShape s;
+    s.heads = static_cast<int>(std::min<int64_t>(v[0], 1 << 20));
+    s.tokens = v[1];
+    const DitAttentionGraph g = build_dit_attention_graph(s, gpu.sms);
+    p.graph = g.graph;
+    p.description = fmt::format("DiT attention block, {} heads x 128 (width {}), L = {}: qkv {}x{}x{} (per-head RMSNorm + "
+                                "RoPE in its epilogue), attention {} items, o_proj {}x{}x{}; {} ({})",
+                                s.heads, int64_t(s.heads) * 128, s.tokens, s.tokens, 3 * int64_t(s.heads) * 128,
+                                int64_t(s.heads) * 128, g.graph.op(g.op_attention).num_tiles, s.tokens,
+                                int64_t(s.heads) * 128, int64_t(s.heads) * 128, cache_text, gpu.name);
+    return p;
+  }
   if (!o.attention.empty()) {
     if (!o.gemm.empty()) throw InvalidArgument("--attention and --gemm name two problems: give one");
     if (!o.tile.empty()) throw InvalidArgument("--tile does not apply to --attention (its tiles are the executor's)");

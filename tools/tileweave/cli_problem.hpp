@@ -22,6 +22,7 @@ struct ProblemOptions {
   int64_t d = 0, ffn = 0;           // --d, --ffn: override the preset's hidden / intermediate size
   std::string gemm;                 // --gemm MxNxK: one GEMM instead of a model FFN
   std::string attention;            // --attention BxL: Llama-3-8B decode attention -> o_proj instead
+  std::string dit;  // HxL: the attention half of a DiT block (graph/dit_graph.hpp)
   std::string tile;                 // --tile BMxBNxBK (default 128x128x64, clipped to the problem)
   int64_t split_k = 1;              // --split-k, for the last GEMM (FFN down / the single GEMM)
   std::string gpu = "h200";         // --gpu

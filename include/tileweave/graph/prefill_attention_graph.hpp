@@ -69,6 +69,14 @@ std::vector<PrefillTile> plan_prefill_tiles(const PrefillAttentionShape& s, cons
                                             const std::vector<int>& cu_seqlens_k, int block_n = kPrefillBlockN,
                                             int block_m = kPrefillBlockM);
 
+// The tensors of TileGraph::add_prefill_attention: q, k, v each a column range of a tensor (columns
+// q_col .. q_col + Hq*D of q, and so on; one tensor with three offsets is a fused QKV projection's
+// output [total, (Hq + 2 Hkv) D]), out [total_q, Hq*D].
+struct PrefillAttentionTensorIds {
+  int q = -1, k = -1, v = -1, out = -1;
+  int64_t q_col = 0, k_col = 0, v_col = 0;
+};
+
 // 4 * D * Hq * (query, key) pairs the mask lets through: the FLOPs of S = QK^T and O = PV.
 double prefill_attention_flops(const PrefillAttentionShape& s, const std::vector<int>& cu_seqlens_q,
                                const std::vector<int>& cu_seqlens_k);

@@ -52,6 +52,9 @@ enum class OpKind {
   Sample,           // C[M, 1] = the greedy token of each row, from the LM head's running maxima
   AllReduce,        // C[M, N] = the sum of A[M, N] over `ranks` tensor-parallel ranks (column blocks); a
                     // ring moves 2 (ranks - 1) / ranks of each block over every rank's link
+  PrefillAttention, // full (or causal) attention over packed sequences (graph/prefill_attention_graph.hpp):
+                    // a tile per (query tile, head) item, reading its Q rows and every K/V row they see;
+                    // C = out [total_q, Hq*D]
 };
 const char* to_string(OpKind k);
 
@@ -112,6 +115,8 @@ struct GemmExtras {
 struct DecodeAttentionShape;
 struct DecodePlan;
 struct DecodeAttentionTensorIds;
+struct PrefillAttentionShape;
+struct PrefillAttentionTensorIds;
 
 class TileGraph {
  public:
@@ -147,6 +152,13 @@ class TileGraph {
   int add_decode_attention(std::string name, const DecodeAttentionShape& s, const std::vector<int>& seq_lens,
                            const std::vector<int>& page_table, const DecodePlan& plan, const DecodeAttentionTensorIds& t,
                            int kv_granule = 1);
+  // Prefill attention's items (defined in prefill_attention_graph.cpp) in the kernel's order, head by
+  // head over plan_prefill_tiles(s, cu_q, cu_k, block_n, block_m): item (tile, head) reads its Q rows
+  // of the head, the K and V rows of its sequence that it sees (the first kv_tiles x block_n), and
+  // writes its output rows of the head. q, k, v may be column ranges of one tensor (a fused QKV
+  // projection's output).
+  int add_prefill_attention(std::string name, const PrefillAttentionShape& s, const std::vector<int>& cu_q,
+                            const std::vector<int>& cu_k, int block_m, int block_n, const PrefillAttentionTensorIds& t);
 
   const std::vector<Tensor>& tensors() const { return tensors_; }
   const std::vector<Op>& ops() const { return ops_; }

@@ -1,0 +1,37 @@
+// The attention half of a diffusion transformer block as one tile graph (issue 20 item 4, the host
+// side): x [L, W] -> QKV projection, whose epilogue normalizes q and k per head (RMSNorm over the
+// head dim) and rotates them (RoPE from a table of the tokens' frequencies, so the 2-D / 3-D
+// variants of image and video models fit) -> attention -> output projection [L, W]. A QKV column
+// tile is one head of q, k or v (bn = head dim), so the epilogue's per-head norm and rotation stay
+// inside the tile that computes the head: K is normalized and rotated once, by its producer, not
+// once per consumer. The traffic model replays it (`tileweave sim --dit HxL`, `tileweave graph --dit
+// HxL` for the fusion report); the GPU executor is to run the same graph.
+#pragma once
+
+#include <cstdint>
+
+#include "tileweave/graph/prefill_attention_graph.hpp"
+#include "tileweave/graph/tile_graph.hpp"
+
+namespace tw {
+
+struct DitAttentionShape {
+  int64_t tokens = 4608;           // one sequence (the joint text + image tokens)
+  int heads = 24, head_dim = 128;  // width W = heads x head_dim (Qwen-Image: 24 x 128 = 3072)
+  bool causal = false;
+  bool fp8 = false;                // the attention's e4m3 path (its quantization not a separate op here)
+};
+
+struct DitAttentionGraph {
+  TileGraph graph;
+  int x = -1, w_qkv = -1, qk_norm = -1, rope = -1, qkv = -1, attn = -1, w_o = -1, y = -1;
+  int op_qkv = -1, op_attention = -1, op_o_proj = -1;
+  PrefillAttentionShape attention;  // the attention op's shape
+};
+
+// GEMM tiles 128 x head_dim x 64 for the QKV projection and 128 x 128 x 64 for the output one; the
+// attention's items as the op plans them on `sms` SMs (prefill_block_m / prefill_block_n).
+// InvalidArgument names a bad size.
+DitAttentionGraph build_dit_attention_graph(const DitAttentionShape& s, int sms);
+
+}  // namespace tw

@@ -1,0 +1,52 @@
+// The attention half of a DiT block as one tile graph: see graph/dit_graph.hpp.
+#include "tileweave/graph/dit_graph.hpp"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+namespace tw {
+
+DitAttentionGraph build_dit_attention_graph(const DitAttentionShape& s, int sms) {
+  if (s.tokens < 1 || s.tokens > (int64_t{1} << 24))
+    throw InvalidArgument("dit attention: tokens " + std::to_string(s.tokens) + " must be in [1, 2^24]");
+  if (s.heads < 1 || s.heads > 256) throw InvalidArgument("dit attention: heads " + std::to_string(s.heads) + " must be in [1, 256]");
+  if (sms < 1) throw InvalidArgument("dit attention: sms must be >= 1, got " + std::to_string(sms));
+  DitAttentionGraph g;
+  g.attention.num_q_heads = g.attention.num_kv_heads = s.heads;
+  g.attention.head_dim = s.head_dim;
+  g.attention.causal = s.causal;
+  g.attention.fp8 = s.fp8;
+  const std::vector<int> cu = {0, int(s.tokens)};
+  validate_prefill_attention(g.attention, cu, {});  // names a bad head_dim (64 or 128; fp8: 128)
+  const int64_t L = s.tokens, D = s.head_dim, W = int64_t(s.heads) * D;
+  TileGraph& G = g.graph;
+  g.x = G.add_tensor("x", L, W, 2, TensorRole::Input);
+  g.w_qkv = G.add_tensor("w_qkv", 3 * W, W, 2, TensorRole::Weight);
+  g.qk_norm = G.add_tensor("qk_norm", 2, D, 2, TensorRole::Weight);  // RMSNorm weights of q, k
+  g.rope = G.add_tensor("rope", L, D, 4, TensorRole::Input);         // cos | sin of each token's frequencies
+  g.qkv = G.add_tensor("qkv", L, 3 * W, 2, TensorRole::Intermediate);
+  g.attn = G.add_tensor("attn", L, W, 2, TensorRole::Intermediate);
+  g.w_o = G.add_tensor("w_o", W, W, 2, TensorRole::Weight);
+  g.y = G.add_tensor("y", L, W, 2, TensorRole::Output);
+
+  // QKV: a column tile per head of q, k or v; q and k tiles also read their norm's weights and the
+  // RoPE rows of their tokens in the epilogue.
+  const Tiling qkv_t{std::min<int64_t>(128, L), D, 64, 1, {}};
+  g.op_qkv = G.add_gemm_ex("qkv", OpKind::Gemm, g.x, g.w_qkv, g.qkv, qkv_t, {}, {}, [&](Tile& t) {
+    const int64_t which = t.tn / s.heads;  // 0 q, 1 k, 2 v
+    if (which > 1) return;
+    t.reads.push_back({g.qk_norm, which, which + 1, 0, D});
+    t.reads.push_back({g.rope, t.tm * qkv_t.bm, std::min(L, (t.tm + 1) * qkv_t.bm), 0, D});
+  });
+  PrefillAttentionTensorIds ids;
+  ids.q = ids.k = ids.v = g.qkv;
+  ids.q_col = 0, ids.k_col = W, ids.v_col = 2 * W;
+  ids.out = g.attn;
+  g.op_attention = G.add_prefill_attention("attention", g.attention, cu, {}, prefill_block_m(g.attention, cu, sms),
+                                           prefill_block_n(g.attention), ids);
+  g.op_o_proj = G.add_gemm("o_proj", g.attn, g.w_o, g.y, Tiling{std::min<int64_t>(128, L), std::min<int64_t>(128, W), 64, 1, {}});
+  return g;
+}
+
+}  // namespace tw

@@ -1,0 +1,94 @@
+// The attention half of a DiT block as a tile graph (graph/dit_graph.hpp): tiles, the epilogue's
+// extra reads, the dependencies that replace kernel boundaries, bad sizes.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "tileweave/graph/dit_graph.hpp"
+
+namespace tw {
+namespace {
+
+TEST(DitGraph, TilesAndDependencies) {
+  DitAttentionShape s;
+  s.tokens = 1000;  // 8 row tiles of 128 (the last 104 rows)
+  s.heads = 4;
+  const DitAttentionGraph g = build_dit_attention_graph(s, 132);
+  const TileGraph& G = g.graph;
+  ASSERT_EQ(G.ops().size(), 3u);
+  const Op& qkv = G.op(g.op_qkv);
+  const Op& att = G.op(g.op_attention);
+  const Op& out = G.op(g.op_o_proj);
+  EXPECT_EQ(qkv.grid_m, 8);
+  EXPECT_EQ(qkv.grid_n, 12);  // q, k, v of 4 heads: a column tile per head
+  EXPECT_EQ(att.kind, OpKind::PrefillAttention);
+  EXPECT_EQ(att.num_tiles, 8 * 4);  // 128-row items x heads
+  EXPECT_EQ(out.num_tiles, 8 * 4);  // 1000 x 512 in 128 x 128
+  for (int id = qkv.first_tile; id < qkv.first_tile + qkv.num_tiles; ++id) {
+    const Tile& t = G.tile(id);
+    const bool norm_rope = t.tn < 2 * s.heads;  // q and k heads read the norm weights and RoPE rows
+    const auto reads_tensor = [&](int tensor) {
+      return std::any_of(t.reads.begin(), t.reads.end(), [&](const Region& r) { return r.tensor == tensor; });
+    };
+    EXPECT_EQ(reads_tensor(g.qk_norm), norm_rope) << "tile " << t.tm << "," << t.tn;
+    EXPECT_EQ(reads_tensor(g.rope), norm_rope) << "tile " << t.tm << "," << t.tn;
+  }
+  // An attention item waits for its Q tile of the head and every K and V row tile of the head:
+  // 1 + 8 + 8 QKV tiles; nothing else.
+  for (int id = att.first_tile; id < att.first_tile + att.num_tiles; ++id) {
+    const Tile& t = G.tile(id);
+    ASSERT_EQ(t.deps.size(), 17u) << "item " << t.tm << ", head " << t.tn;
+    for (int d : t.deps) EXPECT_EQ(G.tile(d).op, g.op_qkv);
+    int q = 0, k = 0, v = 0;
+    for (int d : t.deps) {
+      const int64_t col = G.tile(d).tn;
+      q += col == t.tn, k += col == s.heads + t.tn, v += col == 2 * s.heads + t.tn;
+    }
+    EXPECT_EQ(q, 1);
+    EXPECT_EQ(k, 8);
+    EXPECT_EQ(v, 8);
+  }
+  // An o_proj tile waits for the attention items of its rows, every head.
+  for (int id = out.first_tile; id < out.first_tile + out.num_tiles; ++id) {
+    const Tile& t = G.tile(id);
+    ASSERT_EQ(t.deps.size(), 4u);
+    for (int d : t.deps) EXPECT_EQ(G.tile(d).op, g.op_attention);
+  }
+}
+
+TEST(DitGraph, CausalItemsReadTheirKeyPrefix) {
+  DitAttentionShape s;
+  s.tokens = 640;
+  s.heads = 2;
+  s.causal = true;
+  const DitAttentionGraph g = build_dit_attention_graph(s, 132);
+  const Op& att = g.graph.op(g.op_attention);
+  int64_t min_keys = 1 << 30, max_keys = 0;
+  for (int id = att.first_tile; id < att.first_tile + att.num_tiles; ++id) {
+    const Tile& t = g.graph.tile(id);
+    ASSERT_EQ(t.reads.size(), 3u);  // q, k, v
+    min_keys = std::min(min_keys, t.reads[1].rows());
+    max_keys = std::max(max_keys, t.reads[1].rows());
+  }
+  EXPECT_EQ(min_keys, 128);  // the first query tile sees one key tile of 128
+  EXPECT_EQ(max_keys, 640);
+}
+
+TEST(DitGraph, BadSizesNameTheValue) {
+  DitAttentionShape s;
+  s.tokens = 0;
+  EXPECT_THROW(build_dit_attention_graph(s, 132), InvalidArgument);
+  s.tokens = 100;
+  s.head_dim = 96;
+  EXPECT_THROW(build_dit_attention_graph(s, 132), InvalidArgument);
+  s.head_dim = 64;
+  s.fp8 = true;  // e4m3 attention takes head_dim 128
+  EXPECT_THROW(build_dit_attention_graph(s, 132), InvalidArgument);
+  s.fp8 = false;
+  EXPECT_THROW(build_dit_attention_graph(s, 0), InvalidArgument);
+  EXPECT_NO_THROW(build_dit_attention_graph(s, 132));
+}
+
+}  // namespace
+}  // namespace tw
