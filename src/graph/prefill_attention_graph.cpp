@@ -131,9 +131,10 @@ int TileGraph::add_prefill_attention(std::string name, const PrefillAttentionSha
   o.m = cu_q.back(), o.n = qd, o.k = cu_k.back();
   o.a = t.q, o.b = t.k, o.c = t.out;
   // Not a grid over the output (packed sequences' tiles start at their own rows): consumers find
-  // their producers by overlap. tm = the plan's tile, tn = the head.
+  // their producers by overlap. The order grid is (head, the plan's tile): tm = the head, tn = the
+  // tile, numbered row-major as tile_id expects, so the row-major order is the kernel's, head by head.
   o.tiling.bm = block_m, o.tiling.bn = D, o.tiling.bk = block_n, o.tiling.split_k = 1;
-  o.grid_m = int64_t(plan.size()), o.grid_n = s.num_q_heads;
+  o.grid_m = s.num_q_heads, o.grid_n = int64_t(plan.size());
   o.first_tile = num_tiles();
   const int group = s.num_q_heads / s.num_kv_heads;
   for (int h = 0; h < s.num_q_heads; ++h)
@@ -144,7 +145,7 @@ int TileGraph::add_prefill_attention(std::string name, const PrefillAttentionSha
       const int kvh = h / group;
       Tile tile;
       tile.op = static_cast<int>(ops_.size());
-      tile.tm = int64_t(i), tile.tn = h;
+      tile.tm = h, tile.tn = int64_t(i);
       tile.reads.push_back({t.q, q0, q1, t.q_col + h * D, t.q_col + (h + 1) * D});
       if (keys > 0) {
         tile.reads.push_back({t.k, cu_k[p.seq], cu_k[p.seq] + keys, t.k_col + kvh * D, t.k_col + (kvh + 1) * D});

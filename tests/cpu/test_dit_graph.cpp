@@ -38,12 +38,12 @@ TEST(DitGraph, TilesAndDependencies) {
   // 1 + 8 + 8 QKV tiles; nothing else.
   for (int id = att.first_tile; id < att.first_tile + att.num_tiles; ++id) {
     const Tile& t = G.tile(id);
-    ASSERT_EQ(t.deps.size(), 17u) << "item " << t.tm << ", head " << t.tn;
+    ASSERT_EQ(t.deps.size(), 17u) << "head " << t.tm << ", item " << t.tn;
     for (int d : t.deps) EXPECT_EQ(G.tile(d).op, g.op_qkv);
     int q = 0, k = 0, v = 0;
     for (int d : t.deps) {
       const int64_t col = G.tile(d).tn;
-      q += col == t.tn, k += col == s.heads + t.tn, v += col == 2 * s.heads + t.tn;
+      q += col == t.tm, k += col == s.heads + t.tm, v += col == 2 * s.heads + t.tm;
     }
     EXPECT_EQ(q, 1);
     EXPECT_EQ(k, 8);

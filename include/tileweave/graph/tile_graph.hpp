@@ -156,7 +156,7 @@ class TileGraph {
   // head over plan_prefill_tiles(s, cu_q, cu_k, block_n, block_m): item (tile, head) reads its Q rows
   // of the head, the K and V rows of its sequence that it sees (the first kv_tiles x block_n), and
   // writes its output rows of the head. q, k, v may be column ranges of one tensor (a fused QKV
-  // projection's output).
+  // projection's output). Its order grid is (head, tile): the row-major order is the kernel's.
   int add_prefill_attention(std::string name, const PrefillAttentionShape& s, const std::vector<int>& cu_q,
                             const std::vector<int>& cu_k, int block_m, int block_n, const PrefillAttentionTensorIds& t);
 
