@@ -34,6 +34,15 @@ TEST(DitGraph, TilesAndDependencies) {
     EXPECT_EQ(reads_tensor(g.qk_norm), norm_rope) << "tile " << t.tm << "," << t.tn;
     EXPECT_EQ(reads_tensor(g.rope), norm_rope) << "tile " << t.tm << "," << t.tn;
   }
+  // The attention's order grid is (head, item), numbered as tile_id expects: the named orders then
+  // mean what they say (row-major is the kernel's order, head by head).
+  EXPECT_EQ(att.grid_m, s.heads);
+  for (int64_t h = 0; h < att.grid_m; ++h)
+    for (int64_t i = 0; i < att.grid_n; ++i) {
+      const Tile& t = G.tile(G.tile_id(g.op_attention, h, i));
+      EXPECT_EQ(t.tm, h);
+      EXPECT_EQ(t.tn, i);
+    }
   // An attention item waits for its Q tile of the head and every K and V row tile of the head:
   // 1 + 8 + 8 QKV tiles; nothing else.
   for (int id = att.first_tile; id < att.first_tile + att.num_tiles; ++id) {
