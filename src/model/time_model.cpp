@@ -1,5 +1,7 @@
 #include "tileweave/model/time_model.hpp"
 
+#include "tileweave/model/prefill_traffic.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -73,6 +75,7 @@ struct TileCost {
   double step_bytes = 0;  // DRAM bytes per K-step (the op's bytes spread over its K-steps)
   double reduce_bytes = 0;
   int group = -1;         // split-K output block (index into the group table), -1 if unsplit
+  double fixed_us = -1;   // latency before the first step; -1: the GEMM tile's (TimeParams::tile_fixed_us)
 };
 
 struct Costs {
@@ -93,6 +96,17 @@ Costs tile_costs(const TileGraph& g, const TrafficReport& r, const TimeParams& p
     TileCost& tc = c.tile[id];
     tc.steps = t.step_cols > 0 ? std::max<int64_t>(1, (t.k1 - t.k0 + t.step_cols - 1) / t.step_cols) : 1;
     tc.step_us = t.flops / tc.steps / sm_flops_per_us;
+    const Op& o = g.op(t.op);
+    if (o.kind == OpKind::PrefillAttention && t.reads.size() >= 2) {
+      // An attention item is not a GEMM tile: its fixed cost and its cost per key row (whole key
+      // tiles of bk rows) from prefill attention's fitted model (model/prefill_traffic.hpp, bf16).
+      PrefillAttentionShape s;
+      s.head_dim = int(o.tiling.bn);
+      const PrefillTimeModel m = prefill_time_model(s);
+      const int64_t keys = (t.reads[1].rows() + o.tiling.bk - 1) / o.tiling.bk * o.tiling.bk;
+      tc.step_us = m.us_per_item + m.us_per_key_row * double(keys);
+      tc.fixed_us = 0;  // in us_per_item
+    }
     op_steps[t.op] += double(tc.steps);
   }
   // Split-K groups: the slices of one output block, keyed by (op, tm, tn).
@@ -162,7 +176,7 @@ double replay(const TileGraph& g, const std::vector<int>& order, const Costs& c,
     while (free_slots > 0 && next < n) {
       const int id = order[next++];
       out.take[id] = now;
-      active.push_back({id, Wait, now + p.tile_fixed_us, 0, 0, 0});
+      active.push_back({id, Wait, now + (c.tile[id].fixed_us >= 0 ? c.tile[id].fixed_us : p.tile_fixed_us), 0, 0, 0});
       --free_slots;
     }
     // Wait -> Main once the fixed latency is over and the producers are done.

@@ -6,6 +6,10 @@
 #include <string>
 
 #include "tileweave/graph/dit_graph.hpp"
+#include "tileweave/model/prefill_traffic.hpp"
+#include "tileweave/model/presets.hpp"
+#include "tileweave/model/time_model.hpp"
+#include "tileweave/order/orders.hpp"
 
 namespace tw {
 namespace {
@@ -82,6 +86,27 @@ TEST(DitGraph, CausalItemsReadTheirKeyPrefix) {
   }
   EXPECT_EQ(min_keys, 128);  // the first query tile sees one key tile of 128
   EXPECT_EQ(max_keys, 640);
+}
+
+// The replay times an attention item with prefill attention's own model (a fixed cost and a cost per
+// key row, no GEMM tile latency): alone, the op takes what predict_prefill_us says less its launch.
+TEST(DitGraph, AttentionItemsTimedByThePrefillModel) {
+  DitAttentionShape s;
+  s.tokens = 4608;
+  s.heads = 24;
+  const DitAttentionGraph g = build_dit_attention_graph(s, 132);
+  TrafficReport r;  // no DRAM bytes: compute only
+  for (const Op& o : g.graph.ops()) {
+    OpTraffic t;
+    t.name = o.name;
+    t.tiles = o.num_tiles;
+    r.per_op.push_back(t);
+  }
+  const TimeParams p = time_params(gpu_preset("h200"), 132);
+  const TimePrediction t = predict_time(g.graph, make_order(g.graph, "row_major"), r, p);
+  const double want = predict_prefill_us(g.attention, {0, int(s.tokens)}, {}, 132, prefill_time_model(g.attention)) -
+                      prefill_time_model(g.attention).launch_us;
+  EXPECT_NEAR(t.ops[g.op_attention].us, want, 1e-6 * want);
 }
 
 TEST(DitGraph, BadSizesNameTheValue) {
