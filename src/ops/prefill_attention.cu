@@ -113,24 +113,28 @@ PrefillAttention::~PrefillAttention() {
     cudaFree(p);
 }
 
-void PrefillAttention::check_tensors(const PrefillAttentionTensors& t, bool inputs) const {
-  if (inputs)
-    for (const auto& [ptr, name] : {std::pair<const void*, const char*>{t.q, "q"}, {t.k, "k"}, {t.v, "v"}})
-      ffn_sm90::check_operand("prefill attention", ptr, name);
+void PrefillAttention::check_inputs(const PrefillAttentionTensors& t) const {
+  for (const auto& [ptr, name] : {std::pair<const void*, const char*>{t.q, "q"}, {t.k, "k"}, {t.v, "v"}})
+    ffn_sm90::check_operand("prefill attention", ptr, name);
+}
+
+void PrefillAttention::check_outputs(const PrefillAttentionTensors& t) const {
   ffn_sm90::check_operand("prefill attention", t.out, "out");
   if (reinterpret_cast<uintptr_t>(t.lse) % alignof(float)) bad("lse must be 4-byte aligned");
 }
 
 void PrefillAttention::run(const PrefillAttentionTensors& t, cudaStream_t stream) const {
-  check_tensors(t, true);
-  if (shape_.fp8) quantize(t, stream);
+  check_outputs(t);  // before any launch; quantize() checks the inputs for the fp8 path
+  if (shape_.fp8)
+    quantize(t, stream);
+  else
+    check_inputs(t);
   attend(t, stream);
 }
 
 void PrefillAttention::quantize(const PrefillAttentionTensors& t, cudaStream_t stream) const {
   if (!shape_.fp8) bad("quantize() is for an fp8 op (shape.fp8)");
-  for (const auto& [ptr, name] : {std::pair<const void*, const char*>{t.q, "q"}, {t.k, "k"}, {t.v, "v"}})
-    ffn_sm90::check_operand("prefill attention", ptr, name);
+  check_inputs(t);
   constexpr int kD = 128;
   kernels::PrefillFp8QuantParams p;
   p.q = t.q;
@@ -167,7 +171,7 @@ void PrefillAttention::quantize(const PrefillAttentionTensors& t, cudaStream_t s
 
 void PrefillAttention::run_quantized(const PrefillAttentionTensors& t, cudaStream_t stream) const {
   if (!shape_.fp8) bad("run_quantized() is for an fp8 op (shape.fp8)");
-  check_tensors(t, false);
+  check_outputs(t);
   attend(t, stream);
 }
 

@@ -160,6 +160,8 @@ void run_plan_prefill(const PlanOptions& o) {
   const PrefillTraffic& k = runs.front().second;
   const int64_t rounds = (k.items + gpu.sms - 1) / gpu.sms;
   const double us = predict_prefill_us(s, cu, {}, gpu.sms, prefill_time_model(s));
+  const double peak_tflops = gpu.gemm_tflops * (s.fp8 ? 2 : 1);  // e4m3 runs at twice the bf16 rate
+  const double compute_us = flops / (peak_tflops * 1e6);
   if (o.json_out) {
     json orders = json::array();
     for (const auto& [ord, t] : runs)
@@ -176,7 +178,7 @@ void run_plan_prefill(const PlanOptions& o) {
                       {"predicted_tflops", flops / std::max(us, 1e-9) * 1e-6},
                       {"bytes", {{"q", k.q_bytes}, {"kv", k.kv_bytes}, {"out", k.out_bytes},
                                  {"compulsory_read", k.compulsory_read_bytes()}}},
-                      {"compute_us_at_gemm_peak", flops / (gpu.gemm_tflops * (s.fp8 ? 2 : 1) * 1e6)},
+                      {"compute_us_at_gemm_peak", compute_us},
                       {"orders", orders}}
                          .dump(2)
               << "\n";
@@ -204,9 +206,8 @@ void run_plan_prefill(const PlanOptions& o) {
                t.read_bytes() / (gpu.read_tbps * 1e6), ord == PrefillOrder::Heads ? "  (the kernel's)" : "");
   fmt::print("\nThe FLOPs at the preset's GEMM peak ({:.0f} TFLOP/s{}) take {:.1f} us: the kernel's DRAM reads are {:.1f}% of "
              "that.\n",
-             gpu.gemm_tflops * (s.fp8 ? 2 : 1), s.fp8 ? ", twice the bf16 peak for e4m3" : "",
-             flops / (gpu.gemm_tflops * (s.fp8 ? 2 : 1) * 1e6),
-             100.0 * (k.read_bytes() / (gpu.read_tbps * 1e6)) / std::max(flops / (gpu.gemm_tflops * (s.fp8 ? 2 : 1) * 1e6), 1e-9));
+             peak_tflops, s.fp8 ? ", twice the bf16 peak for e4m3" : "", compute_us,
+             100.0 * (k.read_bytes() / (gpu.read_tbps * 1e6)) / std::max(compute_us, 1e-9));
 }
 
 // Decode attention: the planner's tiles for the shape and lengths on the preset's SMs, what they

@@ -75,7 +75,8 @@ class PrefillAttention {
     uint8_t *q8 = nullptr, *k8 = nullptr, *vt8 = nullptr;
     float *q_scale = nullptr, *k_scale = nullptr, *v_amax = nullptr;
   } fp8_;
-  void check_tensors(const PrefillAttentionTensors& t, bool inputs) const;
+  void check_inputs(const PrefillAttentionTensors& t) const;   // q, k, v: non-null, 16-B aligned
+  void check_outputs(const PrefillAttentionTensors& t) const;  // out (16 B) and lse (4 B)
   void attend(const PrefillAttentionTensors& t, cudaStream_t stream) const;
 };
 

@@ -22,7 +22,7 @@
 #include <cstdint>
 
 #include "tileweave/graph/prefill_attention_graph.hpp"  // kPrefillFp8KeyBlock
-#include "tileweave/kernels/attention/prefill_sm90.cuh"    // kFp8Max, fp8_scale
+#include "tileweave/kernels/attention/prefill_sm90.cuh"    // fp8_scale, pack_e4m3
 
 namespace tw::kernels {
 
@@ -53,12 +53,6 @@ constexpr bool fp8_key_position_inverts_fragment() {
   return true;
 }
 static_assert(fp8_key_position_inverts_fragment(), "V^T's key order must be the inverse of the A fragment's");
-
-__device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d) {
-  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
-  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
-  return lo | (hi << 16);
-}
 
 // The rotation's sign of channel c (a fixed pseudo-random pattern, the same for Q and K).
 __device__ __forceinline__ float rotation_sign(int c) { return ((uint32_t(c) * 0x9E3779B1u) >> 31) ? -1.f : 1.f; }
@@ -175,7 +169,7 @@ __global__ void __launch_bounds__(256) fp8_quantize_q(const PrefillFp8QuantParam
     uint4 out[2];
     uint32_t* w = reinterpret_cast<uint32_t*>(out);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) w[j] = e4m3x4(x[4 * j] * inv, x[4 * j + 1] * inv, x[4 * j + 2] * inv, x[4 * j + 3] * inv);
+    for (int j = 0; j < 8; ++j) w[j] = pack_e4m3(x[4 * j] * inv, x[4 * j + 1] * inv, x[4 * j + 2] * inv, x[4 * j + 3] * inv);
     *reinterpret_cast<uint4*>(p.q8 + r * kD + c0) = out[0];
     *reinterpret_cast<uint4*>(p.q8 + r * kD + c0 + 16) = out[1];
     if (part == 0) p.q_scale[r] = scale;
@@ -241,7 +235,7 @@ __global__ void __launch_bounds__(128) fp8_quantize_kv(const PrefillFp8QuantPara
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const float* e = x + 16 * i + 4 * j;
-      w[j] = e4m3x4(e[0] * k_inv, e[1] * k_inv, e[2] * k_inv, e[3] * k_inv);
+      w[j] = pack_e4m3(e[0] * k_inv, e[1] * k_inv, e[2] * k_inv, e[3] * k_inv);
     }
     *reinterpret_cast<uint4*>(k_dst + 16 * i) = out;
   }
@@ -273,8 +267,8 @@ __global__ void __launch_bounds__(128) fp8_quantize_kv(const PrefillFp8QuantPara
           f[k][0] = v2.x * s_vinv[c];
           f[k][1] = v2.y * s_vinv[c + 1];
         }
-        *reinterpret_cast<uint32_t*>(&s_vt[c][16 * g + 4 * j]) = e4m3x4(f[0][0], f[1][0], f[2][0], f[3][0]);
-        *reinterpret_cast<uint32_t*>(&s_vt[c + 1][16 * g + 4 * j]) = e4m3x4(f[0][1], f[1][1], f[2][1], f[3][1]);
+        *reinterpret_cast<uint32_t*>(&s_vt[c][16 * g + 4 * j]) = pack_e4m3(f[0][0], f[1][0], f[2][0], f[3][0]);
+        *reinterpret_cast<uint32_t*>(&s_vt[c + 1][16 * g + 4 * j]) = pack_e4m3(f[0][1], f[1][1], f[2][1], f[3][1]);
       }
   }
   __syncthreads();

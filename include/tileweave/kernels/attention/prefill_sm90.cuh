@@ -52,6 +52,13 @@ struct PrefillParams {
 constexpr float kFp8Max = 448.f;  // the largest finite e4m3
 // The dequantization factor of a block whose largest magnitude is amax (an all-zero block: 1).
 __host__ __device__ inline float fp8_scale(float amax) { return amax > 0.f ? amax / kFp8Max : 1.f; }
+// Four fp32 -> four e4m3 in one register, the first in the low byte (saturating): the kernel's P and
+// the quantizer's outputs (prefill_fp8_quant.cuh).
+__device__ __forceinline__ uint32_t pack_e4m3(float a, float b, float c, float d) {
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+  return lo | (hi << 16);
+}
 
 template <int kD, int kBN_ = 128, int kWGs_ = 2, bool kFp8_ = false>
 struct PrefillConfig {
@@ -129,13 +136,6 @@ struct RowState {
 constexpr float kRescaleSlack = 8.f;
 // FP8: P <= 2^(2 + 6) = 256; the rescale still skipped for a max that moves by <= 4x.
 constexpr float kFp8Slack = 2.f, kFp8POffset = 6.f;
-
-// Four fp32 -> four e4m3 in one register, the first in the low byte (saturating).
-__device__ __forceinline__ uint32_t pack_e4m3(float a, float b, float c, float d) {
-  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
-  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
-  return lo | (hi << 16);
-}
 
 // S (m64nkBN accumulators: s[4i + 2h + c] is row g + 8h, key 8i + 2(lane % 4) + c) -> P = 2^(S' - m)
 // in place, m and l updated; alpha gets the factors the rows' earlier O must be scaled by, and the
@@ -310,12 +310,8 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads
       // V is [rows][heads][D] (bf16) or V^T [heads][D][rows] (fp8).
       auto load_v = [&](int j) {
         const int row = it.k_row + j * kBN;
-        if constexpr (kFp8)
-          load(sv, C::kVSlotBytes, &map_v, v_full, v_empty, v_it++, row, 0, kv_head, C::kVChunks, C::kVChunkBytes,
-               C::kVChunkElems);
-        else
-          load(sv, C::kVSlotBytes, &map_v, v_full, v_empty, v_it++, 0, kv_head, row, C::kChunks, kBN * 128,
-               C::kChunkElems);
+        load(sv, C::kVSlotBytes, &map_v, v_full, v_empty, v_it++, kFp8 ? row : 0, kFp8 ? 0 : kv_head,
+             kFp8 ? kv_head : row, C::kVChunks, C::kVChunkBytes, C::kVChunkElems);
       };
       for (int j = 0; j < it.n_kv; ++j) {
         load(sk, C::kTileBytes, &map_k, k_full, k_empty, k_it++, 0, kv_head, it.k_row + j * kBN, C::kChunks,
