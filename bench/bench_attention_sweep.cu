@@ -2,7 +2,7 @@
 // the KV append fused) on head layouts, head dims, batches and lengths generated from a seed, with the
 // streaming-read floor measured in the same run. bench/attention_sweep_sdpa.py then times torch SDPA on
 // the same shapes (the peer) and merges its numbers in.
-//   bench_attention_sweep [--seed N] [--count N] [--out DIR] [--tiles-sweep]
+//   bench_attention_sweep [--seed N] [--count N] [--cases 3,8,..] [--out DIR] [--tiles-sweep]
 // The grid: N shapes (default 40): (query, KV) heads from {(8,1), (12,2), (14,2), (16,8), (28,4),
 // (32,8), (40,8), (64,8)}, head dim 64 / 128 / 256, B in {1 .. 64}, the longest length log-uniform in
 // [1, 131072] (at most 4 GiB of K/V), equal or ragged lengths (each uniform in [1, longest]),
@@ -73,15 +73,23 @@ int main(int argc, char** argv) {
   int count = 40;
   std::string out_dir;
   bool tiles_sweep = false;
+  std::vector<int> only;  // --cases: the grid's case numbers (as printed, from 1) to run; all when empty
   for (int i = 1; i < argc; ++i) {
     const bool has = i + 1 < argc;
     if (!std::strcmp(argv[i], "--seed") && has) seed = std::stoull(argv[++i]);
     else if (!std::strcmp(argv[i], "--count") && has) count = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--out") && has) out_dir = argv[++i];
     else if (!std::strcmp(argv[i], "--tiles-sweep")) tiles_sweep = true;
-    else {
+    else if (!std::strcmp(argv[i], "--cases") && has) {
+      try {
+        only = parse_counts(argv[++i], "--cases");
+      } catch (const std::invalid_argument& e) {
+        std::fprintf(stderr, "bench_attention_sweep: %s\n", e.what());
+        return 2;
+      }
+    } else {
       std::fprintf(stderr, "bench_attention_sweep: unknown or incomplete argument '%s'\n"
-                           "usage: bench_attention_sweep [--seed N] [--count N] [--out DIR] [--tiles-sweep]\n", argv[i]);
+                           "usage: bench_attention_sweep [--seed N] [--count N] [--cases 3,8,..] [--out DIR] [--tiles-sweep]\n", argv[i]);
       return 2;
     }
   }
@@ -105,6 +113,7 @@ int main(int argc, char** argv) {
               "ours us", "KV MB", "%floor");
   for (const AttnCase& c : attention_grid(seed, count)) {
     ++n;
+    if (!only.empty() && std::find(only.begin(), only.end(), n) == only.end()) continue;
     const int longest = *std::max_element(c.lens.begin(), c.lens.end());
     const char* layout = c.layout == tw::KvLayout::Paged ? "paged" : "contiguous";
     nlohmann::json j{{"op", "decode_attention"}, {"num_q_heads", c.hq}, {"num_kv_heads", c.hkv}, {"head_dim", c.d},

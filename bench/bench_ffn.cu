@@ -1,10 +1,10 @@
 // FFN benchmark: the fused executor (several orders / sync policies) against (a) unfused cuBLASLt
 // GEMMs + an elementwise SiLU*mul and (b) the CuSync-style two-kernel version, with the
 // streaming-read floor measured in the same run. Weights are rotated so L2 holds none of them.
-//   bench_ffn [--models 8b,70b,chain] [--ms 1,4,16,64,128,256] [--reps 100] [--variants 'spec;spec;...']
+//   bench_ffn [--models 8b,70b,chain,D:F,D:F:plain] [--ms 1,4,16,64,128,256] [--reps 100] [--variants 'spec;spec;...']
 //   a variant spec is key=value pairs joined by ',' (keys: mainloop, order, sync, bk, sg = split_gate_up,
 //   sd = split_down, bps = blocks_per_sm, ks = k_split_warps, ds = down_slices, pw = packed_weights (1),
-//   ov = overlap_previous (1); unset = FfnOptions' default), e.g.
+//   ov = overlap_previous (1), splits = model|rules; unset = FfnOptions' default), e.g.
 //   mainloop=sm90,order=kslices/col_major,sd=28
 //   bench_ffn --profile spec --models 8b --ms 16   runs one variant 3 times for ncu and prints
 //   the traffic model's DRAM bytes for its schedule
@@ -77,7 +77,8 @@ FfnOptions parse_variant(const std::string& spec) {
     else if (k == "ds") o.down_slices = v;
     else if (k == "pw") o.packed_weights = v == "1";
     else if (k == "ov") o.overlap_previous = v == "1";
-    else throw InvalidArgument("variant '" + spec + "': unknown key '" + k + "' (mainloop, order, sync, bk, sg, sd, bps, ks, ds, pw, ov)");
+    else if (k == "splits") o.splits = v;
+    else throw InvalidArgument("variant '" + spec + "': unknown key '" + k + "' (mainloop, order, sync, bk, sg, sd, bps, ks, ds, pw, ov, splits)");
   }
   return o;
 }
@@ -208,8 +209,8 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--profile") && i + 1 < argc) profile_spec = argv[++i];
     else if (!std::strcmp(argv[i], "--trace") && i + 1 < argc) trace_spec = argv[++i];
     else {
-      std::fprintf(stderr, "bench_ffn: unknown argument '%s'\nusage: bench_ffn [--models 8b,70b,chain] [--ms 1,16] [--reps 100]\n"
-                   "                 [--variants 'key=value,...;key=value,...']  (keys: mainloop order sync bk sg sd bps ks ds pw ov)\n"
+      std::fprintf(stderr, "bench_ffn: unknown argument '%s'\nusage: bench_ffn [--models 8b,70b,chain,D:F[:plain]] [--ms 1,16] [--reps 100]\n"
+                   "                 [--variants 'key=value,...;key=value,...']  (keys: mainloop order sync bk sg sd bps ks ds pw ov splits)\n"
                    "                 [--profile variant]   (one variant, 3 launches, for ncu)\n"
                    "                 [--trace variant]     (one variant's tile timeline per case)\n", argv[i]);
       return 2;
@@ -220,8 +221,11 @@ int main(int argc, char** argv) {
     if (m == "8b") models.push_back({"llama3-8b", 4096, 14336, true});
     else if (m == "70b") models.push_back({"llama3-70b", 8192, 28672, true});
     else if (m == "chain") models.push_back({"chain-16x14336x4096", 4096, 14336, false});
-    else {
-      std::fprintf(stderr, "bench_ffn: unknown model '%s' (8b, 70b, chain)\n", m.c_str());
+    else if (int64_t d = 0, f = 0; std::sscanf(m.c_str(), "%lld:%lld", (long long*)&d, (long long*)&f) == 2 && d > 0 && f > 0) {
+      const bool plain = m.size() > 6 && m.compare(m.size() - 6, 6, ":plain") == 0;
+      models.push_back({(plain ? "mlp-" : "ffn-") + std::to_string(d) + "x" + std::to_string(f), d, f, !plain});
+    } else {
+      std::fprintf(stderr, "bench_ffn: unknown model '%s' (8b, 70b, chain, or D:F / D:F:plain for any shape)\n", m.c_str());
       return 2;
     }
   }

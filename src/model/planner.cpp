@@ -51,7 +51,7 @@ PlanOp op_summary(const Op& o) {
 }
 
 void score(const PlanRequest& r, const GpuPreset& preset, PlanCandidate& c, bool partitioned) {
-  const TileGraph g = plan_graph(r, c.knobs, preset.sms);
+  const TileGraph g = plan_graph(r, c.knobs, preset.sms, &preset);
   const Schedule s = make_order(g, c.knobs.order);
   const TrafficReport t = simulate(g, s, validation_cache_config(preset, preset.sms, partitioned));
   const double us = predict_time(g, s, t, time_params(preset, preset.sms)).fused_us;
@@ -103,12 +103,55 @@ std::vector<int> plan_splits(int64_t m, int64_t k, int64_t out_tiles, int grid, 
   return v;
 }
 
-TileGraph plan_graph(const PlanRequest& r, const PlanKnobs& k, int sms) {
+TileGraph plan_graph(const PlanRequest& r, const PlanKnobs& k, int sms, const GpuPreset* preset) {
   if (r.op == "ffn") {
     const FfnShape fs{r.m, r.d, r.f, r.gated};
-    return build_ffn_graph(fs, sm90_ffn_tiling(fs, sms, k.split_gate_up, k.split_down)).graph;
+    FfnSplits sp{k.split_gate_up, k.split_down};
+    if (preset && !sp.split_gate_up && !sp.split_down) sp = choose_ffn_splits(fs, *preset);  // as FusedFfn
+    return build_ffn_graph(fs, sm90_ffn_tiling(fs, sms, sp.split_gate_up, sp.split_down)).graph;
   }
   return decode_gemm_graph(r.m, r.n, r.k, sms, k.split_k);
+}
+
+FfnSplits choose_ffn_splits(const FfnShape& s, const GpuPreset& preset) {
+  FfnSplits best;
+  if (s.m > kFfnModelSplitMaxM) return best;
+  const int sms = preset.sms;
+  const CacheConfig cache = validation_cache_config(preset, sms, false);
+  const TimeParams tp = time_params(preset, sms);
+  auto predict = [&](const FfnTiling& t) {
+    const TileGraph g = build_ffn_graph(s, t).graph;
+    const Schedule order = make_order(g, "kslices/col_major");
+    return predict_time(g, order, simulate(g, order, cache), tp).fused_us;
+  };
+  const FfnTiling rules = sm90_ffn_tiling(s, sms);
+  best.rules_us = best.us = predict(rules);
+  const int64_t rows = sm90::act_rows_for(s.m), row_blocks = (s.m + rows - 1) / rows;
+  const int64_t gate_up_tiles = row_blocks * (((s.gated ? 2 : 1) * s.f + sm90::kTileRows - 1) / sm90::kTileRows);
+  const int64_t down_tiles = row_blocks * ((s.d + sm90::kTileRows - 1) / sm90::kTileRows);
+  double fastest = best.us;
+  auto consider = [&](int sg, int sd) {
+    const int split = sg ? sg : sd;
+    if (split * (sg ? gate_up_tiles : down_tiles) > 8 * int64_t(sms)) return;  // split-K only fills waves
+    FfnTiling t;
+    try {
+      t = sm90_ffn_tiling(s, sms, sg, sd);
+    } catch (const InvalidArgument&) {
+      return;  // more slices than the body takes for this K
+    }
+    const Tiling &a = sg ? t.gate_up : t.down, &b = sg ? rules.gate_up : rules.down;
+    if (a.split_k == b.split_k && a.k_cuts == b.k_cuts) return;  // the rules' own slices
+    const double us = predict(t);
+    if (us < fastest) fastest = us, best.split_gate_up = sg, best.split_down = sd;
+  };
+  for (int sg : {1, 2, 3, 4, 6, 8}) consider(sg, 0);
+  for (int sd : {1, 2, 4, 8}) consider(0, sd);
+  if (fastest <= (1 - kFfnModelSplitGain) * best.rules_us) {
+    best.us = fastest;
+  } else {
+    best.split_gate_up = best.split_down = 0;
+  }
+  return best;
 }
 
 std::vector<PlanKnobs> plan_candidate_knobs(const PlanRequest& r, int sms, std::vector<std::string>* rejected,

@@ -36,9 +36,13 @@ L2Params hopper_l2() {
 
 // L2 sizes as the drivers report them (H200: 60 MiB measured on the lent machine, DESIGN.md §3).
 // Read floors measured (H200 4.68 TB/s, H100 3.13); GEMM peak measured on the H200 (716 TFLOP/s,
-// torch 8192^3) and assumed the same on the H100 (same SMs and clocks); one SM streams ~74 GB/s when
-// a third of the SMs or fewer read (bench/results/h200/stream_patterns.json, fewer_sms); the launch
-// cost (3 us) is an assumption.
+// torch 8192^3) and assumed the same on the H100 (same SMs and clocks); the launch cost (3 us) is an
+// assumption. One SM streams at most ~37 GB/s in the sm90 tile body: an SM issues ~2.3 bulk copies
+// per us, and the body's weight copies are 16 KiB boxes (bench/results/h200/stream_patterns.json,
+// fewer_sms: 16 / 32 / 64 KiB copies on 33 SMs read 37 / 74 / 119 GB/s each). A GEMM whose tiles
+// leave SMs idle streams at that rate per tile: unsplit, the gate/up GEMM of a gated FFN with
+// d = 9856, F = 4992 at M = 1 (78 tiles) ran 97.2 us, split in 4 K slices 82.0 (H200, 2026-11-25,
+// bench_ffn; the replay with 74 GB/s had ranked the unsplit plan first).
 //
 // The time replay's constants (model/time_model.hpp), fitted on issue 17's validation grid on the
 // H200 (bench/results/h200/model_vs_ncu.json, measured_us; docs/model.md "Predicted time"), each on
@@ -62,11 +66,11 @@ GpuPreset gpu_preset(const std::string& name) {
   p.l2 = hopper_l2();
   if (name == "h200") {
     p.l2_bytes = int64_t{60} << 20, p.sms = 132, p.read_tbps = 4.68, p.gemm_tflops = 716;
-    p.sm_stream_gbps = 74, p.launch_us = 3;
+    p.sm_stream_gbps = 37, p.launch_us = 3;
     p.tile_tflops = 830, p.tile_fixed_us = 5.5, p.overlap_power = 3, p.reduce_tbps = 0.65, p.reduce_block_gbps = 35;
   } else if (name == "h100") {
     p.l2_bytes = int64_t{50} << 20, p.sms = 132, p.read_tbps = 3.13, p.gemm_tflops = 716;
-    p.sm_stream_gbps = 74, p.launch_us = 3;
+    p.sm_stream_gbps = 37, p.launch_us = 3;
     p.tile_tflops = 830, p.tile_fixed_us = 5.5, p.overlap_power = 3, p.reduce_tbps = 0.65, p.reduce_block_gbps = 35;
   } else if (name == "a100") {
     p.l2_bytes = int64_t{40} << 20, p.sms = 108, p.read_tbps = 1.90, p.gemm_tflops = 280;
@@ -77,6 +81,14 @@ GpuPreset gpu_preset(const std::string& name) {
   return p;
 }
 std::vector<std::string> gpu_preset_names() { return {"h100", "h200", "a100"}; }
+
+GpuPreset gpu_preset_for_device(const std::string& device_name, int sms, int64_t l2_bytes) {
+  const bool h200 = device_name.find("H200") != std::string::npos, ampere = device_name.find("A100") != std::string::npos;
+  GpuPreset p = gpu_preset(h200 ? "h200" : ampere ? "a100" : "h100");
+  if (sms > 0) p.sms = sms;
+  if (l2_bytes > 0) p.l2_bytes = l2_bytes;
+  return p;
+}
 
 GpuPreset gpu_preset_from_json(const std::string& text, const std::string& what) {
   nlohmann::json j;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "ffn_sm90.hpp"
+#include "tileweave/model/ffn_splits.hpp"
 #include "tileweave/model/validation.hpp"  // sm90_ffn_tiling: the tiling the planner scores too
 #include "tileweave/kernels/activation.cuh"
 #include "tileweave/kernels/sm80/weight_tile.cuh"
@@ -203,6 +204,17 @@ void use_mode(int& mode, int want) {
   mode = want;
 }
 
+// This device's GPU preset (for the planner's ranking; gpu_preset_for_device).
+GpuPreset device_preset(int sms) {
+  int dev = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return gpu_preset_for_device("", sms, 0);
+  }
+  return gpu_preset_for_device(prop.name, sms, prop.l2CacheSize);
+}
+
 // "auto" is sm90 on an sm_90 device (and sm80 where there is none, e.g. for the model on a CPU).
 bool use_sm90(const FfnOptions& opt) {
   if (opt.mainloop == "sm80") return false;
@@ -227,7 +239,13 @@ bool use_sm90(const FfnOptions& opt) {
 FfnTiling sm90_tiling(const FfnShape& s, const FfnOptions& opt) {
   if (opt.bk || opt.k_split_warps)
     throw InvalidArgument("FFN: bk and k_split_warps are sm80 options (mainloop '" + opt.mainloop + "' runs sm90 tiles)");
-  return sm90_ffn_tiling(s, ffn_sm90::sm_count(), opt.split_gate_up, opt.split_down, opt.down_slices);
+  if (opt.splits != "model" && opt.splits != "rules")
+    throw InvalidArgument("FFN: splits must be 'model' or 'rules', got '" + opt.splits + "'");
+  const int sms = ffn_sm90::sm_count();
+  FfnSplits sp{opt.split_gate_up, opt.split_down};
+  if (opt.splits == "model" && !sp.split_gate_up && !sp.split_down && opt.down_slices == "tail:1")
+    sp = choose_ffn_splits(s, device_preset(sms));
+  return sm90_ffn_tiling(s, sms, sp.split_gate_up, sp.split_down, opt.down_slices);
 }
 
 }  // namespace

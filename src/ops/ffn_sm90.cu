@@ -174,8 +174,12 @@ __device__ void run_producer(const Ring<Cfg>& ring, TileQueue& q, const Maps& ma
 // sm90::acc_coord, one 64-row block per warpgroup) is weight row r + 8*(e>>1) of the tile and
 // activation row 8q + 2*(ct%4) + (e&1). A gated tile's row r is gate column r%8 of group r/16 and
 // row r+8 its up partner, so e = 0,1 are gate values and e = 2,3 their up partners.
-// f(m, col, v) is called for each in-bounds output of the four values v[0..3].
-template <class F>
+// f(m, col, v) is called for each in-bounds output of the four values v[0..3]. kAct: plain columns
+// take o.act's activation. Launches with none run kAct = false: the activations' code (GeLU's tanh,
+// inlined for every accumulator) in the one kernel had slowed every op from M = 100 up by 3-60%
+// (H200, bench_sweep seed 16: a plain MLP with d = 2688, F = 5888 at M = 4096 473 -> 757 us, a gated
+// FFN with d = 7424, F = 11392 3393 -> 3592), though no such op ran it.
+template <bool kAct, class F>
 __device__ __forceinline__ void for_each_output(const OpArgs& o, const DeviceTile& t, int act_rows, int q, int ct,
                                                 const float (&v)[4], F&& f) {
   const int lane = ct % 32, warp = ct / 32;  // warp 0..7 over both consumer warpgroups
@@ -191,7 +195,7 @@ __device__ __forceinline__ void for_each_output(const OpArgs& o, const DeviceTil
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int64_t col = r + 8 * (e >> 1), m = m0 + (e & 1);
-      if (col < o.n && m < o.m) f(m, col, kernels::ffn_activate(o.act, v[e]));
+      if (col < o.n && m < o.m) f(m, col, kAct ? kernels::ffn_activate(o.act, v[e]) : v[e]);
     }
   }
 }
@@ -199,13 +203,13 @@ __device__ __forceinline__ void for_each_output(const OpArgs& o, const DeviceTil
 // Consumer warpgroups (256 threads): the tile's epilogue, then its signal. (Handing the split-K
 // arrival, the last slice's reduction and the release to the producer warpgroup's idle warps was
 // measured slower on the H200 at every M: 3-10% at M <= 16, 30% at M = 64.)
-template <class Cfg>
+template <class Cfg, bool kAct>
 __device__ __forceinline__ void finish_tile(const runtime::ExecParams& ep, uint32_t epoch, const OpArgs& o,
                                             const DeviceTile& t, int32_t id, float (&acc)[Cfg::kAcc], int ct,
                                             volatile uint32_t* flag) {
   constexpr int kConsumers = 128 * Cfg::kConsumerWGs;
   auto store = [&](int q, const float (&v)[4]) {
-    for_each_output(o, t, Cfg::kMPad, q, ct, v, [&](int64_t m, int64_t col, float x) { o.out[m * o.n + col] = __float2bfloat16(x); });
+    for_each_output<kAct>(o, t, Cfg::kMPad, q, ct, v, [&](int64_t m, int64_t col, float x) { o.out[m * o.n + col] = __float2bfloat16(x); });
   };
   if (o.split > 1) {
     // Split-K: every slice adds its partial into the tile's fp32 block with vector reductions
@@ -235,7 +239,7 @@ __device__ __forceinline__ void finish_tile(const runtime::ExecParams& ep, uint3
   }
 }
 
-template <class Cfg>
+template <class Cfg, bool kAct>
 __device__ void run_consumer(const Ring<Cfg>& ring, TileQueue& q, const runtime::ExecParams& ep, const Chain& cp,
                              const runtime::BlockSlots& slots, volatile uint32_t* flag) {
   const int wg = threadIdx.x / 128 - 1, ct = threadIdx.x - 128;
@@ -256,12 +260,12 @@ __device__ void run_consumer(const Ring<Cfg>& ring, TileQueue& q, const runtime:
     const OpArgs& o = cp.ops[t.op];
     consume_tile(ring, ps, wg, stages_of(o, t), acc);
     if (ct == 0) runtime::trace_mark(ep, id, runtime::kTraceComputed);
-    finish_tile<Cfg>(ep, epoch, o, t, id, acc, ct, flag);
+    finish_tile<Cfg, kAct>(ep, epoch, o, t, id, acc, ct, flag);
   }
 }
 #endif  // TW_SM90_ENABLED
 
-template <class Cfg>
+template <class Cfg, bool kAct>
 __global__ void __launch_bounds__(kThreads, 1)
     ffn_sm90_kernel(const __grid_constant__ Maps maps, const runtime::ExecParams ep, const __grid_constant__ Chain cp) {
 #if TW_SM90_ENABLED
@@ -298,7 +302,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     setmaxnreg_inc<224>();
     runtime::grid_dependency_wait();  // the consumers' stores come after the previous kernel
-    run_consumer(ring, q, ep, cp, slots, &flag);
+    run_consumer<Cfg, kAct>(ring, q, ep, cp, slots, &flag);
   }
   runtime::end_launch(ep, slots);
 #elif defined(__CUDA_ARCH__)
@@ -362,7 +366,8 @@ int prepare_kernel(int act_rows) {
   with_config(act_rows, [&](auto cfg) {
     using Cfg = decltype(cfg);
     static const bool once = [] {
-      TW_CUDA_CHECK(cudaFuncSetAttribute(ffn_sm90_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+      TW_CUDA_CHECK(cudaFuncSetAttribute(ffn_sm90_kernel<Cfg, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+      TW_CUDA_CHECK(cudaFuncSetAttribute(ffn_sm90_kernel<Cfg, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
       return true;
     }();
     (void)once;
@@ -386,7 +391,9 @@ void launch(const runtime::ExecParams& ep, const Maps& maps, const OpArgs (&ops)
   const Chain cp{{ops[0], ops[1]}, overlap ? 1 : 0};
   with_config(act_rows, [&](auto cfg) {
     using Cfg = decltype(cfg);
-    runtime::launch_kernel(ffn_sm90_kernel<Cfg>, dim3(grid), dim3(kThreads), Cfg::kSmemBytes, stream, overlap, maps, ep, cp);
+    const bool act = ops[0].act || ops[1].act;
+    runtime::launch_kernel(act ? ffn_sm90_kernel<Cfg, true> : ffn_sm90_kernel<Cfg, false>, dim3(grid), dim3(kThreads),
+                           Cfg::kSmemBytes, stream, overlap, maps, ep, cp);
   });
 }
 

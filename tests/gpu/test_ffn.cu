@@ -480,6 +480,27 @@ TEST(FusedFfn, PlainChainActivations) {
   EXPECT_THROW(ffn_activation_from("gelu"), InvalidArgument);
 }
 
+// At M <= 64 the K slices come from the traffic model (choose_ffn_splits) unless splits = "rules": a
+// gated FFN with d = 7808, F = 5376 at M = 1 has 84 gate/up tiles, which the rules leave unsplit and
+// the model cuts in K (measured 82.8 -> 69.3 us on the H200); both plans match the reference, and an
+// unknown value is refused.
+TEST(FusedFfn, SplitsFromTheModel) {
+  TW_REQUIRE_GPU();
+  if (!have_sm90()) GTEST_SKIP() << "the model's splits are the sm90 body's";
+  FfnData data({1, 7808, 5376, true});
+  FfnOptions model, rules;
+  model.spin_limit = rules.spin_limit = kSpinLimit;
+  rules.splits = "rules";
+  const FusedFfn a(data.s, model), b(data.s, rules);
+  EXPECT_GT(a.graph().graph.op(a.graph().op_gate_up).tiling.split_k, 1);
+  EXPECT_EQ(b.graph().graph.op(b.graph().op_gate_up).tiling.split_k, 1);
+  EXPECT_LT(data.check(a), kTol) << "the model's splits";
+  EXPECT_LT(data.check(b), kTol) << "the rules' splits";
+  FfnOptions bad;
+  bad.splits = "fastest";
+  EXPECT_THROW(FusedFfn(data.s, bad), InvalidArgument);
+}
+
 TEST(FusedFfn, RandomShapeGrid) {
   TW_REQUIRE_GPU();
   const uint64_t seed = tw::test::shape_seed();

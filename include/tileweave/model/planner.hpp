@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tileweave/graph/tile_graph.hpp"
+#include "tileweave/model/ffn_splits.hpp"
 #include "tileweave/model/presets.hpp"
 
 namespace tw {
@@ -95,8 +96,10 @@ std::vector<int> plan_splits(int64_t m, int64_t k, int64_t out_tiles = 1, int gr
 // values the rules refuse go to *rejected.
 std::vector<PlanKnobs> plan_candidate_knobs(const PlanRequest& r, int sms, std::vector<std::string>* rejected = nullptr,
                                             std::vector<std::string>* skipped = nullptr);
-// The graph a candidate's knobs give, as the executor builds it.
-TileGraph plan_graph(const PlanRequest& r, const PlanKnobs& k, int sms);
+// The graph a candidate's knobs give, as the executor builds it: with a preset, an FFN's default
+// knobs take the K slices FusedFfn chooses on that GPU (choose_ffn_splits); without, the rules'.
+TileGraph plan_graph(const PlanRequest& r, const PlanKnobs& k, int sms, const GpuPreset* preset = nullptr);
 PlanResult make_plan(const PlanRequest& r, const GpuPreset& preset);
+
 
 }  // namespace tw

@@ -30,6 +30,10 @@ struct GpuPreset {
 // "h100" | "h200" | "a100"; unknown -> InvalidArgument naming it.
 GpuPreset gpu_preset(const std::string& name);
 std::vector<std::string> gpu_preset_names();
+// The preset for a device as the CUDA runtime names it ("NVIDIA H200" -> h200, an A100 -> a100, any
+// other -> h100, the Hopper part whose constants are the H200's), with the device's SM count and L2
+// size where given (> 0). For the ops' planners: the ranking of plans, not an absolute time.
+GpuPreset gpu_preset_for_device(const std::string& device_name, int sms, int64_t l2_bytes);
 // A preset as JSON (what bench/l2_probe writes): {"base": "h200", "l2_bytes": ..., "l2": {"ways": ...}, ...};
 // keys left out keep the base preset's values. Unreadable file, bad JSON or bad value -> InvalidArgument.
 GpuPreset gpu_preset_from_json(const std::string& json_text, const std::string& what);

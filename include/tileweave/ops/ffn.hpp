@@ -35,6 +35,10 @@ struct FfnOptions {
   SyncSpec sync{SyncPolicy::Tile, 1};     // how down tiles wait for gate/up tiles
   int split_gate_up = 0;           // K slices of the first GEMM; 0 = from the shape
   int split_down = 0;              // K slices of the down GEMM; 0 = from the shape
+  // sm90, both splits 0: "model" (the traffic model's replay chooses them at M <= 64, on this GPU's
+  // preset: model/planner.hpp, choose_ffn_splits; `tileweave plan ffn` prints its choice) or
+  // "rules" (the size rules alone: model/validation.hpp, sm90_ffn_tiling).
+  std::string splits = "model";
   // sm90: how the down GEMM's K slices are sized. "even", or "tail:<n>": the last n waves of tiles
   // (a wave = one tile per SM) in slices of 1/2, 1/4, ... 1/2^n the size of the others, so the
   // launch ends on short tiles (with split_down, the others' size is K / split_down).

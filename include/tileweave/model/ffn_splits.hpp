@@ -1,0 +1,28 @@
+// FusedFfn's K slices chosen by the traffic model (issue 16): what the op runs where the caller sets
+// none, and what `tileweave plan ffn` shows as the executor's plan. C++17 (the CUDA sources include
+// it); defined in src/model/planner.cpp.
+#pragma once
+
+#include <cstdint>
+
+#include "tileweave/graph/tile_graph.hpp"
+#include "tileweave/model/presets.hpp"
+
+namespace tw {
+
+// FusedFfn's K slices where the caller sets none, on the sm90 body. At M <= kFfnModelSplitMaxM the
+// weights' stream is the time, and how many SMs stream each op decides it: the rules' tiling
+// (sm90_ffn_tiling with no splits) and the candidates gate/up in 1, 2, 3, 4, 6 or 8 slices (down at
+// its rule) and down in 1, 2, 4 or 8 (gate/up at its rule), within 8 waves, are replayed (simple L2
+// model, the tile replay, kslices/col_major) and the fastest is taken if it beats the rules' by at
+// least kFfnModelSplitGain (below that the model's ranking is not sure: measured on the H200,
+// 2026-11-25). Above that M, or if none does, {0, 0}: the rules.
+constexpr int64_t kFfnModelSplitMaxM = 64;
+constexpr double kFfnModelSplitGain = 0.05;
+struct FfnSplits {
+  int split_gate_up = 0, split_down = 0;  // 0: the rule's
+  double rules_us = 0, us = 0;            // predicted: the rules' plan, the chosen one (0 above kFfnModelSplitMaxM)
+};
+FfnSplits choose_ffn_splits(const FfnShape& s, const GpuPreset& preset);
+
+}  // namespace tw
