@@ -3,7 +3,7 @@
 // (cuBLASLt 8192^3, fp32 accumulate). TFLOP/s = flops() / time: 4 L^2 d H non-causal, the exact
 // masked count causal. bench/dit_attention_torch.py times the peers (torch SDPA backends,
 // FlashInfer fa2/fa3) on the same cases and merges them into the same file.
-//   bench_dit_attention [--cases H:d:L[:c][:bN],...] [--dtypes bf16,fp8] [--reps N] [--out DIR] [--quick]
+//   bench_dit_attention [--cases H:d:L[:c][:bN],...] [--dtypes bf16,fp8,bf16_sm80] [--reps N] [--out DIR] [--quick]
 //     c: causal; bN: N packed sequences of length L (default 1)
 //     fp8 (d = 128 cases): us is the e4m3 attention on inputs quantized beforehand, quant_us the
 //     quantization, us_with_quant the op's run() (both); its accuracy against this project's bf16
@@ -144,14 +144,16 @@ int main(int argc, char** argv) {
     }
   }
   if (reps == 0) reps = quick ? 10 : 50;
-  bool run_bf16 = false, run_fp8 = false;
+  bool run_bf16 = false, run_fp8 = false, run_sm80 = false;
   for (const auto& d : split_list(dtypes_arg)) {
     if (d == "bf16")
       run_bf16 = true;
     else if (d == "fp8")
       run_fp8 = true;
+    else if (d == "bf16_sm80")
+      run_sm80 = true;
     else {
-      std::fprintf(stderr, "bench_dit_attention: --dtypes: '%s' is neither bf16 nor fp8\n", d.c_str());
+      std::fprintf(stderr, "bench_dit_attention: --dtypes: '%s' is not bf16, fp8 or bf16_sm80\n", d.c_str());
       return 2;
     }
   }
@@ -215,6 +217,25 @@ int main(int argc, char** argv) {
         const double us = time_op([&](cudaStream_t st) { op.run(t, st); });
         row.update({{"flops", op.flops()}, {"us", us}, {"tflops", op.flops() / us * 1e-6}});
       } catch (const tw::InvalidArgument& e) {  // a shape the op does not take yet: recorded, not fatal
+        row["skipped"] = e.what();
+      }
+      print_row(c, row);
+      rows.push_back(std::move(row));
+    }
+    if (run_sm80) {  // the mma.sync kernel (Ampere / Ada's), on this GPU
+      json row = key;
+      row["dtype"] = "bf16_sm80";
+      fill_noise_bf16(q, elems, 1);
+      fill_noise_bf16(k, elems, 2);
+      fill_noise_bf16(v, elems, 3);
+      tw::PrefillAttentionShape s80 = shape;
+      s80.mainloop = "sm80";
+      try {
+        const tw::PrefillAttention op(s80, cu);
+        const tw::PrefillAttentionTensors t{q, k, v, o};
+        const double us = time_op([&](cudaStream_t st) { op.run(t, st); });
+        row.update({{"flops", op.flops()}, {"us", us}, {"tflops", op.flops() / us * 1e-6}});
+      } catch (const tw::InvalidArgument& e) {
         row["skipped"] = e.what();
       }
       print_row(c, row);
@@ -332,12 +353,12 @@ int main(int argc, char** argv) {
 
   std::printf("\n%s, %s: GEMM peak %.0f TFLOP/s -> %s\n", gpu.prop.name, doc["date"].get<std::string>().c_str(), peak,
               path.string().c_str());
-  std::printf("%3s %4s %6s %-6s %2s %-8s %10s %7s %6s | %-16s %7s %7s\n", "H", "d", "L", "mask", "b", "dtype", "us",
+  std::printf("%3s %4s %6s %-6s %2s %-9s %10s %7s %6s | %-16s %7s %7s\n", "H", "d", "L", "mask", "b", "dtype", "us",
               "TFLOP/s", "%peak", "peer_best", "TFLOP/s", "speedup");
   for (const json& r : rows) {
-    std::printf("%3d %4d %6d %-6s %2d %-8s ", r["H"].get<int>(), r["d"].get<int>(), r["L"].get<int>(),
+    std::printf("%3d %4d %6d %-6s %2d %-9s ", r["H"].get<int>(), r["d"].get<int>(), r["L"].get<int>(),
                 r["causal"].get<bool>() ? "causal" : "full", r["batch"].get<int>(),
-                r["dtype"] == "bf16" ? "bf16" : "fp8");
+                r["dtype"] == "fp8_e4m3" ? "fp8" : r["dtype"].get<std::string>().c_str());
     if (r.contains("us"))
       std::printf("%10.1f %7.0f %5.1f%% | ", r["us"].get<double>(), r["tflops"].get<double>(),
                   r["pct_gemm_peak"].get<double>());

@@ -61,6 +61,9 @@ void validate_prefill_attention(const PrefillAttentionShape& s, const std::vecto
   if (s.head_dim != 64 && s.head_dim != 128) bad("head_dim must be 64 or 128, got " + std::to_string(s.head_dim));
   if (s.fp8 && s.head_dim != 128)
     bad("fp8 attention takes head_dim 128, got " + std::to_string(s.head_dim) + " (use bf16 for it)");
+  if (s.mainloop != "auto" && s.mainloop != "sm90" && s.mainloop != "sm80")
+    bad("mainloop must be auto, sm90 or sm80, got '" + s.mainloop + "'");
+  if (s.fp8 && s.mainloop == "sm80") bad("fp8 attention runs on the sm90 kernel (mainloop sm90 or auto on Hopper)");
   if (s.num_kv_heads < 1) bad("num_kv_heads must be >= 1, got " + std::to_string(s.num_kv_heads));
   if (s.num_q_heads < 1 || s.num_q_heads % s.num_kv_heads != 0)
     bad("num_q_heads (" + std::to_string(s.num_q_heads) + ") must be a positive multiple of num_kv_heads (" +

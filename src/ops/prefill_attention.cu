@@ -1,4 +1,5 @@
-// Prefill attention on Hopper: the host side of kernels/attention/prefill_sm90.cuh.
+// Prefill attention: the host side of kernels/attention/prefill_sm90.cuh (Hopper) and
+// prefill_sm80.cuh (Ampere and later).
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -7,6 +8,7 @@
 
 #include "ffn_sm90.hpp"  // check_operand
 #include "tileweave/kernels/attention/prefill_fp8_quant.cuh"
+#include "tileweave/kernels/attention/prefill_sm80.cuh"
 #include "tileweave/kernels/attention/prefill_sm90.cuh"
 #include "tileweave/ops/prefill_attention.hpp"
 #include "tileweave/util/cuda_check.hpp"
@@ -38,6 +40,19 @@ void launch(const PrefillAttentionShape& s, int num_tiles, const Maps& m, const 
   TW_CUDA_CHECK_LAUNCH();
 }
 
+template <int kD>
+void launch_sm80(int num_work, const PrefillAttentionTensors& t, const kernels::PrefillParams& p, cudaStream_t stream) {
+  using C = kernels::PrefillSm80Config<kD>;
+  static const bool attr_set = [] {
+    TW_CUDA_CHECK(cudaFuncSetAttribute(kernels::prefill_attention_sm80<kD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       C::kSmemBytes));
+    return true;
+  }();
+  (void)attr_set;
+  kernels::prefill_attention_sm80<kD><<<num_work, C::kThreads, C::kSmemBytes, stream>>>(t.q, t.k, t.v, p);
+  TW_CUDA_CHECK_LAUNCH();
+}
+
 template <class T>
 void alloc(T** p, size_t n) {
   TW_CUDA_CHECK(cudaMalloc(p, std::max<size_t>(n, 1) * sizeof(T)));
@@ -49,18 +64,22 @@ PrefillAttention::PrefillAttention(const PrefillAttentionShape& shape, std::vect
     : shape_(shape), cu_q_(std::move(cu_q)), cu_k_(std::move(cu_k)) {
   validate_prefill_attention(shape_, cu_q_, cu_k_);
   if (cu_k_.empty()) cu_k_ = cu_q_;
-  block_n_ = prefill_block_n(shape_);
   flops_ = prefill_attention_flops(shape_, cu_q_, cu_k_);
 
   int dev = 0, major = 0, minor = 0;
   TW_CUDA_CHECK(cudaGetDevice(&dev));
   TW_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   TW_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  if (major != 9 || minor != 0)
-    throw CudaError("prefill attention runs on sm_90a (Hopper); this device is sm_" + std::to_string(major) +
-                    std::to_string(minor));
+  const std::string arch = "sm_" + std::to_string(major) + std::to_string(minor);
+  const bool hopper = major == 9 && minor == 0;
+  if (shape_.mainloop == "sm90" && !hopper)
+    throw CudaError("prefill attention's sm90 kernel runs on sm_90a (Hopper); this device is " + arch);
+  sm80_ = shape_.mainloop == "sm80" || (shape_.mainloop == "auto" && !hopper);
+  if (sm80_ && major < 8) throw CudaError("prefill attention needs sm_80 or newer; this device is " + arch);
+  if (sm80_ && shape_.fp8) throw CudaError("fp8 prefill attention runs on Hopper (sm_90a); this device is " + arch);
   TW_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev));
-  block_m_ = prefill_block_m(shape_, cu_q_, sms_);
+  block_n_ = sm80_ ? kernels::PrefillSm80Config<64>::kBN : prefill_block_n(shape_);
+  block_m_ = sm80_ ? kernels::PrefillSm80Config<64>::kBM : prefill_block_m(shape_, cu_q_, sms_);
   tiles_ = plan_prefill_tiles(shape_, cu_q_, cu_k_, block_n_, block_m_);
   if (int64_t(tiles_.size()) * shape_.num_q_heads > INT32_MAX)
     bad(std::to_string(tiles_.size()) + " query tiles x " + std::to_string(shape_.num_q_heads) +
@@ -193,6 +212,13 @@ void PrefillAttention::attend(const PrefillAttentionTensors& t, cudaStream_t str
   p.out = t.out;
   p.lse = t.lse;
   const int num_tiles = int(tiles_.size());
+  if (sm80_) {
+    if (shape_.head_dim == 64)
+      launch_sm80<64>(p.num_work, t, p, stream);
+    else
+      launch_sm80<128>(p.num_work, t, p, stream);
+    return;
+  }
   const uint64_t hq = uint64_t(shape_.num_q_heads), hkv = uint64_t(shape_.num_kv_heads),
                  d = uint64_t(shape_.head_dim);
   if (shape_.fp8) {

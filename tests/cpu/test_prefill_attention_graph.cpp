@@ -241,6 +241,23 @@ TEST(PrefillAttentionGraph, BlockMFromTheRoundsOverTheSms) {
   EXPECT_EQ(tiles[0].kv_tiles, 4);  // causal: the last tile's rows see keys up to 399 (4 tiles of 128)
 }
 
+// The kernel choice is checked with the rest of the shape: auto / sm90 / sm80, and fp8 is sm90's.
+TEST(PrefillAttentionGraph, MainloopNames) {
+  PrefillAttentionShape s = shape(false, 8, 2, 64);
+  for (const char* m : {"auto", "sm90", "sm80"}) {
+    s.mainloop = m;
+    EXPECT_NO_THROW(validate_prefill_attention(s, {0, 100}, {})) << m;
+  }
+  s.mainloop = "sm75";
+  std::string e = error_of([&] { validate_prefill_attention(s, {0, 100}, {}); });
+  EXPECT_NE(e.find("'sm75'"), std::string::npos) << e;
+  s = shape(false, 8, 2, 128);
+  s.fp8 = true;
+  s.mainloop = "sm80";
+  e = error_of([&] { validate_prefill_attention(s, {0, 100}, {}); });
+  EXPECT_NE(e.find("fp8"), std::string::npos) << e;
+}
+
 TEST(PrefillAttentionGraph, Fp8PlanAndKeyOffsets) {
   PrefillAttentionShape s = shape(false, 24, 24, 128);
   s.fp8 = true;

@@ -119,6 +119,7 @@ struct Case {
   float scale = 0.f;    // the shape's softmax scale (0: 1/sqrt(D))
   bool fp8 = false;     // the op's e4m3 path
   float outlier = 0.f;  // > 0: Gaussian inputs with four channels this many times larger (fill_outliers)
+  std::string mainloop = "auto";  // the shape's kernel ("sm80": the mma.sync one, on any sm_80+ GPU)
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }  // gtest would print the bytes
 
@@ -152,6 +153,7 @@ struct PrefillData {
     shape.causal = c.causal;
     shape.scale = c.scale;
     shape.fp8 = c.fp8;
+    shape.mainloop = c.mainloop;
     if (c.outlier > 0.f) {
       fill_outliers<<<1024, 256>>>(q.ptr, q.n, rng(), c.q_scale, c.d, c.outlier);
       fill_outliers<<<1024, 256>>>(k.ptr, k.n, rng(), 1.f, c.d, c.outlier);
@@ -256,8 +258,12 @@ struct PrefillData {
 class PrefillAttentionTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(PrefillAttentionTest, MatchesReference) {
-  TW_REQUIRE_SM90A();
   const Case& c = GetParam();
+  if (c.mainloop == "sm80") {
+    TW_REQUIRE_GPU();
+  } else {
+    TW_REQUIRE_SM90A();
+  }
   const uint64_t seed = tw::test::fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed) + " (TW_TEST_SEED reruns it)");
   std::mt19937_64 rng(seed);
@@ -291,6 +297,13 @@ std::vector<Case> cases() {
     cs.push_back({"SharpQx4" + m, {1000, 129}, {}, 128, 4, 2, causal, true, 4.f});
   }
   cs.push_back({"D64Scale02Causal", {333, 64}, {400, 64}, 64, 2, 1, true, true, 1.f, 0.2f});
+  // The sm80 kernel (mma.sync, 64-row tiles of 64 keys) on every bf16 case: the same tolerances.
+  for (size_t i = 0, n = cs.size(); i < n; ++i) {
+    Case k = cs[i];
+    k.name = "Sm80" + k.name;
+    k.mainloop = "sm80";
+    cs.push_back(k);
+  }
   // FP8: the same kinds of shapes, Gaussian inputs with outlier channels (x4) unless noted.
   for (bool causal : {false, true}) {
     const std::string m = causal ? "Causal" : "Full";
@@ -371,6 +384,12 @@ TEST(PrefillAttention, BadInputThrowsBeforeLaunch) {
     f.fp8 = true;
     f.head_dim = 64;
     EXPECT_THROW(PrefillAttention(f, {0, 128}), InvalidArgument);  // fp8 takes head_dim 128 only
+    f.head_dim = 128;
+    f.mainloop = "sm80";
+    EXPECT_THROW(PrefillAttention(f, {0, 128}), InvalidArgument);  // fp8 is the sm90 kernel's
+    PrefillAttentionShape m = s;
+    m.mainloop = "sm100";
+    EXPECT_THROW(PrefillAttention(m, {0, 128}), InvalidArgument);
   }
 
   TW_REQUIRE_SM90A();

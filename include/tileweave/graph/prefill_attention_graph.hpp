@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "tileweave/graph/tile_graph.hpp"  // tw::InvalidArgument
@@ -23,6 +24,9 @@ struct PrefillAttentionShape {
   // Q with a scale per token and head, K per block of kPrefillFp8KeyBlock keys and head, V per
   // channel and head (docs/prefill_attention.md, "FP8").
   bool fp8 = false;
+  // The kernel: "sm90" (wgmma + TMA, warp-specialised; Hopper), "sm80" (mma.sync + cp.async; Ampere,
+  // Ada, and Hopper too; bf16 only), or "auto" (sm90 on an sm_90 GPU, else sm80).
+  std::string mainloop = "auto";
 };
 
 // Query rows per tile of the sm90 kernel, and keys per K/V tile unless prefill_block_n says more.

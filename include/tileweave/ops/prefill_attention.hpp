@@ -1,4 +1,5 @@
-// Prefill attention on Hopper (sm_90a): bf16 Q, K, V in the packed "THD" layout, fp32 online softmax,
+// Prefill attention (sm_90a; shape.mainloop = sm80 or a pre-Hopper GPU: prefill_sm80.cuh's mma.sync
+// kernel, 64-row query tiles, bf16): bf16 Q, K, V in the packed "THD" layout, fp32 online softmax,
 // non-causal or causal, GQA, packed sequences of any lengths, the log-sum-exp as an optional output.
 // Persistent blocks, one per SM, take (128-row query tile, query head) items from a counter: a
 // producer thread streams each item's Q once and K/V tiles of 128 or 160 keys (prefill_block_n)
@@ -62,7 +63,8 @@ class PrefillAttention {
   double flops_ = 0;
   int block_n_ = kPrefillBlockN;  // keys per K/V tile of the kernel instance chosen
   int block_m_ = kPrefillBlockM;  // query rows per item
-  int sms_ = 0;                   // the device's SMs: one persistent block each
+  int sms_ = 0;                   // the device's SMs: one persistent block each (sm90)
+  bool sm80_ = false;             // the mma.sync kernel (shape.mainloop; Ampere / Ada, or asked for)
   int* d_cu_q_ = nullptr;
   int* d_cu_k_ = nullptr;
   int* d_tiles_ = nullptr;  // {seq, q_tile, kv_tiles} per tile

@@ -104,9 +104,8 @@ struct PrefillConfig {
   static_assert((2 + 4 * kStages) * 8 + 4 <= 256, "barriers and the item slot fit their 256 B");
 };
 
-#if TW_SM90_ENABLED
+// The softmax's arithmetic, shared by this kernel and prefill_sm80.cuh's (any sm_80+ target).
 namespace prefill_detail {
-
 __device__ __forceinline__ float ex2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -124,6 +123,10 @@ __device__ __forceinline__ float quad_sum(float v) {
   v += __shfl_xor_sync(0xffffffffu, v, 1);
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
+}  // namespace prefill_detail
+
+#if TW_SM90_ENABLED
+namespace prefill_detail {
 
 // Online-softmax state of the two rows a thread holds (row g and g + 8 of its warp's 16).
 struct RowState {
