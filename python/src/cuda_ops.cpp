@@ -123,7 +123,7 @@ struct AttentionPlan {
 struct PrefillAttentionPlan {
   std::unique_ptr<PrefillAttention> op;
   PrefillAttentionPlan(int num_q_heads, int num_kv_heads, int head_dim, bool causal, float scale,
-                       std::vector<int> cu_seqlens_q, std::vector<int> cu_seqlens_k, bool fp8) {
+                       std::vector<int> cu_seqlens_q, std::vector<int> cu_seqlens_k, bool fp8, const std::string& mainloop) {
     PrefillAttentionShape s;
     s.num_q_heads = num_q_heads;
     s.num_kv_heads = num_kv_heads;
@@ -131,6 +131,7 @@ struct PrefillAttentionPlan {
     s.causal = causal;
     s.scale = scale;
     s.fp8 = fp8;
+    s.mainloop = mainloop;
     op = std::make_unique<PrefillAttention>(s, std::move(cu_seqlens_q), std::move(cu_seqlens_k));
   }
   // lse = 0: no log-sum-exp output.
@@ -188,8 +189,9 @@ void bind_cuda_ops(nb::module_& m) {
       .def("take_error", [](AttentionPlan& p) { return p.op->take_device_error(); })
       .def_prop_ro("num_tiles", [](const AttentionPlan& p) { return p.op->num_tiles(); });
   nb::class_<PrefillAttentionPlan>(m, "PrefillAttentionPlan")
-      .def(nb::init<int, int, int, bool, float, std::vector<int>, std::vector<int>, bool>(), "num_q_heads"_a,
-           "num_kv_heads"_a, "head_dim"_a, "causal"_a, "scale"_a, "cu_seqlens_q"_a, "cu_seqlens_k"_a, "fp8"_a)
+      .def(nb::init<int, int, int, bool, float, std::vector<int>, std::vector<int>, bool, const std::string&>(),
+           "num_q_heads"_a, "num_kv_heads"_a, "head_dim"_a, "causal"_a, "scale"_a, "cu_seqlens_q"_a, "cu_seqlens_k"_a,
+           "fp8"_a, "mainloop"_a)
       .def("run", &PrefillAttentionPlan::run, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "stream"_a)
       .def_prop_ro("flops", [](const PrefillAttentionPlan& p) { return p.op->flops(); });
   nb::class_<StepPlan>(m, "StepPlan")

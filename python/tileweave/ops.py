@@ -376,7 +376,8 @@ def check_errors() -> None:
 
 @torch.library.custom_op("tileweave::attention", mutates_args=())
 def _prefill_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: List[int], cu_seqlens_k: List[int],
-                causal: bool, scale: float, return_lse: bool, fp8: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+                causal: bool, scale: float, return_lse: bool, fp8: bool,
+                mainloop: str) -> Tuple[torch.Tensor, torch.Tensor]:
     total_q, hq, d = q.shape
     out = torch.empty_like(q)
     # A custom op returns no optional tensor: without return_lse, lse is an empty placeholder.
@@ -387,14 +388,14 @@ def _prefill_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: L
         return out.zero_(), lse.fill_(float("-inf"))
     _check_aligned(q=q, k=k, v=v, out=out)
     plan = _plan("PrefillAttentionPlan", q.device, hq, k.shape[1], d, causal, scale, tuple(cu_seqlens),
-                 tuple(cu_seqlens_k), fp8)
+                 tuple(cu_seqlens_k), fp8, mainloop)
     plan.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr() if return_lse else 0,
              _stream(q.device))
     return out, lse
 
 
 @_prefill_op.register_fake
-def _(q, k, v, cu_seqlens, cu_seqlens_k, causal, scale, return_lse, fp8):
+def _(q, k, v, cu_seqlens, cu_seqlens_k, causal, scale, return_lse, fp8, mainloop):
     total_q, hq, _ = q.shape
     return torch.empty_like(q), q.new_empty((hq, total_q) if return_lse else (0,), dtype=torch.float32)
 
@@ -417,9 +418,11 @@ def _offsets(v, name: str, rows: int, rows_of: str) -> List[int]:
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, cu_seqlens=None,
-              cu_seqlens_k=None, scale: Optional[float] = None, return_lse: bool = False, fp8: bool = False):
-    """Prefill attention, softmax(scale q k^T) v per sequence and head, in one launch (sm_90:
-    H100/H200; docs/prefill_attention.md). Returns out shaped like q, or (out, lse) with
+              cu_seqlens_k=None, scale: Optional[float] = None, return_lse: bool = False, fp8: bool = False,
+              mainloop: str = "auto"):
+    """Prefill attention, softmax(scale q k^T) v per sequence and head, in one launch
+    (docs/prefill_attention.md). mainloop: "sm90" (wgmma: H100/H200), "sm80" (mma.sync: Ampere,
+    Ada, or Hopper too; bf16 only) or "auto" (sm90 on an sm_90 GPU, else sm80). Returns out shaped like q, or (out, lse) with
     return_lse: lse [Hq, total_q] fp32, the natural-log sum of exp(scale q.k) of each row.
 
     Layouts (bf16): packed sequences as FlashAttention's varlen API, q [total_q, Hq, D] and k, v
@@ -478,6 +481,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
         raise InvalidArgument(f"q's head dim D (its last dimension) must be 64 or 128, got {d}")
     if not isinstance(fp8, bool):
         raise InvalidArgument(f"fp8 must be True or False, got {fp8!r}")
+    if mainloop not in ("auto", "sm90", "sm80"):
+        raise InvalidArgument(f"mainloop must be 'auto', 'sm90' or 'sm80', got {mainloop!r}")
+    if fp8 and mainloop == "sm80":
+        raise InvalidArgument("fp8 attention runs on the sm90 kernel (mainloop 'sm90' or 'auto' on Hopper)")
     if fp8 and d != 128:
         raise InvalidArgument(f"fp8 attention takes head dim D = 128, got {d} (use fp8=False)")
     hkv = k.shape[-2]
@@ -487,7 +494,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
                               not (0 < scale < math.inf)):
         raise InvalidArgument(f"scale must be a positive finite number or None (1/sqrt(D)), got {scale!r}")
     out, lse = _prefill_op(q, k, v, cu_q, cu_k, bool(causal), 0.0 if scale is None else float(scale),
-                           bool(return_lse), fp8)
+                           bool(return_lse), fp8, mainloop)
     if batched:
         out = out.view(b, lq, hq, d)
     return (out, lse) if return_lse else out

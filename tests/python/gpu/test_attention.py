@@ -17,7 +17,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from tileweave import ops  # noqa: E402
 
-# The kernel is built for sm_90a only: other GPUs get a clear RuntimeError (tested below).
+# The default kernel is Hopper's (sm_90a); mainloop="sm80" runs the mma.sync one (any sm_80+ GPU, this
+# one included), which "auto" picks elsewhere; asking for sm90 elsewhere is a clear RuntimeError.
 SM90A = torch.cuda.get_device_capability() == (9, 0)
 needs_sm90a = pytest.mark.skipif(not SM90A, reason="prefill attention needs compute capability 9.0 (H100/H200), "
                                  f"this GPU is {torch.cuda.get_device_capability()}")
@@ -79,11 +80,12 @@ def assert_lse_close(lse, ref):
     torch.testing.assert_close(lse, ref, rtol=1e-4, atol=1e-3)  # -inf where the reference has -inf
 
 
-def run_packed(q, k, v, cu_q, cu_k, causal, scale=None, pass_cu_k=True, cu_seqlens=None):
+def run_packed(q, k, v, cu_q, cu_k, causal, scale=None, pass_cu_k=True, cu_seqlens=None, mainloop="auto"):
     ref, ref_lse = reference(q, k, v, cu_q, cu_k, causal, scale)
     poison_allocator((q.shape, torch.bfloat16), ((q.shape[1], q.shape[0]), torch.float32))
     out, lse = ops.attention(q, k, v, causal=causal, cu_seqlens=cu_q if cu_seqlens is None else cu_seqlens,
-                             cu_seqlens_k=cu_k if pass_cu_k else None, scale=scale, return_lse=True)
+                             cu_seqlens_k=cu_k if pass_cu_k else None, scale=scale, return_lse=True,
+                             mainloop=mainloop)
     assert out.shape == q.shape and out.dtype == torch.bfloat16
     assert_close_to(out, ref)
     assert_lse_close(lse, ref_lse)
@@ -144,7 +146,9 @@ def test_fake_implementation_matches_the_op():
     cu = offsets([5, 130])
     q, k, v = randn(cu[-1], 4, 64, seed=13), randn(cu[-1], 2, 64, seed=14), randn(cu[-1], 2, 64, seed=15)
     for return_lse in (False, True):
-        torch.library.opcheck(torch.ops.tileweave.attention.default, (q, k, v, cu, cu, True, 0.0, return_lse, False))
+        for mainloop in ("auto", "sm80"):
+            torch.library.opcheck(torch.ops.tileweave.attention.default,
+                                  (q, k, v, cu, cu, True, 0.0, return_lse, False, mainloop))
 
 
 @needs_sm90a
@@ -199,11 +203,22 @@ def test_fp8_close_to_the_reference(causal):
     assert_close_to(ops.attention(q, k, v, causal=causal, cu_seqlens=cu), ref)  # bf16: its own plan
 
 
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_sm80_kernel(d, causal):
+    """mainloop="sm80": the mma.sync kernel (Ampere / Ada's) on packed ragged sequences with GQA and
+    keys of their own lengths (171 rows see no key under the causal mask)."""
+    cu_q, cu_k = offsets([64, 300, 1, 777]), offsets([500, 129, 1000, 777])
+    q = randn(cu_q[-1], 6, d, seed=10)
+    k, v = randn(cu_k[-1], 2, d, seed=11), randn(cu_k[-1], 2, d, seed=12)
+    run_packed(q, k, v, cu_q, cu_k, causal, mainloop="sm80")
+
+
 @pytest.mark.skipif(SM90A, reason="checks the error on GPUs other than sm_90a")
 def test_other_gpus_get_a_clear_error():
     q = randn(8, 2, 64)
     with pytest.raises(RuntimeError, match="sm_90a"):
-        ops.attention(q, q, q)
+        ops.attention(q, q, q, mainloop="sm90")
 
 
 # ---- bad input names the argument (raised before any plan or launch: any GPU) ----
@@ -252,6 +267,8 @@ def _misaligned(shape):
     (lambda q, k, v: ops.attention(q, k, v, cu_seqlens=[0, 3, 10], fp8=True),
      "fp8 attention takes head dim D = 128, got 64"),
     (lambda q, k, v: ops.attention(q, k, v, cu_seqlens=[0, 3, 10], fp8="yes"), "fp8 must be True or False"),
+    (lambda q, k, v: ops.attention(q, k, v, mainloop="sm100"), "mainloop must be 'auto', 'sm90' or 'sm80'"),
+    (lambda q, k, v: ops.attention(q, k, v, mainloop="sm80", fp8=True), "fp8 attention runs on the sm90 kernel"),
 ])
 def test_bad_input_names_the_argument(make, words):
     q, k, v = randn(10, 4, 64, seed=1), randn(10, 2, 64, seed=2), randn(10, 2, 64, seed=3)
