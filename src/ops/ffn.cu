@@ -239,8 +239,6 @@ bool use_sm90(const FfnOptions& opt) {
 FfnTiling sm90_tiling(const FfnShape& s, const FfnOptions& opt) {
   if (opt.bk || opt.k_split_warps)
     throw InvalidArgument("FFN: bk and k_split_warps are sm80 options (mainloop '" + opt.mainloop + "' runs sm90 tiles)");
-  if (opt.splits != "model" && opt.splits != "rules")
-    throw InvalidArgument("FFN: splits must be 'model' or 'rules', got '" + opt.splits + "'");
   const int sms = ffn_sm90::sm_count();
   FfnSplits sp{opt.split_gate_up, opt.split_down};
   if (opt.splits == "model" && !sp.split_gate_up && !sp.split_down && opt.down_slices == "tail:1")
@@ -275,6 +273,8 @@ FfnTiling FusedFfn::tiling_for(const FfnShape& s, const FfnOptions& opt) {
   if (s.f <= 0 || s.f % 8) throw InvalidArgument("FFN: ffn size must be a positive multiple of 8, got " + std::to_string(s.f));
   if (opt.split_gate_up < 0) throw InvalidArgument("FFN: split_gate_up must be >= 0, got " + std::to_string(opt.split_gate_up));
   if (opt.split_down < 0) throw InvalidArgument("FFN: split_down must be >= 0, got " + std::to_string(opt.split_down));
+  if (opt.splits != "model" && opt.splits != "rules")
+    throw InvalidArgument("FFN: splits must be 'model' or 'rules', got '" + opt.splits + "'");
   if (use_sm90(opt)) return sm90_tiling(s, opt);
   const int64_t rows = 8 * nt_for(s.m);
   const int bk = bk_for(opt, s.m), ks = ks_for(opt, s);
