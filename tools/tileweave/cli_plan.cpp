@@ -364,7 +364,7 @@ void run_plan(const PlanOptions& o) {
   fmt::print("  model: {:.1f} MB read, {:.1f} MB written, {:.1f} us (partitioned L2 + tile replay); simple L2: {:.1f} MB, {:.1f} us\n\n",
              e.part_read / 1e6, e.part_write / 1e6, e.part_us, e.simple_read / 1e6, e.simple_us);
   fmt::print("Candidates ({} scored; {}):\n", p.candidates.size(), ranking);
-  fmt::print("  {:>4}  {:<40} {:<19} {:>6} {:>6}  {:<5} {:>9} {:>9} {:>7}\n", "rank", "knobs (K slices; auto: the rule)", "slices", "tiles",
+  fmt::print("  {:>4}  {:<40} {:<19} {:>6} {:>6}  {:<5} {:>9} {:>9} {:>7}\n", "rank", "knobs (K slices; auto: the executor's)", "slices", "tiles",
              "waves", "model", "read MB", "us", "vs exec");
   const size_t shown = std::min<size_t>(p.candidates.size(), size_t(o.top));
   bool exec_shown = false;
