@@ -2,8 +2,9 @@
 // prefill_sm90.cuh (bf16 Q, K, V in the packed THD layout, packed sequences, GQA, causal, the
 // log-sum-exp), with mma.sync m16n8k16 and cp.async instead of wgmma and TMA.
 //
-// One block of 4 warps per (64-row query tile, query head) item, two blocks per SM. Each warp owns
-// 16 query rows: their Q fragments stay in registers for the whole key loop, S = Q K^T of a 64-key
+// One block of 4 warps per (64-row query tile, query head) item. 80 KiB of shared memory at d = 128:
+// two blocks per SM on an A100 or H100, one on sm_86 / sm_89 (100 KiB per SM; at d = 64, 40 KiB: two).
+// Each warp owns 16 query rows: their Q fragments stay in registers for the whole key loop, S = Q K^T of a 64-key
 // tile lands in its accumulators, the online softmax (fp32, exp2) runs on them in place, and P goes
 // back into the PV MMAs as A fragments without touching shared memory (the accumulator and A
 // fragment layouts agree pairwise). K and V tiles stream through two shared-memory stages: tile
