@@ -4,13 +4,13 @@
 //
 // One block of 4 warps per (64-row query tile, query head) item. 80 KiB of shared memory at d = 128:
 // two blocks per SM on an A100 or H100, one on sm_86 / sm_89 (100 KiB per SM; at d = 64, 40 KiB: two).
-// Each warp owns 16 query rows: their Q fragments stay in registers for the whole key loop, S = Q K^T of a 64-key
-// tile lands in its accumulators, the online softmax (fp32, exp2) runs on them in place, and P goes
-// back into the PV MMAs as A fragments without touching shared memory (the accumulator and A
-// fragment layouts agree pairwise). K and V tiles stream through two shared-memory stages: tile
-// j + 1 is requested before tile j is computed. Rows are stored with 16-byte chunks XOR-swizzled
-// by the row (sm80::swizzle), so ldmatrix reads them without bank conflicts (K as S's B operand,
-// V transposed as PV's).
+// Each warp owns 16 query rows: their Q fragments stay in registers for the whole key loop, S = Q K^T
+// of a 64-key tile lands in its accumulators, the online softmax (fp32, exp2) runs on them in place,
+// and P goes back into the PV MMAs as A fragments without touching shared memory (the accumulator and
+// A fragment layouts agree pairwise). K and V tiles stream through two shared-memory stages: tile
+// j + 1 is requested before tile j is computed. Rows are stored with 16-byte chunks XOR-swizzled by
+// the row (sm80::swizzle), so ldmatrix reads them without bank conflicts (K as S's B operand, V
+// transposed as PV's).
 #pragma once
 
 #include <cuda_bf16.h>
