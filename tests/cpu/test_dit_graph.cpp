@@ -10,6 +10,7 @@
 #include "tileweave/model/presets.hpp"
 #include "tileweave/model/time_model.hpp"
 #include "tileweave/order/orders.hpp"
+#include "tileweave/runtime/exec_plan.hpp"
 
 namespace tw {
 namespace {
@@ -67,6 +68,35 @@ TEST(DitGraph, TilesAndDependencies) {
     const Tile& t = G.tile(id);
     ASSERT_EQ(t.deps.size(), 4u);
     for (int d : t.deps) EXPECT_EQ(G.tile(d).op, g.op_attention);
+  }
+}
+
+// The executor's tables for the chain (runtime/exec_plan.hpp), what the one executor kernel will run
+// for issue 20 item 4: under the Tile policy every dependency is one wait on its producer block's
+// counter, so an attention item waits on 17 QKV blocks, an o_proj tile on its rows' items of every
+// head, and the QKV tiles on nothing.
+TEST(DitGraph, ExecutorTables) {
+  DitAttentionShape s;
+  s.tokens = 1000;
+  s.heads = 4;
+  const DitAttentionGraph g = build_dit_attention_graph(s, 132);
+  const TileGraph& G = g.graph;
+  for (const std::string& order : {"row_major", "hilbert+row_major+hilbert"}) {
+    SCOPED_TRACE(order);
+    const ExecPlan p = make_exec_plan(G, make_order(G, order));
+    ASSERT_EQ(p.order.size(), size_t(G.num_tiles()));
+    ASSERT_EQ(p.tiles.size(), size_t(G.num_tiles()));
+    for (int id = 0; id < G.num_tiles(); ++id) {
+      const DeviceTile& t = p.tiles[id];
+      const int waits = t.wait_end - t.wait_begin;
+      const int op = G.tile(id).op;
+      EXPECT_EQ(waits, op == g.op_qkv ? 0 : op == g.op_attention ? 17 : 4) << "tile " << id;
+      for (int w = t.wait_begin; w < t.wait_end; ++w) {
+        EXPECT_GE(p.waits[w].counter, 0);
+        EXPECT_LT(p.waits[w].counter, p.num_signal_counters);
+        EXPECT_EQ(p.waits[w].count, 1u);  // one producer tile per block (no split-K in the chain)
+      }
+    }
   }
 }
 
