@@ -205,14 +205,18 @@ int main(int argc, char** argv) {
       const auto make = [&](int, cudaStream_t st) { run(st); };
       return time_us(make, 1, steady_warmup(time_us(make, 1, 1, 3)), reps);
     };
-    if (run_bf16) {
+    // A bf16 row: the sm90 kernel, or (bf16_sm80) the mma.sync one on this GPU.
+    auto bf16_row = [&](const std::string& dtype, const char* mainloop) {
       json row = key;
+      row["dtype"] = dtype;
       fill_noise_bf16(q, elems, 1);
       fill_noise_bf16(k, elems, 2);
       fill_noise_bf16(v, elems, 3);
       TW_CUDA_CHECK(cudaDeviceSynchronize());
+      tw::PrefillAttentionShape s = shape;
+      s.mainloop = mainloop;
       try {
-        const tw::PrefillAttention op(shape, cu);
+        const tw::PrefillAttention op(s, cu);
         const tw::PrefillAttentionTensors t{q, k, v, o};
         const double us = time_op([&](cudaStream_t st) { op.run(t, st); });
         row.update({{"flops", op.flops()}, {"us", us}, {"tflops", op.flops() / us * 1e-6}});
@@ -221,26 +225,9 @@ int main(int argc, char** argv) {
       }
       print_row(c, row);
       rows.push_back(std::move(row));
-    }
-    if (run_sm80) {  // the mma.sync kernel (Ampere / Ada's), on this GPU
-      json row = key;
-      row["dtype"] = "bf16_sm80";
-      fill_noise_bf16(q, elems, 1);
-      fill_noise_bf16(k, elems, 2);
-      fill_noise_bf16(v, elems, 3);
-      tw::PrefillAttentionShape s80 = shape;
-      s80.mainloop = "sm80";
-      try {
-        const tw::PrefillAttention op(s80, cu);
-        const tw::PrefillAttentionTensors t{q, k, v, o};
-        const double us = time_op([&](cudaStream_t st) { op.run(t, st); });
-        row.update({{"flops", op.flops()}, {"us", us}, {"tflops", op.flops() / us * 1e-6}});
-      } catch (const tw::InvalidArgument& e) {
-        row["skipped"] = e.what();
-      }
-      print_row(c, row);
-      rows.push_back(std::move(row));
-    }
+    };
+    if (run_bf16) bf16_row("bf16", "auto");
+    if (run_sm80) bf16_row("bf16_sm80", "sm80");
     if (run_fp8 && c.d == 128) {
       json row = key;
       row["dtype"] = "fp8_e4m3";

@@ -83,8 +83,8 @@ GpuPreset gpu_preset(const std::string& name) {
 std::vector<std::string> gpu_preset_names() { return {"h100", "h200", "a100"}; }
 
 GpuPreset gpu_preset_for_device(const std::string& device_name, int sms, int64_t l2_bytes) {
-  const bool h200 = device_name.find("H200") != std::string::npos, ampere = device_name.find("A100") != std::string::npos;
-  GpuPreset p = gpu_preset(h200 ? "h200" : ampere ? "a100" : "h100");
+  const bool h200 = device_name.find("H200") != std::string::npos, a100 = device_name.find("A100") != std::string::npos;
+  GpuPreset p = gpu_preset(h200 ? "h200" : a100 ? "a100" : "h100");
   if (sms > 0) p.sms = sms;
   if (l2_bytes > 0) p.l2_bytes = l2_bytes;
   return p;

@@ -241,7 +241,8 @@ FfnTiling sm90_tiling(const FfnShape& s, const FfnOptions& opt) {
     throw InvalidArgument("FFN: bk and k_split_warps are sm80 options (mainloop '" + opt.mainloop + "' runs sm90 tiles)");
   const int sms = ffn_sm90::sm_count();
   FfnSplits sp{opt.split_gate_up, opt.split_down};
-  if (opt.splits == "model" && !sp.split_gate_up && !sp.split_down && opt.down_slices == "tail:1")
+  if (opt.splits == "model" && !sp.split_gate_up && !sp.split_down && opt.down_slices == "tail:1" &&
+      s.m <= kFfnModelSplitMaxM)  // (the device query only where the model chooses)
     sp = choose_ffn_splits(s, device_preset(sms));
   return sm90_ffn_tiling(s, sms, sp.split_gate_up, sp.split_down, opt.down_slices);
 }

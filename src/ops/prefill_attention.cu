@@ -41,7 +41,7 @@ void launch(const PrefillAttentionShape& s, int num_tiles, const Maps& m, const 
 }
 
 template <int kD>
-void launch_sm80(int num_work, const PrefillAttentionTensors& t, const kernels::PrefillParams& p, cudaStream_t stream) {
+void launch_sm80(const PrefillAttentionTensors& t, const kernels::PrefillParams& p, cudaStream_t stream) {
   using C = kernels::PrefillSm80Config<kD>;
   static const bool attr_set = [] {
     TW_CUDA_CHECK(cudaFuncSetAttribute(kernels::prefill_attention_sm80<kD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -49,7 +49,7 @@ void launch_sm80(int num_work, const PrefillAttentionTensors& t, const kernels::
     return true;
   }();
   (void)attr_set;
-  kernels::prefill_attention_sm80<kD><<<num_work, C::kThreads, C::kSmemBytes, stream>>>(t.q, t.k, t.v, p);
+  kernels::prefill_attention_sm80<kD><<<p.num_work, C::kThreads, C::kSmemBytes, stream>>>(t.q, t.k, t.v, p);
   TW_CUDA_CHECK_LAUNCH();
 }
 
@@ -214,9 +214,9 @@ void PrefillAttention::attend(const PrefillAttentionTensors& t, cudaStream_t str
   const int num_tiles = int(tiles_.size());
   if (sm80_) {
     if (shape_.head_dim == 64)
-      launch_sm80<64>(p.num_work, t, p, stream);
+      launch_sm80<64>(t, p, stream);
     else
-      launch_sm80<128>(p.num_work, t, p, stream);
+      launch_sm80<128>(t, p, stream);
     return;
   }
   const uint64_t hq = uint64_t(shape_.num_q_heads), hkv = uint64_t(shape_.num_kv_heads),
