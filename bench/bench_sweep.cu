@@ -4,7 +4,11 @@
 // with its default options (the planner's tiling, weights as given: `us`, `speedup`), and the same
 // on weights packed once for streaming (FfnOptions::packed_weights, ops.ffn_packed: `packed_us`,
 // `packed_speedup`, `packed_pct_floor`).
-//   bench_sweep [--seed N] [--ffn N] [--out DIR]
+//   bench_sweep [--seed N] [--ffn N] [--also ORDER] [--out DIR]
+// --also ORDER: a third form, FusedFfn with FfnOptions::order = ORDER (e.g. streamk), in the same run
+// (`also_us`, `also_speedup`, ...), for an A/B of an order on a grid no one tuned for. Every form also
+// records the traffic model's predicted time for its graph and schedule (`model_us`, `also_model_us`:
+// the simple L2 and the tile replay on this GPU's preset, as `tileweave plan` ranks them).
 // The grid: N shapes (default 64), gated and plain in turn, d and F multiples of 128 in [1024, 16384]
 // drawn from the seed, M through {1, 8, 16, 32, 37, 64, 100, 128, 200, 256, 512, 2048, 4096} in turn
 // (a shape per M at least five times). Times are back to back (launches in one CUDA graph, time per
@@ -23,6 +27,10 @@
 
 #include "cublas_baseline.cuh"
 #include "harness.cuh"
+#include "tileweave/model/cache_model.hpp"
+#include "tileweave/model/presets.hpp"
+#include "tileweave/model/time_model.hpp"
+#include "tileweave/model/validation.hpp"
 #include "tileweave/ops/ffn.hpp"
 
 namespace {
@@ -31,6 +39,14 @@ using bf16 = __nv_bfloat16;
 using namespace tw::bench;
 
 constexpr int64_t kMs[] = {1, 8, 16, 32, 37, 64, 100, 128, 200, 256, 512, 2048, 4096};
+
+// The model's time for the op's own graph and schedule (simple L2, tile replay), as the planner ranks.
+double predicted_us(const tw::FusedFfn& f, const tw::GpuPreset& preset) {
+  const tw::TileGraph& g = f.graph().graph;
+  const tw::Schedule& s = f.schedule();
+  const tw::TrafficReport r = tw::simulate(g, s, tw::validation_cache_config(preset, f.grid(), false));
+  return tw::predict_time(g, s, r, tw::time_params(preset, f.grid())).fused_us;
+}
 
 struct Shape {
   int64_t m, d, f;
@@ -51,14 +67,17 @@ std::vector<Shape> ffn_grid(uint64_t seed, int count) {
 int main(int argc, char** argv) {
   uint64_t seed = 16;
   int ffn_count = 64;
-  std::string out_dir;
+  std::string out_dir, also;
   for (int i = 1; i < argc; ++i) {
     const bool has = i + 1 < argc;
     if (!std::strcmp(argv[i], "--seed") && has) seed = std::stoull(argv[++i]);
     else if (!std::strcmp(argv[i], "--ffn") && has) ffn_count = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--also") && has) also = argv[++i];
     else if (!std::strcmp(argv[i], "--out") && has) out_dir = argv[++i];
     else {
-      std::fprintf(stderr, "bench_sweep: unknown or incomplete argument '%s'\nusage: bench_sweep [--seed N] [--ffn N] [--out DIR]\n",
+      std::fprintf(stderr,
+                   "bench_sweep: unknown or incomplete argument '%s'\nusage: bench_sweep [--seed N] [--ffn N] [--also ORDER] "
+                   "[--out DIR]\n",
                    argv[i]);
       return 2;
     }
@@ -74,6 +93,8 @@ int main(int argc, char** argv) {
               (unsigned long long)seed, ffn_count);
   ResultFile rf("sweep", gpu, floor);
   rf.doc["seed"] = seed;
+  if (!also.empty()) rf.doc["also_order"] = also;
+  const tw::GpuPreset preset = tw::gpu_preset_for_device(gpu.prop.name, gpu.prop.multiProcessorCount, gpu.prop.l2CacheSize);
   rf.doc["method"] = "back to back: the launches of one CUDA graph (>= 8, weight sets in turn so L2 holds none of a "
                      "launch's weights), median graph time / launches; ours = FusedFfn with default options on "
                      "unpacked weights; peer = cuBLASLt (heuristic's first algorithm, 32 MiB workspace) for each "
@@ -85,10 +106,12 @@ int main(int argc, char** argv) {
   void* lt_ws = dev_alloc<char>(lt_ws_bytes);
 
   int n = 0, at_peer = 0, mem_cases = 0, mem_at_floor = 0, prefill = 0, prefill_ok = 0;
-  int packed_at_peer = 0, packed_mem_at_floor = 0, packed_prefill_ok = 0;
+  int packed_at_peer = 0, packed_mem_at_floor = 0, packed_prefill_ok = 0, also_at_peer = 0, also_faster = 0;
   double worst_speedup = 1e30, packed_worst = 1e30;
-  std::printf("%4s %-5s %5s %6s %6s %10s %10s %8s %7s %10s %8s %7s\n", "#", "op", "M", "d", "F", "ours us", "cuBLASLt",
+  std::printf("%4s %-5s %5s %6s %6s %10s %10s %8s %7s %10s %8s %7s", "#", "op", "M", "d", "F", "ours us", "cuBLASLt",
               "speedup", "%floor", "packed us", "speedup", "%floor");
+  if (!also.empty()) std::printf(" %10s %8s", (also.substr(0, 7) + " us").c_str(), "speedup");
+  std::printf("\n");
   for (const Shape& s : ffn_grid(seed, ffn_count)) {
     const int64_t n1 = (s.gated ? 2 : 1) * s.f;
     const double wbytes = double(n1 * s.d + s.d * s.f) * 2;
@@ -137,6 +160,7 @@ int main(int argc, char** argv) {
         c[prefix + "pct_floor"] = 100 * floor_us / t;
         c[prefix + "rel_diff_vs_cublas"] = rel_diff_bf16(y, y_ref, size_t(s.m * s.d));
         c[prefix + "mainloop"] = ffn.uses_sm90() ? "sm90" : "sm80";
+        c[prefix + "model_us"] = predicted_us(ffn, preset);
         for (bf16* q : pgu) TW_CUDA_CHECK(cudaFree(q));
         for (bf16* q : pd) TW_CUDA_CHECK(cudaFree(q));
         return t;
@@ -148,6 +172,13 @@ int main(int argc, char** argv) {
     tw::FfnOptions packed;
     packed.packed_weights = true;
     const double us = measure("", {}), packed_us = measure("packed_", packed);
+    double also_us = 0;
+    if (!also.empty()) {
+      tw::FfnOptions opt;
+      opt.order = also;
+      also_us = measure("also_", opt);
+      if (also_us > 0) also_at_peer += peer_us / also_us >= 1.0, also_faster += also_us < us;
+    }
     ++n;
     if (packed_us > 0) {
       const double sp = peer_us / packed_us;
@@ -164,9 +195,11 @@ int main(int argc, char** argv) {
       at_peer += sp >= 1.0;
       if (s.m <= 64 && wbytes >= 64e6) ++mem_cases, mem_at_floor += floor_us / us >= 0.9;
       if (s.m >= 2048) ++prefill, prefill_ok += sp >= 1.05;
-      std::printf("%4d %-5s %5lld %6lld %6lld %10.1f %10.1f %8.3f %6.1f%% %10.1f %8.3f %6.1f%%\n", n, s.gated ? "ffn" : "mlp",
+      std::printf("%4d %-5s %5lld %6lld %6lld %10.1f %10.1f %8.3f %6.1f%% %10.1f %8.3f %6.1f%%", n, s.gated ? "ffn" : "mlp",
                   (long long)s.m, (long long)s.d, (long long)s.f, us, peer_us, sp, 100 * floor_us / us, packed_us,
                   packed_us > 0 ? peer_us / packed_us : 0.0, packed_us > 0 ? 100 * floor_us / packed_us : 0.0);
+      if (!also.empty()) std::printf(" %10.1f %8.3f", also_us, also_us > 0 ? peer_us / also_us : 0.0);
+      std::printf("\n");
     } else {
       if (s.m <= 64 && wbytes >= 64e6) ++mem_cases;
       if (s.m >= 2048) ++prefill;
@@ -189,11 +222,18 @@ int main(int argc, char** argv) {
                        {"packed_worst_speedup", packed_worst},
                        {"packed_memory_bound_ge_64mb_at_90pct_floor", packed_mem_at_floor},
                        {"packed_prefill_at_1_05x_peer", packed_prefill_ok}};
+  if (!also.empty()) {
+    rf.doc["summary"]["also_at_or_above_peer"] = also_at_peer;
+    rf.doc["summary"]["also_faster_than_default"] = also_faster;
+  }
   const std::string path = rf.write(gpu);
   std::printf("\n%d cases: %d at or above cuBLASLt-unfused (worst %.3fx); memory-bound >= 64 MB: %d of %d at >= 90%% of the "
               "floor; prefill (M >= 2048): %d of %d at >= 1.05x\npacked weights: %d at or above (worst %.3fx); "
               "memory-bound >= 64 MB: %d of %d at >= 90%%; prefill: %d of %d at >= 1.05x -> %s\n",
               n, at_peer, worst_speedup, mem_at_floor, mem_cases, prefill_ok, prefill, packed_at_peer, packed_worst,
               packed_mem_at_floor, mem_cases, packed_prefill_ok, prefill, path.c_str());
+  if (!also.empty())
+    std::printf("order %s: %d at or above cuBLASLt-unfused, %d of %d faster than the default\n", also.c_str(), also_at_peer,
+                also_faster, n);
   return 0;
 }

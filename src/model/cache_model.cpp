@@ -281,11 +281,12 @@ void CacheModel::visit_step(int tile, int s, F&& f) const {
 // DRAM, and it becomes dirty); the last slice of an output block to finish reads the sums, writes
 // the output block once and zeroes the accumulator for the next launch (dirty again).
 template <class F>
-void CacheModel::visit_finish(int tile, bool reduces, F&& f) const {
+void CacheModel::visit_finish(int tile, bool reduces, F&& f, bool whole) const {
   const Tile& t = g_->tile(tile);
   const Op& op = g_->op(t.op);
-  if (op.workspace < 0) {
-    for (const Region& w : t.writes) for_blocks(w, [&](int64_t id) { f(id, true); });
+  if (op.workspace < 0 || whole) {
+    for (const Region& w : t.writes)
+      if (w.tensor != op.workspace) for_blocks(w, [&](int64_t id) { f(id, true); });
     return;
   }
   for (const Region& w : t.writes)
@@ -306,19 +307,22 @@ TileResult CacheModel::step(int tile, int s) {
   return res;
 }
 
-TileResult CacheModel::finish(int tile) {
+TileResult CacheModel::finish(int tile, int slices) {
   const Tile& t = g_->tile(tile);
   const Op& op = g_->op(t.op);
   bool reduces = false;
-  if (op.workspace >= 0) reduces = ++arrivals_[g_->tile_id(t.op, t.tm, t.tn, 0)] == op.tiling.split_k;
+  if (op.workspace >= 0) reduces = (arrivals_[g_->tile_id(t.op, t.tm, t.tn, 0)] += slices) == op.tiling.split_k;
   TileResult res;
   res.tile = tile;
-  visit_finish(tile, reduces, [&](int64_t id, bool write) {
-    if (write)
-      write_block(id, res);
-    else
-      read_block(id, res);
-  });
+  visit_finish(
+      tile, reduces,
+      [&](int64_t id, bool write) {
+        if (write)
+          write_block(id, res);
+        else
+          read_block(id, res);
+      },
+      slices == op.tiling.split_k);
   return res;
 }
 
@@ -326,8 +330,8 @@ void CacheModel::step_accesses(int tile, int s, std::vector<Access>& out) const 
   visit_step(tile, s, [&](int64_t id, bool w) { out.push_back({id, w}); });
 }
 
-void CacheModel::finish_accesses(int tile, bool reduces, std::vector<Access>& out) const {
-  visit_finish(tile, reduces, [&](int64_t id, bool w) { out.push_back({id, w}); });
+void CacheModel::finish_accesses(int tile, bool reduces, std::vector<Access>& out, bool whole) const {
+  visit_finish(tile, reduces, [&](int64_t id, bool w) { out.push_back({id, w}); }, whole);
 }
 
 std::vector<CacheModel::Access> CacheModel::tile_accesses(int tile, bool reduces) const {
@@ -455,17 +459,34 @@ TrafficReport simulate(const TileGraph& g, const Schedule& s, const CacheConfig&
   const int n = g.num_tiles();
   const int slots = std::min(c.in_flight, std::max(n, 1));
   std::vector<uint8_t> done(n, 0);
+  const std::vector<uint8_t> fused = fused_with_next(g, s);
   struct Slot {
     int tile = -1, step = 0, steps = 0;
     bool ready = false;  // all dependencies complete
+    int pos = -1, end_pos = -1, run_begin = -1;  // position in the order, its ticket's end, its run's start
   };
   std::vector<Slot> slot(slots);
   std::vector<TraceStep> trace;
   int next_ticket = 0, running = 0;
-  auto refill = [&](Slot& sl) {
-    if (next_ticket >= n) return;
-    sl = {s.order[next_ticket++], 0, 0, false};
+  const int tickets = s.num_tickets();
+  auto load = [&](Slot& sl, int pos, int end_pos, int run_begin) {
+    sl = {s.order[pos], 0, 0, false, pos, end_pos, run_begin};
     sl.steps = model.num_steps(sl.tile);
+  };
+  // The slot's next tile: the rest of its ticket, else a new ticket.
+  auto refill = [&](Slot& sl) {
+    if (sl.pos >= 0 && sl.pos + 1 < sl.end_pos) {
+      const bool run_on = fused[sl.pos];
+      load(sl, sl.pos + 1, sl.end_pos, run_on ? sl.run_begin : sl.pos + 1);
+      return;
+    }
+    if (next_ticket >= tickets) {
+      sl.pos = -1;
+      return;
+    }
+    const int pos = s.ticket_begin(next_ticket), end_pos = s.ticket_end(next_ticket);
+    ++next_ticket;
+    load(sl, pos, end_pos, pos);
     ++running;
   };
   for (Slot& sl : slot) refill(sl);
@@ -485,15 +506,21 @@ TrafficReport simulate(const TileGraph& g, const Schedule& s, const CacheConfig&
       }
       charge(sl.tile, model.step(sl.tile, sl.step));
       if (++sl.step < sl.steps) continue;
-      charge(sl.tile, model.finish(sl.tile));
-      done[sl.tile] = 1;
+      if (fused[sl.pos]) {  // the run's next slice goes on summing: no partial sum, no writes yet
+        refill(sl);
+        continue;
+      }
+      charge(sl.tile, model.finish(sl.tile, sl.pos - sl.run_begin + 1));
+      for (int q = sl.run_begin; q <= sl.pos; ++q) done[s.order[q]] = 1;
       if (c.trace) {
         const TrafficReport now = model.report();
-        trace.push_back({sl.tile, now.dram_read, now.dram_write, now.hit_bytes, {}});
-        if (c.trace_resident) trace.back().resident = model.resident();
+        for (int q = sl.run_begin; q <= sl.pos; ++q) {
+          trace.push_back({s.order[q], now.dram_read, now.dram_write, now.hit_bytes, {}});
+          if (c.trace_resident) trace.back().resident = model.resident();
+        }
       }
       sl.tile = -1;
-      --running;
+      if (sl.pos + 1 >= sl.end_pos) --running;
       refill(sl);
     }
   }

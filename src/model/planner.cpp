@@ -52,7 +52,7 @@ PlanOp op_summary(const Op& o) {
 
 void score(const PlanRequest& r, const GpuPreset& preset, PlanCandidate& c, bool partitioned) {
   const TileGraph g = plan_graph(r, c.knobs, preset.sms, &preset);
-  const Schedule s = make_order(g, c.knobs.order);
+  const Schedule s = make_order(g, ffn_order_spec(c.knobs.order, preset.sms));
   const TrafficReport t = simulate(g, s, validation_cache_config(preset, preset.sms, partitioned));
   const double us = predict_time(g, s, t, time_params(preset, preset.sms)).fused_us;
   if (partitioned) {
@@ -106,6 +106,7 @@ std::vector<int> plan_splits(int64_t m, int64_t k, int64_t out_tiles, int grid, 
 TileGraph plan_graph(const PlanRequest& r, const PlanKnobs& k, int sms, const GpuPreset* preset) {
   if (r.op == "ffn") {
     const FfnShape fs{r.m, r.d, r.f, r.gated};
+    if (is_stream_k_order(k.order)) return build_ffn_graph(fs, sm90_ffn_stream_k_tiling(fs, sms)).graph;
     FfnSplits sp{k.split_gate_up, k.split_down};
     if (preset && !sp.split_gate_up && !sp.split_down) sp = choose_ffn_splits(fs, *preset);  // as FusedFfn
     return build_ffn_graph(fs, sm90_ffn_tiling(fs, sms, sp.split_gate_up, sp.split_down)).graph;
@@ -204,6 +205,8 @@ std::vector<PlanKnobs> plan_candidate_knobs(const PlanRequest& r, int sms, std::
       out.push_back(t);
     }
   }
+  // Stream-K (FfnOptions::order "streamk"): its own even slices, one ticket of equal work per SM.
+  if (r.op == "ffn") out.push_back({0, 0, 0, "streamk"});
   // The executor's own plan first: its tiling with its default order.
   const auto it = std::find(out.begin(), out.end(), PlanKnobs{});
   if (it != out.end()) std::rotate(out.begin(), it, it + 1);

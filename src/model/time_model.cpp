@@ -81,13 +81,11 @@ struct TileCost {
 struct Costs {
   std::vector<TileCost> tile;
   std::vector<int> group_slices;  // slices per split-K output block
-  std::vector<double> op_reduce_bytes;
 };
 
 Costs tile_costs(const TileGraph& g, const TrafficReport& r, const TimeParams& p) {
   Costs c;
   c.tile.resize(g.num_tiles());
-  c.op_reduce_bytes.assign(g.ops().size(), 0.0);
   const double tflops = p.tile_tflops > 0 ? p.tile_tflops : p.gemm_tflops;
   const double sm_flops_per_us = tflops * 1e6 / p.slots;
   std::vector<double> op_steps(g.ops().size(), 0.0);
@@ -125,16 +123,19 @@ Costs tile_costs(const TileGraph& g, const TrafficReport& r, const TimeParams& p
         if (w.tensor == o.workspace) tc.reduce_bytes += double(w.rows() * w.cols()) * g.tensor(w.tensor).elem_bytes;
       tc.group = first_group + static_cast<int>(t.tm * o.grid_n + t.tn);
       ++c.group_slices[tc.group];
-      c.op_reduce_bytes[op] += tc.reduce_bytes;
     }
   }
   return c;
 }
 
-// The replay of the tiles `order` (ticket i runs order[i]); dependencies on tiles outside `order` count
-// as met at time 0. Fills take/start/end of the tiles in `order`; returns the time the last one ends.
-double replay(const TileGraph& g, const std::vector<int>& order, const Costs& c, const TimeParams& p, TileTimes& out) {
-  const int n = static_cast<int>(order.size());
+// The replay of the tiles of `s` (ticket u runs positions [s.ticket_begin(u), s.ticket_end(u)) in
+// turn on one slot); dependencies on tiles outside `s` count as met at time 0. Consecutive K slices
+// of one output block in a ticket (fused_with_next) are one run: the fixed latency once, one partial
+// sum, and their outputs complete together at its end. Fills take/start/end of the tiles in `s`;
+// returns the time the last one ends.
+double replay(const TileGraph& g, const Schedule& s, const Costs& c, const TimeParams& p, TileTimes& out) {
+  const std::vector<int>& order = s.order;
+  const std::vector<uint8_t> fused = fused_with_next(g, s);
   const double floor_bpus = p.read_tbps * 1e6;          // bytes per us
   const double sm_bpus = p.sm_stream_gbps * 1e3;        // bytes per us
   const double reduce_bpus = p.reduce_tbps * 1e6;
@@ -151,17 +152,21 @@ double replay(const TileGraph& g, const std::vector<int>& order, const Costs& c,
 
   enum Phase { Wait, Main, Epi };
   struct Run {
-    int id;
+    int pos, end_pos;  // the tile's position in `order`; the end of its ticket's positions
+    int run_begin;     // the first position of its run of fused slices
     Phase phase;
     double ready;  // Wait: the fixed latency's end
     double left;   // Main: K-steps left
     double rate;   // Main: K-steps per us now
     double end;    // Epi: when the output is complete
   };
+  auto id_of = [&](const Run& a) { return order[a.pos]; };
+  auto fixed_of = [&](int id) { return c.tile[id].fixed_us >= 0 ? c.tile[id].fixed_us : p.tile_fixed_us; };
   std::vector<Run> active;
   active.reserve(p.slots);
   double now = 0, reduce_free = 0, makespan = 0;
   int next = 0, free_slots = p.slots;
+  const int tickets = s.num_tickets();
 
   auto deps_done = [&](int id, double& when) {
     when = 0;
@@ -172,20 +177,21 @@ double replay(const TileGraph& g, const std::vector<int>& order, const Costs& c,
     return true;
   };
   const double eps = 1e-9;
-  while (next < n || !active.empty()) {
-    while (free_slots > 0 && next < n) {
-      const int id = order[next++];
-      out.take[id] = now;
-      active.push_back({id, Wait, now + (c.tile[id].fixed_us >= 0 ? c.tile[id].fixed_us : p.tile_fixed_us), 0, 0, 0});
+  while (next < tickets || !active.empty()) {
+    while (free_slots > 0 && next < tickets) {
+      const int pos = s.ticket_begin(next), end_pos = s.ticket_end(next);
+      ++next;
+      out.take[order[pos]] = now;
+      active.push_back({pos, end_pos, pos, Wait, now + fixed_of(order[pos]), 0, 0, 0});
       --free_slots;
     }
     // Wait -> Main once the fixed latency is over and the producers are done.
     for (Run& a : active) {
       double dep = 0;
-      if (a.phase == Wait && a.ready <= now + eps && deps_done(a.id, dep) && dep <= now + eps) {
+      if (a.phase == Wait && a.ready <= now + eps && deps_done(id_of(a), dep) && dep <= now + eps) {
         a.phase = Main;
-        a.left = double(c.tile[a.id].steps);
-        out.start[a.id] = now;
+        a.left = double(c.tile[id_of(a)].steps);
+        out.start[id_of(a)] = now;
       }
     }
     // Rates. A K-step computes for step_us and moves step_bytes at the tile's share of the floor (the
@@ -193,11 +199,11 @@ double replay(const TileGraph& g, const std::vector<int>& order, const Costs& c,
     // overlap imperfectly: step time = (compute^n + memory^n)^(1/n), n = overlap_power (the
     // roofline's max as n grows; their sum at n = 1).
     int streaming = 0;
-    for (const Run& a : active) streaming += a.phase == Main && c.tile[a.id].step_bytes > 0;
+    for (const Run& a : active) streaming += a.phase == Main && c.tile[id_of(a)].step_bytes > 0;
     const double share = streaming ? std::min(sm_bpus, floor_bpus / streaming) : sm_bpus;
     for (Run& a : active) {
       if (a.phase != Main) continue;
-      const TileCost& tc = c.tile[a.id];
+      const TileCost& tc = c.tile[id_of(a)];
       const double mem = tc.step_bytes / share, comp = tc.step_us;
       double step;
       if (p.overlap_power <= 0 || mem <= 0 || comp <= 0) {
@@ -213,7 +219,7 @@ double replay(const TileGraph& g, const std::vector<int>& order, const Costs& c,
     for (const Run& a : active) {
       if (a.phase == Wait) {
         double dep = 0;
-        if (deps_done(a.id, dep)) t_ev = std::min(t_ev, std::max(a.ready, dep));
+        if (deps_done(id_of(a), dep)) t_ev = std::min(t_ev, std::max(a.ready, dep));
       } else if (a.phase == Main) {
         t_ev = std::min(t_ev, a.rate == kInf ? now : now + a.left / a.rate);
       } else {
@@ -227,13 +233,23 @@ double replay(const TileGraph& g, const std::vector<int>& order, const Costs& c,
     for (Run& a : active) {
       if (a.phase != Main) continue;
       a.left = a.rate == kInf ? 0.0 : a.left - a.rate * dt;
-      if (a.left > eps * double(c.tile[a.id].steps)) continue;
-      // K-steps done: the epilogue. A split-K slice adds its partial sums at the L2 (shared by the
-      // launch); the last slice of its block to arrive then reads the sums back and re-zeroes them.
-      const TileCost& tc = c.tile[a.id];
+      if (a.left > eps * double(c.tile[id_of(a)].steps)) continue;
+      if (fused[a.pos]) {
+        // The next slice of the same output block: the run goes on, with no epilogue between.
+        ++a.pos;
+        out.take[id_of(a)] = now;
+        a.phase = Wait;
+        a.ready = now;
+        continue;
+      }
+      // K-steps done: the epilogue. A split-K run adds its partial sums at the L2 (shared by the
+      // launch); the last run of its block to arrive then reads the sums back and re-zeroes them.
+      // A run of every slice of its block stores its output as an unsplit tile does.
+      const TileCost& tc = c.tile[id_of(a)];
+      const int slices = a.pos - a.run_begin + 1;
       a.phase = Epi;
       a.end = now;
-      if (tc.reduce_bytes > 0) {
+      if (tc.reduce_bytes > 0 && slices < c.group_slices[tc.group]) {
         if (reduce_bpus > 0) {
           reduce_free = std::max(reduce_free, now) + tc.reduce_bytes / reduce_bpus;
           a.end = reduce_free;
@@ -243,14 +259,21 @@ double replay(const TileGraph& g, const std::vector<int>& order, const Costs& c,
           b = std::max(b, now) + tc.reduce_bytes / block_bpus;
           a.end = std::max(a.end, b);
         }
-        if (--group_left[tc.group] == 0) a.end += 2 * tc.reduce_bytes / sm_bpus;
+        if ((group_left[tc.group] -= slices) == 0) a.end += 2 * tc.reduce_bytes / sm_bpus;
       }
     }
     for (size_t i = 0; i < active.size();) {
       Run& a = active[i];
       if (a.phase == Epi && a.end <= now + eps) {
-        done[a.id] = out.end[a.id] = a.end;
+        for (int q = a.run_begin; q <= a.pos; ++q) done[order[q]] = out.end[order[q]] = a.end;
         makespan = std::max(makespan, a.end);
+        if (a.pos + 1 < a.end_pos) {  // the ticket's next tile, on the same slot
+          const int pos = a.pos + 1;
+          out.take[order[pos]] = now;
+          a = {pos, a.end_pos, pos, Wait, now + fixed_of(order[pos]), 0, 0, 0};
+          ++i;
+          continue;
+        }
         ++free_slots;
         active[i] = active.back();
         active.pop_back();
@@ -272,7 +295,7 @@ TileTimes replay_tiles(const TileGraph& g, const Schedule& s, const TrafficRepor
   t.take.assign(g.num_tiles(), 0.0);
   t.start.assign(g.num_tiles(), 0.0);
   t.end.assign(g.num_tiles(), 0.0);
-  t.makespan = replay(g, s.order, c, p, t);
+  t.makespan = replay(g, s, c, p, t);
   return t;
 }
 
@@ -289,17 +312,26 @@ TimePrediction predict_time(const TileGraph& g, const Schedule& s, const Traffic
   all.take.assign(g.num_tiles(), 0.0);
   all.start.assign(g.num_tiles(), 0.0);
   all.end.assign(g.num_tiles(), 0.0);
-  t.fused_us = replay(g, s.order, c, p, all) + p.launch_us;
+  t.fused_us = replay(g, s, c, p, all) + p.launch_us;
+  // Partial sums added at L2, by op: one per run of fused slices that is not its block's every slice.
+  std::vector<double> reduce_bytes(g.ops().size(), 0.0);
+  const std::vector<uint8_t> fused = fused_with_next(g, s);
+  for (size_t i = 0, run = 1; i < s.order.size(); ++i, ++run) {
+    if (fused[i]) continue;
+    const TileCost& tc = c.tile[s.order[i]];
+    if (tc.reduce_bytes > 0 && int(run) < c.group_slices[tc.group]) reduce_bytes[g.tile(s.order[i]).op] += tc.reduce_bytes;
+    run = 0;
+  }
   for (size_t op = 0; op < g.ops().size(); ++op) {
     const OpTraffic& o = r.per_op[op];
     OpTime ot = op_time(o.name, o.tiles, double(o.dram_read + o.dram_write), o.flops, p);
-    ot.reduce_bytes = c.op_reduce_bytes[op];
-    std::vector<int> mine;
-    for (int id : s.order)
-      if (g.tile(id).op == static_cast<int>(op)) mine.push_back(id);
-    if (!mine.empty()) {
+    ot.reduce_bytes = reduce_bytes[op];
+    std::vector<uint8_t> keep(g.num_tiles(), 0);
+    for (int id = 0; id < g.num_tiles(); ++id) keep[id] = g.tile(id).op == static_cast<int>(op);
+    const Schedule mine = restrict_schedule(s, keep);
+    if (!mine.order.empty()) {
       ot.start_us = kInf;
-      for (int id : mine) ot.start_us = std::min(ot.start_us, all.take[id]), ot.end_us = std::max(ot.end_us, all.end[id]);
+      for (int id : mine.order) ot.start_us = std::min(ot.start_us, all.take[id]), ot.end_us = std::max(ot.end_us, all.end[id]);
       TileTimes alone = all;
       ot.us = replay(g, mine, c, p, alone);
     }

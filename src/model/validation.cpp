@@ -1,6 +1,7 @@
 #include "tileweave/model/validation.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "tileweave/kernels/sm90/tile_shape.hpp"
@@ -91,6 +92,37 @@ FfnTiling sm90_ffn_tiling(const FfnShape& s, int sms, int split_gate_up, int spl
   return t;
 }
 
+int stream_k_split(int64_t m, int64_t n_rows, int64_t k, int sms) {
+  const int64_t rows = sm90::act_rows_for(m), step = sm90::stage_cols_for(int(rows));
+  const int64_t tiles = ((m + rows - 1) / rows) * ((n_rows + sm90::kTileRows - 1) / sm90::kTileRows);
+  const int64_t stages = (k + step - 1) / step;
+  const double share = double(tiles) * double(stages) / std::max(sms, 1);  // stages per ticket
+  const double slice = std::max(2.0, share / 8);
+  const int64_t split = int64_t(std::ceil(double(stages) / slice));
+  return int(std::clamp<int64_t>(split, 1, std::min<int64_t>(kMaxSlices, stages)));
+}
+
+FfnTiling sm90_ffn_stream_k_tiling(const FfnShape& s, int sms) {
+  const int64_t n1 = s.gated ? 2 * s.f : s.f;
+  FfnTiling t;
+  t.gate_up = sm90_op_tiling(s.m, n1, s.d, 0, stream_k_split(s.m, n1, s.d, sms), "even", sms);
+  if (s.gated) t.gate_up.bn = sm90::kTileRows / 2;
+  t.down = sm90_op_tiling(s.m, s.d, s.f, 0, stream_k_split(s.m, s.d, s.f, sms), "even", sms);
+  return t;
+}
+
+bool is_stream_k_order(const std::string& order) { return order == "streamk" || order.rfind("streamk:", 0) == 0; }
+
+std::string ffn_order_spec(const std::string& order, int grid) {
+  if (order == "op_by_op_column") return "col_major";
+  if (order == "op_by_op") return "row_major";
+  // Row-major output tiles: with M over several tile rows, ticket u and ticket u + grid / rows then
+  // stream the same weight rows over the same K at the same time (one DRAM read, the other an L2
+  // hit), where column-major tickets would reach a weight tile's rows at different K offsets.
+  if (order == "streamk") return "streamk:" + std::to_string(grid) + "/row_major";
+  return order;
+}
+
 int ffn_down_split(const FfnShape& s, int split_down, int sms) {
   if (split_down) return split_down;
   const int64_t rows = sm90::act_rows_for(s.m);
@@ -119,12 +151,12 @@ ValidationCase make_validation_case(const ValidationShape& shape, int64_t m, con
   c.grid = sms;  // one CTA per SM: the sm90 body takes over half an SM's shared memory
   if (shape.op == "ffn") {
     const FfnShape fs{m, shape.d, shape.f, true};
-    c.graph = build_ffn_graph(fs, sm90_ffn_tiling(fs, sms)).graph;
+    c.graph = build_ffn_graph(fs, is_stream_k_order(spec) ? sm90_ffn_stream_k_tiling(fs, sms) : sm90_ffn_tiling(fs, sms)).graph;
     // As FusedFfn takes FfnOptions::order.
     if (spec == "dataflow")
       c.schedule = dataflow_order(c.graph, make_order(c.graph, "col_major"), c.grid);
     else
-      c.schedule = make_order(c.graph, spec == "op_by_op_column" ? "col_major" : spec == "op_by_op" ? "row_major" : spec);
+      c.schedule = make_order(c.graph, ffn_order_spec(spec, sms));
   } else if (shape.op == "gemm") {
     c.graph = decode_gemm_graph(m, shape.f, shape.d, sms);
     c.schedule = make_order(c.graph, spec);

@@ -240,6 +240,12 @@ FfnTiling sm90_tiling(const FfnShape& s, const FfnOptions& opt) {
   if (opt.bk || opt.k_split_warps)
     throw InvalidArgument("FFN: bk and k_split_warps are sm80 options (mainloop '" + opt.mainloop + "' runs sm90 tiles)");
   const int sms = ffn_sm90::sm_count();
+  if (is_stream_k_order(opt.order)) {  // even slices: the tickets cut the ops, not the slices' sizes
+    if (!opt.split_gate_up && !opt.split_down) return sm90_ffn_stream_k_tiling(s, sms);
+    const FfnTiling k = sm90_ffn_stream_k_tiling(s, sms);
+    return sm90_ffn_tiling(s, sms, opt.split_gate_up ? opt.split_gate_up : int(k.gate_up.split_k),
+                           opt.split_down ? opt.split_down : int(k.down.split_k), "even");
+  }
   FfnSplits sp{opt.split_gate_up, opt.split_down};
   if (opt.splits == "model" && !sp.split_gate_up && !sp.split_down && opt.down_slices == "tail:1" &&
       s.m <= kFfnModelSplitMaxM)  // (the device query only where the model chooses)
@@ -332,9 +338,8 @@ void FusedFfn::init(const FfnOptions& opt, const Schedule* order) {
     sched_ = dataflow_order(G, make_order(G, "col_major"), grid_);
   } else {
     // "op_by_op_column" / "op_by_op" are the names the H200 results use for the catalog's
-    // col_major / row_major (each op's tiles in turn); any other catalog spec works too.
-    const std::string spec = opt.order == "op_by_op_column" ? "col_major" : opt.order == "op_by_op" ? "row_major" : opt.order;
-    sched_ = make_order(G, spec);
+    // col_major / row_major (each op's tiles in turn), "streamk" a ticket per block of the grid.
+    sched_ = make_order(G, ffn_order_spec(opt.order, grid_));
   }
   const ExecPlan plan = make_exec_plan(G, sched_, {{g_.op_gate_up, opt.sync}});  // validates the schedule
   TW_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));

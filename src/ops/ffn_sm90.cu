@@ -165,7 +165,7 @@ __device__ void run_producer(const Ring<Cfg>& ring, TileQueue& q, const Maps& ma
       }
       // The next ticket only now: its round trips (ticket, descriptor) overlap the consumers
       // working through this tile, not this tile's first activation copies.
-      runtime::prefetch_next(ep, slots);
+      runtime::prefetch_next<true>(ep, slots);
     }
   }
 }
@@ -202,11 +202,13 @@ __device__ __forceinline__ void for_each_output(const OpArgs& o, const DeviceTil
 
 // Consumer warpgroups (256 threads): the tile's epilogue, then its signal. (Handing the split-K
 // arrival, the last slice's reduction and the release to the producer warpgroup's idle warps was
-// measured slower on the H200 at every M: 3-10% at M <= 16, 30% at M = 64.)
+// measured slower on the H200 at every M: 3-10% at M <= 16, 30% at M = 64.) `slices`: the K slices
+// of this output tile that acc holds (t and the ones fused before it, run_consumer); all of the
+// op's slices: no partial sums at all, the tile stores acc.
 template <class Cfg, bool kAct>
 __device__ __forceinline__ void finish_tile(const runtime::ExecParams& ep, uint32_t epoch, const OpArgs& o,
                                             const DeviceTile& t, int32_t id, float (&acc)[Cfg::kAcc], int ct,
-                                            volatile uint32_t* flag) {
+                                            volatile uint32_t* flag, int slices) {
   constexpr int kConsumers = 128 * Cfg::kConsumerWGs;
   auto store = [&](int q, const float (&v)[4]) {
     for_each_output<kAct>(o, t, Cfg::kMPad, q, ct, v, [&](int64_t m, int64_t col, float x) { o.out[m * o.n + col] = __float2bfloat16(x); });
@@ -217,13 +219,15 @@ __device__ __forceinline__ void finish_tile(const runtime::ExecParams& ep, uint3
     // bytes); the slice that arrives last reads the sums, re-zeroes the block for the next launch
     // and stores the tile. The schedule should keep a tile's slices apart in time (kslices/
     // orders): slices running together would serialise on the same addresses in L2.
+    // A run of every slice adds nothing, but still arrives: the group's counter counts o.split per launch.
+    const bool whole = slices == o.split;
     float4* block = reinterpret_cast<float4*>(o.ws) + (int64_t(t.tm) * o.grid_n + t.tn) * (kConsumers * Cfg::kAcc / 4);
-    add_split_partials<Cfg>(block, acc, ct);
+    if (!whole) add_split_partials<Cfg>(block, acc, ct);
     named_bar_sync(1, kConsumers);
-    if (ct == 0) *flag = runtime::arrive_last(ep, epoch, t, o.split);
+    if (ct == 0) *flag = runtime::arrive_last(ep, epoch, t, o.split, uint32_t(slices));
     named_bar_sync(1, kConsumers);
     if (*flag) {
-      take_split_sums<Cfg>(block, acc, ct);
+      if (!whole) take_split_sums<Cfg>(block, acc, ct);
 #pragma unroll
       for (int q = 0; q < Cfg::kAcc / 4; ++q) store(q, {acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]});
     }
@@ -234,7 +238,8 @@ __device__ __forceinline__ void finish_tile(const runtime::ExecParams& ep, uint3
   if (o.publish) ptx::fence_proxy_async(ptx::space_global);  // our stores, before a TMA elsewhere reads them
   named_bar_sync(1, kConsumers);
   if (ct == 0) {
-    if (o.publish) runtime::release_signal(ep, t);  // else no tile of the launch reads this output
+    // (else no tile of the launch reads this output)
+    if (o.publish) runtime::release_signal(ep, t, cuda::memory_order_release, uint32_t(slices));
     runtime::trace_mark(ep, id, runtime::kTraceDone);
   }
 }
@@ -247,6 +252,7 @@ __device__ void run_consumer(const Ring<Cfg>& ring, TileQueue& q, const runtime:
   int qs = 0;
   uint32_t qphase = 0;
   float acc[Cfg::kAcc];
+  int slices = 0;  // K slices of the current output tile summed in acc so far
   for (;;) {
     mbar_wait(&q.full[qs], qphase, "queue full");
     const DeviceTile t = q.tile[qs];
@@ -258,9 +264,24 @@ __device__ void run_consumer(const Ring<Cfg>& ring, TileQueue& q, const runtime:
     const uint32_t epoch = slots.epoch;  // written before the producer's first queue entry
     if (ct == 0) runtime::trace_mark(ep, id, runtime::kTraceStarted);
     const OpArgs& o = cp.ops[t.op];
-    consume_tile(ring, ps, wg, stages_of(o, t), acc);
+    consume_tile(ring, ps, wg, stages_of(o, t), acc, slices > 0);
+    ++slices;
     if (ct == 0) runtime::trace_mark(ep, id, runtime::kTraceComputed);
-    finish_tile<Cfg, kAct>(ep, epoch, o, t, id, acc, ct, flag);
+    // Tickets of several tiles (stream-K, Schedule::units): when this block's next tile is the next
+    // K slice of the same output tile, acc keeps summing and this slice has no epilogue. The entry
+    // is there soon: the producer queues a tile before anything it waits for (its ring slots are
+    // free: this tile's stages are all consumed), and queues -1 after the last. (Schedules of one
+    // tile a ticket do not look: their epilogue then starts without waiting for the next ticket.)
+    if (ep.units && o.split > 1) {
+      mbar_wait(&q.full[qs], qphase, "queue next");
+      const DeviceTile& n = q.tile[qs];
+      if (n.op == t.op && n.tm == t.tm && n.tn == t.tn && n.ks == t.ks + 1) {
+        if (ct == 0) runtime::trace_mark(ep, id, runtime::kTraceDone);  // folded into the next slice
+        continue;
+      }
+    }
+    finish_tile<Cfg, kAct>(ep, epoch, o, t, id, acc, ct, flag, slices);
+    slices = 0;
   }
 }
 #endif  // TW_SM90_ENABLED
@@ -288,7 +309,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     tma_prefetch_desc(&maps.x);
     tma_prefetch_desc(&maps.h);
-    runtime::first_ticket(ep, slots);  // the epoch is read by the producer, after the grid wait
+    runtime::first_ticket<true>(ep, slots);  // the epoch is read by the producer, after the grid wait
     // The next kernel in the stream may start as soon as SMs free up (if launched to overlap):
     // its blocks only take SMs that this launch's blocks have left.
     runtime::allow_next_launch();

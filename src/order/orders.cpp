@@ -1,6 +1,7 @@
 #include "tileweave/order/orders.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -38,7 +39,8 @@ std::string known_orders() {
 [[noreturn]] void unknown(const std::string& spec) {
   throw InvalidArgument("unknown order '" + spec + "' (known: " + known_orders() +
                         "; swizzle:<W>, grouped:<G>, chain_rows:<k> take any positive W, G, k; "
-                        "<grid>+<grid> gives one grid order per op; dataflow:<lag>/<spec>; kslices/<spec>)");
+                        "<grid>+<grid> gives one grid order per op; dataflow:<lag>/<spec>; kslices/<spec>; "
+                        "streamk:<units>/<spec>)");
 }
 
 int64_t floor_div2(int64_t v) { return v >= 0 ? v / 2 : -((-v + 1) / 2); }
@@ -208,11 +210,33 @@ std::vector<int> chain_order(const TileGraph& g, int64_t rows_per_chunk, bool ha
   return order;
 }
 
+// Cuts positions [begin, end) of `order` into min(parts, end - begin) runs of about equal work (a
+// tile's work is its K range) and appends each run's end to `units`.
+void cut_units(const TileGraph& g, const std::vector<int>& order, int begin, int end, int parts, std::vector<int>& units) {
+  parts = std::min(parts, end - begin);
+  std::vector<double> before(end - begin + 1, 0.0);  // work of positions [begin, begin + i)
+  for (int i = begin; i < end; ++i) {
+    const Tile& t = g.tile(order[i]);
+    before[i - begin + 1] = before[i - begin] + double(std::max<int64_t>(1, t.k1 - t.k0));
+  }
+  const double total = before.back();
+  int at = begin;
+  for (int u = 1; u < parts; ++u) {
+    // The cut nearest to u/parts of the work, leaving at least one tile to each unit.
+    const double target = total * u / parts;
+    int p = at + 1;
+    const int hi = end - (parts - u);
+    while (p < hi && std::abs(before[p + 1 - begin] - target) <= std::abs(before[p - begin] - target)) ++p;
+    units.push_back(at = p);
+  }
+  units.push_back(end);
+}
+
 }  // namespace
 
 Schedule make_order(const TileGraph& g, const std::string& spec) {
   if (g.ops().empty()) throw InvalidArgument("order '" + spec + "': the graph has no ops");
-  Schedule out{spec, {}};
+  Schedule out{spec, {}, {}};
   if (spec.rfind("dataflow", 0) == 0) {
     // dataflow[:<lag>]/<base spec>: the executor's dataflow order (schedule.hpp) over a named base.
     const size_t slash = spec.find('/');
@@ -223,10 +247,37 @@ Schedule make_order(const TileGraph& g, const std::string& spec) {
     s.name = spec;
     return s;
   }
+  if (spec.rfind("streamk", 0) == 0) {
+    // streamk:<units>/<spec>: each op's tiles, in the order <spec> gives them, cut into <units>
+    // tickets of about equal K work (stream-K: one ticket per SM spreads an op evenly whatever its
+    // tile count). With split-K slices, a ticket's consecutive slices of one output block are one
+    // partial sum (fused_with_next).
+    const size_t slash = spec.find('/');
+    if (slash == std::string::npos || slash + 1 == spec.size()) unknown(spec);
+    const Spec head = parse_spec(spec.substr(0, slash));
+    if (head.name != "streamk" || !head.param) unknown(spec);
+    Schedule s = make_order(g, spec.substr(slash + 1));
+    if (!s.units.empty()) throw InvalidArgument("order '" + spec + "': its base order already has units");
+    s.name = spec;
+    s.units.push_back(0);
+    for (int i = 0; i < g.num_tiles();) {
+      const int op = g.tile(s.order[i]).op;
+      int end = i;
+      while (end < g.num_tiles() && g.tile(s.order[end]).op == op) ++end;
+      if (end - i != g.op(op).num_tiles)
+        throw InvalidArgument("order '" + spec + "': its base order interleaves op '" + g.op(op).name +
+                              "' with others (stream-K units cut one op at a time)");
+      cut_units(g, s.order, i, end, static_cast<int>(head.param), s.units);
+      i = end;
+    }
+    validate(g, s);
+    return s;
+  }
   if (spec.rfind("kslices/", 0) == 0) {
     // Each op's split-K slices outermost: tiles that run at the same time then add into different
     // accumulator rows, not all into the same one (same-address atomics serialise in L2).
     Schedule s = make_order(g, spec.substr(8));
+    if (!s.units.empty()) throw InvalidArgument("order '" + spec + "': kslices/ reorders tiles across its base's units");
     std::stable_sort(s.order.begin(), s.order.end(), [&](int a, int b) {
       const Tile &ta = g.tile(a), &tb = g.tile(b);
       return ta.op != tb.op ? ta.op < tb.op : ta.ks < tb.ks;
@@ -279,7 +330,7 @@ Schedule schedule_from_json(const TileGraph& g, const std::string& text, const s
   } catch (const json::exception& e) {
     throw InvalidArgument(std::string("malformed JSON order: ") + e.what());
   }
-  Schedule s{default_name, {}};
+  Schedule s{default_name, {}, {}};
   const json* list = &j;
   if (j.is_object()) {
     if (j.contains("name")) {
@@ -288,6 +339,12 @@ Schedule schedule_from_json(const TileGraph& g, const std::string& text, const s
     }
     if (!j.contains("order")) throw InvalidArgument("order JSON: no \"order\" list");
     list = &j["order"];
+    if (j.contains("units")) {
+      const json& u = j["units"];
+      if (!u.is_array() || !std::all_of(u.begin(), u.end(), [](const json& v) { return v.is_number_integer(); }))
+        throw InvalidArgument("order JSON: \"units\" must be a list of positions, got " + u.dump().substr(0, 40));
+      for (const json& v : u) s.units.push_back(v.get<int>());
+    }
   }
   if (!list->is_array()) throw InvalidArgument("order JSON: \"order\" must be a list, got " + list->dump().substr(0, 40));
   const int nops = static_cast<int>(g.ops().size());
@@ -331,7 +388,9 @@ std::string schedule_to_json(const TileGraph& g, const Schedule& s) {
     const Tile& tile = g.tile(t);
     list.push_back({tile.op, tile.tm, tile.tn, tile.ks});
   }
-  return nlohmann::json{{"name", s.name}, {"order", list}}.dump();
+  nlohmann::json j{{"name", s.name}, {"order", list}};
+  if (!s.units.empty()) j["units"] = s.units;
+  return j.dump();
 }
 
 }  // namespace tw

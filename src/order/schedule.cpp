@@ -27,10 +27,42 @@ void validate(const TileGraph& g, const Schedule& s) {
         throw InvalidArgument("order '" + s.name + "': tile " + std::to_string(s.order[i]) + " at position " +
                               std::to_string(i) + " runs before its dependency tile " + std::to_string(d) +
                               " (position " + std::to_string(pos[d]) + ")");
+  if (s.units.empty()) return;
+  if (s.units.front() != 0 || s.units.back() != n)
+    throw InvalidArgument("order '" + s.name + "': its units must start at position 0 and end at " + std::to_string(n) +
+                          ", got " + std::to_string(s.units.front()) + " .. " + std::to_string(s.units.back()));
+  for (size_t u = 1; u < s.units.size(); ++u)
+    if (s.units[u] <= s.units[u - 1])
+      throw InvalidArgument("order '" + s.name + "': unit " + std::to_string(u - 1) + " is empty or reversed (positions " +
+                            std::to_string(s.units[u - 1]) + " .. " + std::to_string(s.units[u]) + ")");
+}
+
+std::vector<uint8_t> fused_with_next(const TileGraph& g, const Schedule& s) {
+  std::vector<uint8_t> f(s.order.size(), 0);
+  for (int u = 0; u < s.num_tickets(); ++u)
+    for (int i = s.ticket_begin(u); i + 1 < s.ticket_end(u); ++i) {
+      const Tile &a = g.tile(s.order[i]), &b = g.tile(s.order[i + 1]);
+      f[i] = a.op == b.op && a.tm == b.tm && a.tn == b.tn && b.ks == a.ks + 1 && g.op(a.op).tiling.split_k > 1;
+    }
+  return f;
+}
+
+Schedule restrict_schedule(const Schedule& s, const std::vector<uint8_t>& keep) {
+  Schedule r{s.name, {}, {}};
+  for (int u = 0; u < s.num_tickets(); ++u) {
+    const size_t before = r.order.size();
+    for (int i = s.ticket_begin(u); i < s.ticket_end(u); ++i)
+      if (keep[s.order[i]]) r.order.push_back(s.order[i]);
+    if (!s.units.empty() && r.order.size() > before) {
+      if (r.units.empty()) r.units.push_back(0);
+      r.units.push_back(static_cast<int>(r.order.size()));
+    }
+  }
+  return r;
 }
 
 Schedule op_by_op_order(const TileGraph& g) {
-  Schedule s{"op_by_op", std::vector<int>(g.num_tiles())};
+  Schedule s{"op_by_op", std::vector<int>(g.num_tiles()), {}};
   std::iota(s.order.begin(), s.order.end(), 0);
   return s;
 }
@@ -49,7 +81,7 @@ Schedule dataflow_order(const TileGraph& g, const Schedule& base, int lag) {
   for (int i = 0; i < n; ++i) pos[base.order[i]] = i;
   // Consumers whose producers are all emitted wait in `pending` (by base position) until the
   // output has grown `lag` past their last producer; tiles with no dependencies keep base order.
-  Schedule s{lag ? "dataflow(" + base.name + ", lag " + std::to_string(lag) + ")" : "dataflow(" + base.name + ")", {}};
+  Schedule s{lag ? "dataflow(" + base.name + ", lag " + std::to_string(lag) + ")" : "dataflow(" + base.name + ")", {}, {}};
   s.order.reserve(n);
   std::vector<int> pending;  // a min-heap on base position
   auto by_pos = [&](int a, int b) { return pos[a] > pos[b]; };

@@ -33,13 +33,15 @@ DevicePlan::DevicePlan(const ExecPlan& plan, int slots) : plan_(plan), slots_(sl
   const size_t order_b = align_up(sizeof(int32_t) * plan.order.size());
   const size_t tiles_b = align_up(sizeof(DeviceTile) * plan.tiles.size());
   const size_t waits_b = align_up(sizeof(WaitEntry) * (plan.waits.size() + 1));
+  const size_t units_b = align_up(sizeof(int32_t) * (plan.units.size() + 1));
   counter_bytes_ = state_b + sig_b + arr_b;
-  const size_t total = counter_bytes_ + order_b + tiles_b + waits_b;
+  const size_t total = counter_bytes_ + order_b + tiles_b + waits_b + units_b;
   TW_CUDA_CHECK(cudaMalloc(&mem_, total));
   std::vector<char> host(total, 0);
   std::memcpy(host.data() + counter_bytes_, plan.order.data(), sizeof(int32_t) * plan.order.size());
   std::memcpy(host.data() + counter_bytes_ + order_b, plan.tiles.data(), sizeof(DeviceTile) * plan.tiles.size());
   std::memcpy(host.data() + counter_bytes_ + order_b + tiles_b, plan.waits.data(), sizeof(WaitEntry) * plan.waits.size());
+  std::memcpy(host.data() + counter_bytes_ + order_b + tiles_b + waits_b, plan.units.data(), sizeof(int32_t) * plan.units.size());
   TW_CUDA_CHECK(cudaMemcpy(mem_, host.data(), total, cudaMemcpyHostToDevice));
   p_.state = reinterpret_cast<ExecState*>(mem_);
   p_.signals = reinterpret_cast<uint32_t*>(mem_ + state_b);
@@ -48,6 +50,10 @@ DevicePlan::DevicePlan(const ExecPlan& plan, int slots) : plan_(plan), slots_(sl
   p_.tiles = reinterpret_cast<const DeviceTile*>(mem_ + counter_bytes_ + order_b);
   p_.waits = reinterpret_cast<const WaitEntry*>(mem_ + counter_bytes_ + order_b + tiles_b);
   p_.num_tiles = static_cast<int32_t>(plan.order.size());
+  if (!plan.units.empty()) {
+    p_.units = reinterpret_cast<const int32_t*>(mem_ + counter_bytes_ + order_b + tiles_b + waits_b);
+    p_.num_units = static_cast<int32_t>(plan.units.size()) - 1;
+  }
 }
 
 DevicePlan::~DevicePlan() {
@@ -92,6 +98,8 @@ ExecParams DevicePlan::params_range(int begin, int end, int slot, uint32_t spin_
   if (begin < 0 || end < begin || end > p_.num_tiles || slot < 0 || slot >= slots_)
     throw InvalidArgument("DevicePlan::params_range: tickets [" + std::to_string(begin) + ", " + std::to_string(end) +
                           ") slot " + std::to_string(slot) + " out of range");
+  if (p_.units)  // a range of positions would cut through tickets of several tiles
+    throw InvalidArgument("DevicePlan::params_range: the schedule has units (tickets of several tiles); run it whole");
   ExecParams p = params(spin_limit, delay_ns);
   p.order += begin;
   p.num_tiles = end - begin;

@@ -30,6 +30,7 @@ ExecPlan make_exec_plan(const TileGraph& g, const Schedule& s, const std::map<in
   }
   ExecPlan p;
   p.order.assign(s.order.begin(), s.order.end());
+  p.units.assign(s.units.begin(), s.units.end());
   p.tiles.resize(g.num_tiles());
 
   // Counter layout per op: signal counters [sig_base, sig_base + n), arrival counters likewise.

@@ -22,7 +22,7 @@ CacheConfig blocks(int64_t n, int p = 1) {
 }
 
 Schedule cells(const GemmGraph& g, std::initializer_list<std::pair<int, int>> list) {
-  Schedule s{"hand", {}};
+  Schedule s{"hand", {}, {}};
   for (auto [m, n] : list) s.order.push_back(g.graph.tile_id(g.op, m, n));
   return s;
 }

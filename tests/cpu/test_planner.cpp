@@ -109,7 +109,10 @@ TEST(Planner, FfnCandidates) {
   std::vector<std::string> rejected, skipped;
   const std::vector<PlanKnobs> k = plan_candidate_knobs(r, 132, &rejected, &skipped);
   EXPECT_EQ(k[0], PlanKnobs{});
-  EXPECT_EQ(k.size() % plan_orders().size(), 0u);
+  // Every tiling with every order, and stream-K (its own slices and order) once.
+  EXPECT_EQ(k.back().order, "streamk");
+  EXPECT_EQ(std::count_if(k.begin(), k.end(), [](const PlanKnobs& x) { return x.order == "streamk"; }), 1);
+  EXPECT_EQ((k.size() - 1) % plan_orders().size(), 0u);
   for (const PlanKnobs& x : k) EXPECT_TRUE(x.split_gate_up == 0 || x.split_down == 0);
   // Down at M = 256: 1 x 32 output tiles; 8 waves of 132 allow up to 32 slices; 64 is skipped.
   EXPECT_EQ(std::count(k.begin(), k.end(), PlanKnobs{0, 32, 0, "row_major"}), 1);

@@ -52,7 +52,7 @@ struct GemmData {
   }
 };
 
-// (M, N, K, packed, k_slices)
+// (M, N, K, packed, k_slices; "streamk": the stream-K order instead)
 using Case = std::tuple<int, int, int, bool, std::string>;
 class DecodeGemmTest : public ::testing::TestWithParam<Case> {};
 
@@ -63,7 +63,10 @@ TEST_P(DecodeGemmTest, MatchesReference) {
   GemmData d(m, n, k);
   DecodeGemmOptions opt;
   opt.packed_weights = packed;
-  opt.k_slices = slices;
+  if (slices == "streamk")
+    opt.order = slices;
+  else
+    opt.k_slices = slices;
   opt.spin_limit = 2'000'000;
   DecodeGemm g(m, n, k, opt);
   for (int launch = 0; launch < 2; ++launch)  // the second reuses the counters and accumulators
@@ -78,6 +81,11 @@ std::vector<Case> cases() {
     c.emplace_back(16, 4096, 14336, packed, "even");
     c.emplace_back(16, 28672, 4096, packed, "tail:2");  // gate_up-sized
     c.emplace_back(64, 1544, 8, packed, "tail:1");      // K of one 8-column chunk
+    // Stream-K: runs of slices summed in registers, one or several tile rows, a K of one stage.
+    for (int m : {1, 37, 300}) c.emplace_back(m, 1000, 520, packed, "streamk");
+    c.emplace_back(200, 5760, 2048, packed, "streamk");
+    c.emplace_back(16, 28672, 4096, packed, "streamk");
+    c.emplace_back(64, 1544, 8, packed, "streamk");
   }
   return c;
 }

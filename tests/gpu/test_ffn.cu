@@ -153,6 +153,14 @@ std::vector<Case> cases() {
     // A plain MLP whose two GEMMs have 9 and 12 output tiles: on sm90 both split to fill the SMs
     // (fill_split: 11 and 9 slices).
     c.emplace_back(ml, 256, 1536, 1152, false, "kslices/col_major", "tile");
+    // Stream-K: one ticket of equal K work per block of the grid, a ticket's consecutive K slices
+    // of an output tile summed in registers (sm90), runs of every slice stored without partials.
+    // One and several row blocks (300, 513, 1000: short last ones), gated and plain, tile and row sync.
+    for (int m : {1, 37, 255, 300, 1000}) c.emplace_back(ml, m, 1024, 2816, true, "streamk", "tile");
+    for (int m : {16, 513}) c.emplace_back(ml, m, 520, 1000, true, "streamk", "row");
+    for (int m : {3, 200}) c.emplace_back(ml, m, 512, 1544, false, "streamk", "tile");
+    c.emplace_back(ml, 16, 4096, 14336, true, "streamk", "tile");
+    c.emplace_back(ml, 7, 1024, 2816, true, "streamk:5/col_major", "tile");  // few tickets: long runs
   }
   return c;
 }
@@ -162,15 +170,19 @@ TEST(FusedFfn, RepeatedLaunchesReuseCountersWithoutMemset) {
   TW_REQUIRE_GPU();
   for (const std::string& ml : kMainloops) {
     TW_REQUIRE_MAINLOOP(ml);
-    FfnData data({16, 1024, 2816, true});
-    FfnOptions opt;
-    set_mainloop(opt, ml);
-    opt.order = "kslices/col_major";
-    opt.spin_limit = kSpinLimit;
-    FusedFfn ffn(data.s, opt);
-    for (int i = 0; i < 6; ++i) {
-      data.new_input();
-      EXPECT_LT(data.check(ffn), kTol) << ml << " launch " << i;
+    // Stream-K's runs arrive and publish for all their slices at once: the counts must still add
+    // up to each launch's targets.
+    for (const char* order : {"kslices/col_major", "streamk"}) {
+      FfnData data({16, 1024, 2816, true});
+      FfnOptions opt;
+      set_mainloop(opt, ml);
+      opt.order = order;
+      opt.spin_limit = kSpinLimit;
+      FusedFfn ffn(data.s, opt);
+      for (int i = 0; i < 6; ++i) {
+        data.new_input();
+        EXPECT_LT(data.check(ffn), kTol) << ml << " " << order << " launch " << i;
+      }
     }
   }
 }
@@ -273,7 +285,7 @@ TEST(FusedFfn, ExplicitSplitsAndBlocksPerSm) {
 TEST(FusedFfn, StressDelayedProducers) {
   TW_REQUIRE_GPU();
   for (const std::string& ml : kMainloops)
-  for (const char* order : {"dataflow", "op_by_op_column", "kslices/col_major"})
+  for (const char* order : {"dataflow", "op_by_op_column", "kslices/col_major", "streamk"})
     for (const char* sync : {"tile", "row"}) {
       TW_REQUIRE_MAINLOOP(ml);
       if (std::string(order) == "dataflow" && std::string(sync) == "row") continue;  // refused (see below)
@@ -375,6 +387,14 @@ TEST(FusedFfn, BadInputIsRefusedBeforeLaunch) {
   interleaved.sync.policy = SyncPolicy::Tile;
   EXPECT_THROW(FusedFfn(big.s, interleaved).run_two_kernels(big.x.ptr, big.wgu.ptr, big.wd.ptr, big.y.ptr, 0, 0),
                InvalidArgument);
+  // The two kernels each take a range of tickets; stream-K tickets hold several tiles.
+  FfnOptions stream_k;
+  stream_k.order = "streamk";
+  EXPECT_THROW(FusedFfn(big.s, stream_k).run_two_kernels(big.x.ptr, big.wgu.ptr, big.wd.ptr, big.y.ptr, 0, 0),
+               InvalidArgument);
+  FfnOptions bad_stream_k;
+  bad_stream_k.order = "streamk:0/row_major";
+  EXPECT_THROW(FusedFfn(big.s, bad_stream_k), InvalidArgument);
 }
 
 }  // namespace

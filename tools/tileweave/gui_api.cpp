@@ -163,7 +163,7 @@ std::vector<int> parse_order(const json& body, const TileGraph& g) {
 // topological order: producers are added first) passes validate(). A refused tile gets a reason
 // that names the producer it waits for and the region it reads from it.
 void check_prefix(const TileGraph& g, const std::vector<int>& prefix) {
-  Schedule s{"clicked", prefix};
+  Schedule s{"clicked", prefix, {}};
   std::vector<char> seen(g.num_tiles(), 0);
   for (int t : prefix) seen[t] = 1;
   for (int t = 0; t < g.num_tiles(); ++t)
@@ -345,7 +345,7 @@ json route_simulate(const Model& md, const std::vector<int>& order) {
     const TileResult f = cm.flush();
     total += f.dram_read + f.dram_write;
     out["flush_bytes"] = f.dram_read + f.dram_write;
-    out["simulate_bytes"] = simulate(g, Schedule{"clicked", order}, md.cache).dram_total();
+    out["simulate_bytes"] = simulate(g, Schedule{"clicked", order, {}}, md.cache).dram_total();
   }
   out["total_bytes"] = total;
   return out;
@@ -412,7 +412,7 @@ json route_export(const Model& md, const json& body) {
   try {
     std::string why;
     const std::string cli = cli_line(md.problem, why);
-    return {{"file", json::parse(schedule_to_json(g, Schedule{name, order}))}, {"cli", cli}, {"cli_note", why}};
+    return {{"file", json::parse(schedule_to_json(g, Schedule{name, order, {}}))}, {"cli", cli}, {"cli_note", why}};
   } catch (const InvalidArgument& e) {
     throw bad(e.what());
   }

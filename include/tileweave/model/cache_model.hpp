@@ -132,7 +132,10 @@ class CacheModel {
   // Lower-level, for schedulers that interleave tiles themselves (simulate() does).
   int num_steps(int tile) const;
   TileResult step(int tile, int step_index);  // reads of one K-step
-  TileResult finish(int tile);                // writes (+ split-K reduction)
+  // Writes (+ split-K reduction). `slices`: the K slices of the tile's output block that this finish
+  // stands for (a run of consecutive slices summed in registers, Schedule::units): one partial sum
+  // for all; a run of every slice writes the output as an unsplit tile.
+  TileResult finish(int tile, int slices = 1);
 
   // Writes back every dirty block (what happens eventually on a GPU); returns what it cost.
   TileResult flush();
@@ -160,7 +163,8 @@ class CacheModel {
   // The block accesses of one K-step / of a tile's finish, appended to `out` (the partitioned
   // replay drives its own cache with these).
   void step_accesses(int tile, int s, std::vector<Access>& out) const;
-  void finish_accesses(int tile, bool reduces, std::vector<Access>& out) const;
+  // whole: the finish of a run of every slice of the block (no accumulator traffic).
+  void finish_accesses(int tile, bool reduces, std::vector<Access>& out, bool whole = false) const;
 
  private:
   struct Block {
@@ -171,7 +175,7 @@ class CacheModel {
   template <class F> void for_blocks(const Region& r, F&& f) const;
   // f(block id, is_write) for every block access of step s / of the tile's finish, in order.
   template <class F> void visit_step(int tile, int s, F&& f) const;
-  template <class F> void visit_finish(int tile, bool reduces, F&& f) const;
+  template <class F> void visit_finish(int tile, bool reduces, F&& f, bool whole = false) const;
   void read_block(int64_t id, TileResult& res);
   void write_block(int64_t id, TileResult& res);
   void touch(int64_t id);

@@ -53,6 +53,18 @@ Tiling sm90_op_tiling(int64_t m, int64_t n, int64_t k, int64_t target_kib, int s
 // FfnOptions::split_gate_up / split_down / down_slices.
 FfnTiling sm90_ffn_tiling(const FfnShape& s, int sms, int split_gate_up = 0, int split_down = 0,
                           const std::string& down_slices = "tail:1");
+// Stream-K (FfnOptions::order "streamk"): each op in even K slices, fine enough that cutting it into
+// `sms` tickets of equal K work (Schedule::units) leaves every ticket within a slice of its share --
+// a slice about 1/8 of a ticket's share, at least 2 stages, at most the body's 64 slices. A ticket's
+// consecutive slices of one output tile are one partial sum in the body, so fine slices cost no
+// reductions of their own.
+int stream_k_split(int64_t m, int64_t n_rows, int64_t k, int sms);
+FfnTiling sm90_ffn_stream_k_tiling(const FfnShape& s, int sms);
+// FusedFfn's order names as make_order specs: "op_by_op_column" / "op_by_op" are col_major /
+// row_major, "streamk" is streamk:<grid>/row_major; any other spec is itself.
+std::string ffn_order_spec(const std::string& order, int grid);
+bool is_stream_k_order(const std::string& order);  // "streamk" or "streamk:<U>/..."
+
 // DecodeGemm's options (the defaults are DecodeGemmOptions'): Y[m, n] = X[m, k] W[n, k]^T, split to
 // one wave of `sms` tiles; split_k > 0 and k_slices as DecodeGemmOptions::split_k / k_slices.
 TileGraph decode_gemm_graph(int64_t m, int64_t n, int64_t k, int sms, int split_k = 0, const std::string& k_slices = "even");

@@ -20,7 +20,9 @@ namespace tw {
 
 struct DecodeGemmOptions {
   bool packed_weights = false;   // run() takes W as written by pack() (one contiguous copy per stage)
-  std::string order = "kslices/col_major";  // any make_order spec
+  // Any make_order spec, or "streamk": stream-K, even K slices (stream_k_split) cut into one ticket
+  // of equal K work per SM (streamk:<SMs>/row_major; k_slices does not apply).
+  std::string order = "kslices/col_major";
   int split_k = 0;               // K slices; 0 = as many as bring the tiles to one wave of SMs
   std::string k_slices = "even";    // "even", or "tail:<n>": the last waves of tiles shorter
   uint32_t spin_limit = 0;       // tests: bounded waits

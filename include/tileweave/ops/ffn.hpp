@@ -29,7 +29,9 @@ struct FfnOptions {
   // (sm90 on sm_90 devices).
   std::string mainloop = "auto";
   // Any make_order spec ("op_by_op_column" and "op_by_op" name col_major and row_major; "dataflow"
-  // is col_major with consumers moved after their producers, lagged by the grid); or pass a
+  // is col_major with consumers moved after their producers, lagged by the grid; "streamk" is
+  // stream-K: each op in even K slices (model/validation.hpp, stream_k_split, unless the splits
+  // are given) cut into one ticket of equal K work per block, streamk:<grid>/row_major); or pass a
   // Schedule to the constructor.
   std::string order = "kslices/col_major";
   SyncSpec sync{SyncPolicy::Tile, 1};     // how down tiles wait for gate/up tiles

@@ -35,6 +35,11 @@ std::vector<Cell> grid_order(const std::string& grid_spec, int64_t grid_m, int64
 //   kslices/<spec>       <spec> with each op's split-K slices outermost (slice 0 of every output
 //                        tile, then slice 1, ...): concurrent tiles then reduce into different
 //                        accumulators. The ops come out one after another.
+//   streamk:<U>/<spec>   each op's tiles in the order <spec> gives (its tiles must be consecutive
+//                        there), cut into U tickets (Schedule::units) of about equal K work: with
+//                        U = the SM count, every SM gets an equal share of the op whatever its
+//                        tile count (stream-K). Split-K slices of one output block that a ticket
+//                        holds one after another are one partial sum.
 //   chain_rows:<k>       k row blocks of the first op (row-major), then every tile of later ops whose
 //                        dependencies are now complete; repeat. k = 1 is "a GEMM0 row, then the
 //                        matching GEMM1 row".
@@ -54,12 +59,13 @@ struct OrderInfo {
 const std::vector<OrderInfo>& order_catalog();
 
 // Custom orders as JSON: {"name": "...", "order": [...]} where every entry is a tile id (int) or
-// [op, tm, tn] / [op, tm, tn, ks]. A bare array is accepted as the "order" list.
+// [op, tm, tn] / [op, tm, tn, ks]. A bare array is accepted as the "order" list. An optional "units"
+// list gives Schedule::units (ticket boundaries as positions).
 // Malformed JSON, unknown tiles or a dependency violation -> InvalidArgument naming the first
 // offending entry/tile.
 Schedule schedule_from_json(const TileGraph& g, const std::string& json_text, const std::string& default_name = "custom");
 Schedule load_order_file(const TileGraph& g, const std::string& path);
-// {"name": ..., "order": [[op, tm, tn, ks], ...]} (readable by schedule_from_json).
+// {"name": ..., "order": [[op, tm, tn, ks], ...], "units": [...] if any} (readable by schedule_from_json).
 std::string schedule_to_json(const TileGraph& g, const Schedule& s);
 
 }  // namespace tw

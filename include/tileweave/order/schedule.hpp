@@ -2,6 +2,7 @@
 // traffic model simulates the same sequence.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -12,11 +13,31 @@ namespace tw {
 struct Schedule {
   std::string name;
   std::vector<int> order;  // tile ids
+  // Tickets of several tiles (stream-K units): ticket u runs the tiles at positions
+  // [units[u], units[u + 1]) one after another on one CTA, and consecutive K slices of one output
+  // block there are summed in registers (one partial sum, one epilogue: fused_with_next). Empty:
+  // every tile is a ticket of its own. Otherwise units[0] = 0, ascending, units.back() = order.size().
+  std::vector<int> units;
+  int num_tickets() const { return units.empty() ? static_cast<int>(order.size()) : static_cast<int>(units.size()) - 1; }
+  // Positions [first, end) of ticket u.
+  int ticket_begin(int u) const { return units.empty() ? u : units[u]; }
+  int ticket_end(int u) const { return units.empty() ? u + 1 : units[u + 1]; }
 };
 
 // Throws InvalidArgument naming the first offending position/tile unless `s` is a permutation of
-// the graph's tiles in which every tile comes after all of its dependencies.
+// the graph's tiles in which every tile comes after all of its dependencies (and its units, if any,
+// cut the positions into non-empty runs).
 void validate(const TileGraph& g, const Schedule& s);
+
+// By position: 1 where the tile and the next one belong to the same ticket and are consecutive K
+// slices of one output block (same op, tm, tn; ks + 1). The CTA that runs them keeps accumulating:
+// the first adds no partial sum and runs no epilogue; the segment's last tile does both for all of
+// them (the executor's sm90 body, src/ops/ffn_sm90.cu; the traffic and time replays alike).
+std::vector<uint8_t> fused_with_next(const TileGraph& g, const Schedule& s);
+
+// `s` restricted to the positions where keep[tile] is set, in the same order; a unit of `s` keeps
+// the tiles it has left (units left empty vanish).
+Schedule restrict_schedule(const Schedule& s, const std::vector<uint8_t>& keep);
 
 // Ops one after another, each op's tiles in id order (row-major over (tm, tn, ks)).
 Schedule op_by_op_order(const TileGraph& g);

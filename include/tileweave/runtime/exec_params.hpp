@@ -24,6 +24,10 @@ struct ExecParams {
   uint32_t* arrivals;  // one per split-K group
   ExecState* state;
   int32_t num_tiles;
+  // Tickets of several tiles (Schedule::units): ticket u runs positions [units[u], units[u + 1]) of
+  // `order` on one block; null: ticket i is position i.
+  const int32_t* units;
+  int32_t num_units;
   uint32_t spin_limit;  // 0: wait forever (benchmarks); else abort after this many polls
   uint32_t delay_ns;    // stress mode: producers sleep up to this long before signalling
   // Optional timeline (DevicePlan::enable_trace): kTraceWords words per tile id, see TraceWord.

@@ -38,7 +38,8 @@ struct WaitEntry {
 };
 
 struct ExecPlan {
-  std::vector<int32_t> order;      // ticket -> tile id
+  std::vector<int32_t> order;      // position -> tile id
+  std::vector<int32_t> units;      // Schedule::units (empty: ticket i is position i)
   std::vector<DeviceTile> tiles;   // by tile id
   std::vector<WaitEntry> waits;
   int num_signal_counters = 0;

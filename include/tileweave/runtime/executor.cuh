@@ -17,6 +17,13 @@
 // in the stream reads it only after this one ends, so each launch sees one consistent epoch. This
 // also makes launches capturable in CUDA graphs (no per-launch host arguments).
 //
+// A ticket may hold several tiles (Schedule::units, stream-K): the block runs them one after another,
+// and its next tile is then known without the counter. The argument holds over positions: take the
+// smallest unfinished position; its producers precede it and are finished; the block holding its
+// ticket is running it, or has it next behind a smaller unfinished position of the same ticket, or
+// has it prefetched behind its current tile -- both impossible by minimality -- or no block has
+// drawn its ticket yet, and then every drawn ticket's tiles before it are finished, so a block draws.
+//
 // The first wave is static: block b's first ticket is b, and the counter deals tickets from
 // gridDim.x on. The argument above is unchanged (every block runs, so tickets 0..grid-1 are held
 // by running blocks), and a block knows its first tile without touching the launch state -- which
@@ -38,28 +45,52 @@ struct BlockSlots {
   int32_t cur_id, next_id; // tile ids, -1 when the schedule is exhausted
   uint32_t epoch;
   int32_t flag;
+  int32_t next_pos, ticket_end;  // kTickets kernels: the prefetched tile's position, its ticket's end
 };
 
 namespace detail {
 __device__ __forceinline__ bool reached(uint32_t value, uint32_t target) {
   return static_cast<int32_t>(value - target) >= 0;  // wrap-safe
 }
-__device__ __forceinline__ int32_t draw_ticket(const ExecParams& p) {
-  const uint32_t t = atomicAdd(&p.state->ticket, 1u) + gridDim.x;  // tickets below the grid are static
-  return t < static_cast<uint32_t>(p.num_tiles) ? p.order[t] : -1;
+// One thread: ticket u's first tile (or none past the last ticket) into the slots.
+template <bool kTickets>
+__device__ __forceinline__ void take_ticket(const ExecParams& p, BlockSlots& s, uint32_t u) {
+  int32_t pos = u < static_cast<uint32_t>(p.num_tiles) ? static_cast<int32_t>(u) : -1;
+  if constexpr (kTickets) {
+    if (p.units) {
+      pos = u < static_cast<uint32_t>(p.num_units) ? p.units[u] : -1;
+      if (pos >= 0) s.ticket_end = p.units[u + 1];
+    } else {
+      s.ticket_end = pos + 1;
+    }
+    s.next_pos = pos;
+  }
+  s.next_id = pos >= 0 ? p.order[pos] : -1;
+  if (s.next_id >= 0) s.next = p.tiles[s.next_id];
 }
 }  // namespace detail
 
-// One thread: draws the next ticket and loads its tile's descriptor into the slots.
+// kTickets: the kernel takes tickets of several tiles (ExecParams::units). A kernel built without
+// (the decode step, the sm80 bodies, attention -> o_proj) runs such a schedule one tile a ticket:
+// still every tile in order, as the no-deadlock argument needs, only not grouped.
+
+// One thread: the tile after the prefetched one (which the caller has taken as its current tile)
+// into the slots: the next of the same ticket, else the first of a ticket drawn from the counter.
+template <bool kTickets = false>
 __device__ __forceinline__ void prefetch_next(const ExecParams& p, BlockSlots& s) {
-  s.next_id = detail::draw_ticket(p);
-  if (s.next_id >= 0) s.next = p.tiles[s.next_id];
+  if (kTickets && s.next_pos >= 0 && s.next_pos + 1 < s.ticket_end) {
+    s.next_id = p.order[++s.next_pos];
+    s.next = p.tiles[s.next_id];
+    return;
+  }
+  // Tickets below the grid are static.
+  detail::take_ticket<kTickets>(p, s, atomicAdd(&p.state->ticket, 1u) + gridDim.x);
 }
 
 // One thread: the block's first tile (ticket blockIdx.x) into the slots. Reads the plan only.
+template <bool kTickets = false>
 __device__ __forceinline__ void first_ticket(const ExecParams& p, BlockSlots& s) {
-  s.next_id = blockIdx.x < uint32_t(p.num_tiles) ? p.order[blockIdx.x] : -1;
-  if (s.next_id >= 0) s.next = p.tiles[s.next_id];
+  detail::take_ticket<kTickets>(p, s, blockIdx.x);
 }
 
 // One thread, after grid_dependency_wait(): reads the launch's epoch and counts the block started.
@@ -199,10 +230,12 @@ __device__ __forceinline__ void stress_delay(const ExecParams& p, const DeviceTi
 // barrier: publishes them on the tile's counter. The release is cumulative, so the writes the
 // barrier made visible to this thread become visible at GPU scope before the increment. A tile whose
 // writes no reader of the counter needs may count with memory_order_relaxed (no fence).
+// `tiles`: how many of the counter's tiles this publishes (a fused run of K slices counts all of them).
 __device__ __forceinline__ void release_signal(const ExecParams& p, const DeviceTile& t,
-                                               cuda::memory_order order = cuda::memory_order_release) {
+                                               cuda::memory_order order = cuda::memory_order_release,
+                                               uint32_t tiles = 1) {
   stress_delay(p, t);
-  cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(p.signals[t.signal]).fetch_add(1u, order);
+  cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(p.signals[t.signal]).fetch_add(tiles, order);
 }
 
 // All threads, after the tile's global writes: publish them on the tile's counter.
@@ -212,11 +245,13 @@ __device__ __forceinline__ void signal_done(const ExecParams& p, const DeviceTil
 }
 
 // One thread, after a barrier that orders the split's partial sums before it: true in the one
-// split of the group that arrives last (acquire: it then sees the other splits' sums).
-__device__ __forceinline__ bool arrive_last(const ExecParams& p, uint32_t epoch, const DeviceTile& t, uint32_t splits) {
+// split of the group that arrives last (acquire: it then sees the other splits' sums). `slices`: the
+// group's slices this arrival stands for (a fused run of consecutive slices arrives once for all).
+__device__ __forceinline__ bool arrive_last(const ExecParams& p, uint32_t epoch, const DeviceTile& t, uint32_t splits,
+                                            uint32_t slices = 1) {
   const uint32_t old = cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(p.arrivals[t.arrive])
-                           .fetch_add(1u, cuda::memory_order_acq_rel);
-  return old == splits * (epoch + 1) - 1;
+                           .fetch_add(slices, cuda::memory_order_acq_rel);
+  return old == splits * (epoch + 1) - slices;
 }
 
 // All threads, after writing this split's partial sums: true in the one split of the group that

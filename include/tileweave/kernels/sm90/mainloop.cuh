@@ -203,16 +203,17 @@ __device__ __forceinline__ void mma_stage(const Ring<Cfg>& ring, int s, int wg, 
   fence_operands(acc);
 }
 
-// acc = sum over n stages of W[this warpgroup's kMBlocks x 64 rows] * X^T (overwritten).
+// acc = sum over n stages of W[this warpgroup's kMBlocks x 64 rows] * X^T (overwritten; added to
+// with `accumulate`: the next K slice of the same output tile).
 template <class Cfg>
 __device__ __forceinline__ void consume_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, int wg, int n,
-                                             float (&acc)[Cfg::kAcc]) {
+                                             float (&acc)[Cfg::kAcc], bool accumulate = false) {
   const bool release_lane = (threadIdx.x % 32) == 0;
   int prev = -1;
   for (int j = 0; j < n; ++j) {
     const int s = ps.stage;
     mbar_wait(&ring.full[s], ps.phase, "full");
-    mma_stage(ring, s, wg, acc, j != 0);
+    mma_stage(ring, s, wg, acc, accumulate || j != 0);
     // Keep this stage's wgmmas in flight; the previous stage's are done once at most 1 is pending.
     wgmma_wait<1>();
     fence_operands(acc);
