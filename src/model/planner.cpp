@@ -111,6 +111,8 @@ TileGraph plan_graph(const PlanRequest& r, const PlanKnobs& k, int sms, const Gp
     if (preset && !sp.split_gate_up && !sp.split_down) sp = choose_ffn_splits(fs, *preset);  // as FusedFfn
     return build_ffn_graph(fs, sm90_ffn_tiling(fs, sms, sp.split_gate_up, sp.split_down)).graph;
   }
+  if (is_stream_k_order(k.order))  // as DecodeGemm takes order "streamk"
+    return decode_gemm_graph(r.m, r.n, r.k, sms, k.split_k ? k.split_k : stream_k_split(r.m, r.n, r.k, sms), "even");
   return decode_gemm_graph(r.m, r.n, r.k, sms, k.split_k);
 }
 
@@ -205,8 +207,9 @@ std::vector<PlanKnobs> plan_candidate_knobs(const PlanRequest& r, int sms, std::
       out.push_back(t);
     }
   }
-  // Stream-K (FfnOptions::order "streamk"): its own even slices, one ticket of equal work per SM.
-  if (r.op == "ffn") out.push_back({0, 0, 0, "streamk"});
+  // Stream-K (FfnOptions / DecodeGemmOptions::order "streamk"): its own even slices, one ticket of
+  // equal work per SM.
+  out.push_back({0, 0, 0, "streamk"});
   // The executor's own plan first: its tiling with its default order.
   const auto it = std::find(out.begin(), out.end(), PlanKnobs{});
   if (it != out.end()) std::rotate(out.begin(), it, it + 1);

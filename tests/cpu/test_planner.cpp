@@ -37,11 +37,14 @@ TEST(Planner, Splits) {
 
 // GEMM M = 16, N = 256, K = 1024: 2 output tiles (16 x 128), 8 K-steps of 128. DecodeGemm splits to
 // fill one wave: min(132 / 2, 8 steps) = 8 slices of one step (16 tiles). Candidates: auto (= 8), 1,
-// 2, 4 (8 is auto again) x the five orders = 20, the executor's (auto, kslices/col_major) first.
+// 2, 4 (8 is auto again) x the five orders = 20, the executor's (auto, kslices/col_major) first, and
+// stream-K last (stream_k_split: 2 tiles x 8 steps over 132 tickets, slices of the 2-step minimum: 4).
 TEST(Planner, GemmCandidates) {
   const PlanRequest r = gemm(16, 256, 1024);
   const std::vector<PlanKnobs> k = plan_candidate_knobs(r, 132);
-  ASSERT_EQ(k.size(), 20u);
+  ASSERT_EQ(k.size(), 21u);
+  EXPECT_EQ(k.back(), (PlanKnobs{0, 0, 0, "streamk"}));
+  EXPECT_EQ(plan_graph(r, k.back(), 132).op(0).tiling.split_k, 4);
   EXPECT_EQ(k[0], PlanKnobs{});
   for (int s : {0, 1, 2, 4})
     for (const std::string& o : plan_orders())
@@ -64,7 +67,7 @@ TEST(Planner, GemmRanking) {
   r.refine = -1;
   const GpuPreset p = find_gpu_preset("h200");
   const PlanResult res = make_plan(r, p);
-  ASSERT_EQ(res.candidates.size(), 20u);
+  ASSERT_EQ(res.candidates.size(), 21u);  // stream-K's 8 tiles of 4 slices (one a ticket) rank with split 4
   EXPECT_TRUE(res.executor.executor);
   EXPECT_EQ(res.executor.knobs, PlanKnobs{});
   EXPECT_DOUBLE_EQ(res.executor.ratio, 1.0);
@@ -76,7 +79,7 @@ TEST(Planner, GemmRanking) {
     EXPECT_NEAR(c.ratio, c.us() / res.executor.part_us, 1e-12);
   }
   const double unsplit = p.launch_us + p.tile_fixed_us + (262144 + 16384) / (p.sm_stream_gbps * 1e3);
-  for (size_t i = 15; i < 20; ++i) {
+  for (size_t i = 16; i < 21; ++i) {
     EXPECT_EQ(res.candidates[i].knobs.split_k, 1);
     EXPECT_NEAR(res.candidates[i].simple_us, unsplit, 0.05 * unsplit);
   }
