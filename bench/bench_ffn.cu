@@ -2,9 +2,8 @@
 // GEMMs + an elementwise SiLU*mul and (b) the CuSync-style two-kernel version, with the
 // streaming-read floor measured in the same run. Weights are rotated so L2 holds none of them.
 //   bench_ffn [--models 8b,70b,chain,D:F,D:F:plain] [--ms 1,4,16,64,128,256] [--reps 100] [--variants 'spec;spec;...']
-//   a variant spec is key=value pairs joined by ',' (keys: mainloop, order, sync, bk, sg = split_gate_up,
-//   sd = split_down, bps = blocks_per_sm, ks = k_split_warps, ds = down_slices, pw = packed_weights (1),
-//   ov = overlap_previous (1), splits = model|rules; unset = FfnOptions' default), e.g.
+//   a variant spec is key=value pairs joined by ',' (bench/ffn_variant.hpp: mainloop, order, sync, bk,
+//   sg, sd, bps, ks, ds, pw, ov, splits, rows; unset = FfnOptions' default), e.g.
 //   mainloop=sm90,order=kslices/col_major,sd=28
 //   bench_ffn --profile spec --models 8b --ms 16   runs one variant 3 times for ncu and prints
 //   the traffic model's DRAM bytes for its schedule
@@ -25,6 +24,7 @@
 #include <vector>
 
 #include "cublas_baseline.cuh"
+#include "ffn_variant.hpp"
 #include "harness.cuh"
 #include "tileweave/model/cache_model.hpp"
 #include "tileweave/ops/ffn.hpp"
@@ -58,31 +58,6 @@ struct Variant {
   FfnOptions opt;
 };
 
-FfnOptions parse_variant(const std::string& spec) {
-  FfnOptions o;
-  std::stringstream ss(spec);
-  for (std::string kv; std::getline(ss, kv, ',');) {
-    const size_t eq = kv.find('=');
-    if (kv.empty()) continue;
-    if (eq == std::string::npos) throw InvalidArgument("variant '" + spec + "': '" + kv + "' is not key=value");
-    const std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
-    if (k == "mainloop") o.mainloop = v;
-    else if (k == "order") o.order = v;
-    else if (k == "sync") o.sync.policy = parse_sync_policy(v);
-    else if (k == "bk") o.bk = std::stoi(v);
-    else if (k == "sg") o.split_gate_up = std::stoi(v);
-    else if (k == "sd") o.split_down = std::stoi(v);
-    else if (k == "bps") o.blocks_per_sm = std::stoi(v);
-    else if (k == "ks") o.k_split_warps = std::stoi(v);
-    else if (k == "ds") o.down_slices = v;
-    else if (k == "pw") o.packed_weights = v == "1";
-    else if (k == "ov") o.overlap_previous = v == "1";
-    else if (k == "splits") o.splits = v;
-    else throw InvalidArgument("variant '" + spec + "': unknown key '" + k + "' (mainloop, order, sync, bk, sg, sd, bps, ks, ds, pw, ov, splits)");
-  }
-  return o;
-}
-
 // The traffic model's prediction for the schedule the executor runs: L2-sized cache, the grid's
 // blocks as tiles in flight, 32-byte sectors, cold start (the benchmark rotates weights likewise).
 TrafficReport predict(const FusedFfn& ffn, const Gpu& gpu) {
@@ -104,7 +79,7 @@ void trace_case(const Gpu& gpu, const Floor& floor, const Model& md, int64_t m, 
   fill_random<<<1024, 256>>>(wgu, n1 * md.d, 17, 1.f / std::sqrt(float(md.d)));
   fill_random<<<1024, 256>>>(wd, md.d * md.f, 1017, 1.f / std::sqrt(float(md.f)));
   fill_random<<<256, 256>>>(x, m * md.d, 99, 1.f);
-  FfnOptions opt = parse_variant(spec);
+  FfnOptions opt = parse_ffn_variant(spec);
   opt.trace = true;
   FusedFfn ffn({m, md.d, md.f, md.gated}, opt);
   if (ffn.uses_packed_weights()) {  // pack in place of the originals
@@ -210,7 +185,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--trace") && i + 1 < argc) trace_spec = argv[++i];
     else {
       std::fprintf(stderr, "bench_ffn: unknown argument '%s'\nusage: bench_ffn [--models 8b,70b,chain,D:F[:plain]] [--ms 1,16] [--reps 100]\n"
-                   "                 [--variants 'key=value,...;key=value,...']  (keys: mainloop order sync bk sg sd bps ks ds pw ov splits)\n"
+                   "                 [--variants 'key=value,...;key=value,...']  (keys: mainloop order sync bk sg sd bps ks ds pw ov splits rows)\n"
                    "                 [--profile variant]   (one variant, 3 launches, for ncu)\n"
                    "                 [--trace variant]     (one variant's tile timeline per case)\n", argv[i]);
       return 2;
@@ -238,7 +213,7 @@ int main(int argc, char** argv) {
   }
   std::vector<Variant> variants;
   try {
-    for (const auto& spec : variant_specs) variants.push_back({spec, parse_variant(spec)});
+    for (const auto& spec : variant_specs) variants.push_back({spec, parse_ffn_variant(spec)});
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_ffn: %s\n", e.what());
     return 2;
@@ -264,7 +239,7 @@ int main(int argc, char** argv) {
         fill_random<<<1024, 256>>>(wgu, n1 * md.d, 17, 1.f / std::sqrt(float(md.d)));
         fill_random<<<1024, 256>>>(wd, md.d * md.f, 1017, 1.f / std::sqrt(float(md.f)));
         fill_random<<<256, 256>>>(x, m * md.d, 99, 1.f);
-        FusedFfn ffn({m, md.d, md.f, md.gated}, parse_variant(profile_spec));
+        FusedFfn ffn({m, md.d, md.f, md.gated}, parse_ffn_variant(profile_spec));
         const TrafficReport r = predict(ffn, gpu);
         std::printf("PREDICT %s M=%lld %s: model dram_read %.1f MB, dram_write %.1f MB, weights %.1f MB\n", md.name.c_str(),
                     (long long)m, profile_spec.c_str(), r.dram_read / 1e6, r.dram_write / 1e6, (n1 * md.d + md.d * md.f) * 2 / 1e6);

@@ -4,11 +4,13 @@
 // with its default options (the planner's tiling, weights as given: `us`, `speedup`), and the same
 // on weights packed once for streaming (FfnOptions::packed_weights, ops.ffn_packed: `packed_us`,
 // `packed_speedup`, `packed_pct_floor`).
-//   bench_sweep [--seed N] [--ffn N] [--also ORDER] [--out DIR]
-// --also ORDER: a third form, FusedFfn with FfnOptions::order = ORDER (e.g. streamk), in the same run
-// (`also_us`, `also_speedup`, ...), for an A/B of an order on a grid no one tuned for. Every form also
-// records the traffic model's predicted time for its graph and schedule (`model_us`, `also_model_us`:
-// the simple L2 and the tile replay on this GPU's preset, as `tileweave plan` ranks them).
+//   bench_sweep [--seed N] [--ffn N] [--ms LIST] [--also SPEC]... [--out DIR]
+// --also SPEC (repeatable): a further form, FusedFfn with the options of a variant spec
+// (bench/ffn_variant.hpp, e.g. order=streamk or rows=fit,order=streamk), timed in the same run:
+// `also<i>_us`, `also<i>_speedup`, ... for the i-th; an A/B of options on a grid no one tuned for.
+// --ms: the M values the shapes take in turn (default below). Every form also records the traffic
+// model's predicted time for its graph and schedule (`model_us`: the simple L2 and the tile replay
+// on this GPU's preset, as `tileweave plan` ranks them).
 // The grid: N shapes (default 64), gated and plain in turn, d and F multiples of 128 in [1024, 16384]
 // drawn from the seed, M through {1, 8, 16, 32, 37, 64, 100, 128, 200, 256, 512, 2048, 4096} in turn
 // (a shape per M at least five times). Times are back to back (launches in one CUDA graph, time per
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "cublas_baseline.cuh"
+#include "ffn_variant.hpp"
 #include "harness.cuh"
 #include "tileweave/model/cache_model.hpp"
 #include "tileweave/model/presets.hpp"
@@ -38,7 +41,7 @@ namespace {
 using bf16 = __nv_bfloat16;
 using namespace tw::bench;
 
-constexpr int64_t kMs[] = {1, 8, 16, 32, 37, 64, 100, 128, 200, 256, 512, 2048, 4096};
+const std::vector<int64_t> kMs = {1, 8, 16, 32, 37, 64, 100, 128, 200, 256, 512, 2048, 4096};
 
 // The model's time for the op's own graph and schedule (simple L2, tile replay), as the planner ranks.
 double predicted_us(const tw::FusedFfn& f, const tw::GpuPreset& preset) {
@@ -53,12 +56,12 @@ struct Shape {
   bool gated;
 };
 
-std::vector<Shape> ffn_grid(uint64_t seed, int count) {
+std::vector<Shape> ffn_grid(uint64_t seed, int count, const std::vector<int64_t>& ms) {
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int64_t> dim(8, 128);  // x 128: 1024 .. 16384
   std::vector<Shape> out;
   for (int i = 0; i < count; ++i)
-    out.push_back({kMs[i % std::size(kMs)], 128 * dim(rng), 128 * dim(rng), i % 2 == 0});
+    out.push_back({ms[i % ms.size()], 128 * dim(rng), 128 * dim(rng), i % 2 == 0});
   return out;
 }
 
@@ -67,20 +70,32 @@ std::vector<Shape> ffn_grid(uint64_t seed, int count) {
 int main(int argc, char** argv) {
   uint64_t seed = 16;
   int ffn_count = 64;
-  std::string out_dir, also;
-  for (int i = 1; i < argc; ++i) {
-    const bool has = i + 1 < argc;
-    if (!std::strcmp(argv[i], "--seed") && has) seed = std::stoull(argv[++i]);
-    else if (!std::strcmp(argv[i], "--ffn") && has) ffn_count = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--also") && has) also = argv[++i];
-    else if (!std::strcmp(argv[i], "--out") && has) out_dir = argv[++i];
-    else {
-      std::fprintf(stderr,
-                   "bench_sweep: unknown or incomplete argument '%s'\nusage: bench_sweep [--seed N] [--ffn N] [--also ORDER] "
-                   "[--out DIR]\n",
-                   argv[i]);
-      return 2;
+  std::string out_dir;
+  std::vector<std::string> also;
+  std::vector<tw::FfnOptions> also_opt;
+  std::vector<int64_t> ms = kMs;
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const bool has = i + 1 < argc;
+      if (!std::strcmp(argv[i], "--seed") && has) seed = std::stoull(argv[++i]);
+      else if (!std::strcmp(argv[i], "--ffn") && has) ffn_count = std::atoi(argv[++i]);
+      else if (!std::strcmp(argv[i], "--ms") && has) {
+        const std::vector<int> v = parse_counts(argv[++i], "--ms");
+        ms.assign(v.begin(), v.end());
+      }
+      else if (!std::strcmp(argv[i], "--also") && has) also.push_back(argv[++i]), also_opt.push_back(parse_ffn_variant(also.back()));
+      else if (!std::strcmp(argv[i], "--out") && has) out_dir = argv[++i];
+      else {
+        std::fprintf(stderr,
+                     "bench_sweep: unknown or incomplete argument '%s'\nusage: bench_sweep [--seed N] [--ffn N] [--ms LIST] "
+                     "[--also SPEC]... [--out DIR]\n",
+                     argv[i]);
+        return 2;
+      }
     }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_sweep: %s\n", e.what());
+    return 2;
   }
   if (ffn_count < 1) {
     std::fprintf(stderr, "bench_sweep: --ffn %d must be >= 1\n", ffn_count);
@@ -93,7 +108,8 @@ int main(int argc, char** argv) {
               (unsigned long long)seed, ffn_count);
   ResultFile rf("sweep", gpu, floor);
   rf.doc["seed"] = seed;
-  if (!also.empty()) rf.doc["also_order"] = also;
+  if (!also.empty()) rf.doc["also"] = also;
+  rf.doc["ms"] = ms;
   const tw::GpuPreset preset = tw::gpu_preset_for_device(gpu.prop.name, gpu.prop.multiProcessorCount, gpu.prop.l2CacheSize);
   rf.doc["method"] = "back to back: the launches of one CUDA graph (>= 8, weight sets in turn so L2 holds none of a "
                      "launch's weights), median graph time / launches; ours = FusedFfn with default options on "
@@ -106,13 +122,14 @@ int main(int argc, char** argv) {
   void* lt_ws = dev_alloc<char>(lt_ws_bytes);
 
   int n = 0, at_peer = 0, mem_cases = 0, mem_at_floor = 0, prefill = 0, prefill_ok = 0;
-  int packed_at_peer = 0, packed_mem_at_floor = 0, packed_prefill_ok = 0, also_at_peer = 0, also_faster = 0;
+  int packed_at_peer = 0, packed_mem_at_floor = 0, packed_prefill_ok = 0;
+  std::vector<int> also_at_peer(also.size(), 0), also_faster(also.size(), 0);
   double worst_speedup = 1e30, packed_worst = 1e30;
   std::printf("%4s %-5s %5s %6s %6s %10s %10s %8s %7s %10s %8s %7s", "#", "op", "M", "d", "F", "ours us", "cuBLASLt",
               "speedup", "%floor", "packed us", "speedup", "%floor");
-  if (!also.empty()) std::printf(" %10s %8s", (also.substr(0, 7) + " us").c_str(), "speedup");
+  for (size_t a = 0; a < also.size(); ++a) std::printf(" %9s%zu %8s", "also us ", a, "speedup");
   std::printf("\n");
-  for (const Shape& s : ffn_grid(seed, ffn_count)) {
+  for (const Shape& s : ffn_grid(seed, ffn_count, ms)) {
     const int64_t n1 = (s.gated ? 2 : 1) * s.f;
     const double wbytes = double(n1 * s.d + s.d * s.f) * 2;
     const FfnWeightSets ws(s.d, s.f, s.gated, gpu.prop.l2CacheSize);
@@ -172,12 +189,10 @@ int main(int argc, char** argv) {
     tw::FfnOptions packed;
     packed.packed_weights = true;
     const double us = measure("", {}), packed_us = measure("packed_", packed);
-    double also_us = 0;
-    if (!also.empty()) {
-      tw::FfnOptions opt;
-      opt.order = also;
-      also_us = measure("also_", opt);
-      if (also_us > 0) also_at_peer += peer_us / also_us >= 1.0, also_faster += also_us < us;
+    std::vector<double> also_us(also.size(), 0.0);
+    for (size_t a = 0; a < also.size(); ++a) {
+      also_us[a] = measure("also" + std::to_string(a) + "_", also_opt[a]);
+      if (also_us[a] > 0) also_at_peer[a] += peer_us / also_us[a] >= 1.0, also_faster[a] += also_us[a] < us;
     }
     ++n;
     if (packed_us > 0) {
@@ -198,7 +213,7 @@ int main(int argc, char** argv) {
       std::printf("%4d %-5s %5lld %6lld %6lld %10.1f %10.1f %8.3f %6.1f%% %10.1f %8.3f %6.1f%%", n, s.gated ? "ffn" : "mlp",
                   (long long)s.m, (long long)s.d, (long long)s.f, us, peer_us, sp, 100 * floor_us / us, packed_us,
                   packed_us > 0 ? peer_us / packed_us : 0.0, packed_us > 0 ? 100 * floor_us / packed_us : 0.0);
-      if (!also.empty()) std::printf(" %10.1f %8.3f", also_us, also_us > 0 ? peer_us / also_us : 0.0);
+      for (double t : also_us) std::printf(" %10.1f %8.3f", t, t > 0 ? peer_us / t : 0.0);
       std::printf("\n");
     } else {
       if (s.m <= 64 && wbytes >= 64e6) ++mem_cases;
@@ -232,8 +247,8 @@ int main(int argc, char** argv) {
               "memory-bound >= 64 MB: %d of %d at >= 90%%; prefill: %d of %d at >= 1.05x -> %s\n",
               n, at_peer, worst_speedup, mem_at_floor, mem_cases, prefill_ok, prefill, packed_at_peer, packed_worst,
               packed_mem_at_floor, mem_cases, packed_prefill_ok, prefill, path.c_str());
-  if (!also.empty())
-    std::printf("order %s: %d at or above cuBLASLt-unfused, %d of %d faster than the default\n", also.c_str(), also_at_peer,
-                also_faster, n);
+  for (size_t a = 0; a < also.size(); ++a)
+    std::printf("also%zu '%s': %d at or above cuBLASLt-unfused, %d of %d faster than the default\n", a, also[a].c_str(),
+                also_at_peer[a], also_faster[a], n);
   return 0;
 }

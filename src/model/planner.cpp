@@ -29,8 +29,9 @@ std::string split_name(int s) { return s ? std::to_string(s) : std::string("auto
 
 std::string label_of(const PlanRequest& r, const PlanKnobs& k) {
   const std::string order = k.order.empty() ? "" : " " + k.order;
-  if (r.op == "ffn") return "gate_up=" + split_name(k.split_gate_up) + " down=" + split_name(k.split_down) + order;
-  return "split=" + split_name(k.split_k) + order;
+  const std::string rows = k.tile_rows ? " rows=" + std::to_string(k.tile_rows) : "";
+  if (r.op == "ffn") return "gate_up=" + split_name(k.split_gate_up) + " down=" + split_name(k.split_down) + order + rows;
+  return "split=" + split_name(k.split_k) + order + rows;
 }
 
 // The slices of an op as a key (two knob values giving the same slices are one candidate).
@@ -106,14 +107,16 @@ std::vector<int> plan_splits(int64_t m, int64_t k, int64_t out_tiles, int grid, 
 TileGraph plan_graph(const PlanRequest& r, const PlanKnobs& k, int sms, const GpuPreset* preset) {
   if (r.op == "ffn") {
     const FfnShape fs{r.m, r.d, r.f, r.gated};
-    if (is_stream_k_order(k.order)) return build_ffn_graph(fs, sm90_ffn_stream_k_tiling(fs, sms)).graph;
+    if (is_stream_k_order(k.order)) return build_ffn_graph(fs, sm90_ffn_stream_k_tiling(fs, sms, k.tile_rows)).graph;
     FfnSplits sp{k.split_gate_up, k.split_down};
-    if (preset && !sp.split_gate_up && !sp.split_down) sp = choose_ffn_splits(fs, *preset);  // as FusedFfn
-    return build_ffn_graph(fs, sm90_ffn_tiling(fs, sms, sp.split_gate_up, sp.split_down)).graph;
+    // As FusedFfn: the model's splits where it chooses (M <= 64, the executor's tile height).
+    if (preset && !sp.split_gate_up && !sp.split_down && !k.tile_rows) sp = choose_ffn_splits(fs, *preset);
+    return build_ffn_graph(fs, sm90_ffn_tiling(fs, sms, sp.split_gate_up, sp.split_down, "tail:1", k.tile_rows)).graph;
   }
   if (is_stream_k_order(k.order))  // as DecodeGemm takes order "streamk"
-    return decode_gemm_graph(r.m, r.n, r.k, sms, k.split_k ? k.split_k : stream_k_split(r.m, r.n, r.k, sms), "even");
-  return decode_gemm_graph(r.m, r.n, r.k, sms, k.split_k);
+    return decode_gemm_graph(r.m, r.n, r.k, sms, k.split_k ? k.split_k : stream_k_split(r.m, r.n, r.k, sms, k.tile_rows),
+                             "even", k.tile_rows);
+  return decode_gemm_graph(r.m, r.n, r.k, sms, k.split_k, "even", k.tile_rows);
 }
 
 FfnSplits choose_ffn_splits(const FfnShape& s, const GpuPreset& preset) {
@@ -177,10 +180,10 @@ std::vector<PlanKnobs> plan_candidate_knobs(const PlanRequest& r, int sms, std::
   };
   std::vector<PlanKnobs> tilings{PlanKnobs{}};
   if (r.op == "ffn") {
-    for (int s : splits(1, r.f)) tilings.push_back({0, s, 0, ""});
-    for (int s : splits(0, r.d)) tilings.push_back({s, 0, 0, ""});
+    for (int s : splits(1, r.f)) tilings.push_back({0, s, 0, "", 0});
+    for (int s : splits(0, r.d)) tilings.push_back({s, 0, 0, "", 0});
   } else {
-    for (int s : splits(0, r.k)) tilings.push_back({0, 0, s, ""});
+    for (int s : splits(0, r.k)) tilings.push_back({0, 0, s, "", 0});
   }
   std::vector<PlanKnobs> out;
   std::vector<std::vector<std::vector<int64_t>>> seen;
@@ -208,8 +211,14 @@ std::vector<PlanKnobs> plan_candidate_knobs(const PlanRequest& r, int sms, std::
     }
   }
   // Stream-K (FfnOptions / DecodeGemmOptions::order "streamk"): its own even slices, one ticket of
-  // equal work per SM.
-  out.push_back({0, 0, 0, "streamk"});
+  // equal work per SM. And where fitted tile heights differ from the powers of two (tile_rows
+  // "fit"), the executor's plan and stream-K on them.
+  out.push_back({0, 0, 0, "streamk", 0});
+  const int fit = sm90::fit_act_rows(r.m);
+  if (fit != sm90::act_rows_for(r.m)) {
+    out.push_back({0, 0, 0, "kslices/col_major", fit});
+    out.push_back({0, 0, 0, "streamk", fit});
+  }
   // The executor's own plan first: its tiling with its default order.
   const auto it = std::find(out.begin(), out.end(), PlanKnobs{});
   if (it != out.end()) std::rotate(out.begin(), it, it + 1);
@@ -254,8 +263,8 @@ PlanResult make_plan(const PlanRequest& r, const GpuPreset& preset) {
   res.executor.ratio = 1;
   res.candidates = std::move(cs);
   res.left_out = {
-      "tile shape: not a knob of the executor (the sm90 body takes its activation rows from M, 8..256, and "
-      "128 weight rows per tile)",
+      "tile heights other than the executor's and the fitted one (tile_rows: any multiple of 32 from 96 to 256), "
+      "and weight rows per tile (128, fixed by the body)",
       "tiles per SM and ring depth: one CTA per SM (the sm90 body takes over half the shared memory), its "
       "ring fixed by the body",
       r.op == "ffn" ? "down_slices other than tail:1 (even, tail:2..4), and both splits varied together: executor "

@@ -95,6 +95,12 @@ Costs tile_costs(const TileGraph& g, const TrafficReport& r, const TimeParams& p
     tc.steps = t.step_cols > 0 ? std::max<int64_t>(1, (t.k1 - t.k0 + t.step_cols - 1) / t.step_cols) : 1;
     tc.step_us = t.flops / tc.steps / sm_flops_per_us;
     const Op& o = g.op(t.op);
+    if (o.kind == OpKind::Gemm || o.kind == OpKind::GemmSiluMul)
+      // The mainloop computes whole tiles: rows and columns past the op's edge (zero-filled) take as
+      // long as real ones (M = 200 in a 256-row tile computes 256).
+      for (const Region& w : t.writes)
+        if (w.tensor == o.c && w.rows() > 0 && w.cols() > 0)
+          tc.step_us *= double(o.tiling.bm) / double(w.rows()) * double(o.tiling.bn) / double(w.cols());
     if (o.kind == OpKind::PrefillAttention && t.reads.size() >= 2) {
       // An attention item is not a GEMM tile: its fixed cost and its cost per key row (whole key
       // tiles of bk rows) from prefill attention's fitted model (model/prefill_traffic.hpp, bf16).

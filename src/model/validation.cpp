@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 #include "tileweave/kernels/sm90/tile_shape.hpp"
 #include "tileweave/order/orders.hpp"
@@ -46,14 +47,32 @@ int64_t slices_by_size(int64_t k, int64_t target_kib) {
 }
 }  // namespace
 
-Tiling sm90_op_tiling(int64_t m, int64_t n, int64_t k, int64_t target_kib, int split, const std::string& slices, int sms) {
+int sm90_tile_rows(int64_t m, const std::string& tile_rows) {
+  if (tile_rows == "pow2") return sm90::act_rows_for(m);
+  if (tile_rows == "fit") return sm90::fit_act_rows(m);
+  char* end = nullptr;
+  const long v = std::strtol(tile_rows.c_str(), &end, 10);
+  if (tile_rows.empty() || *end != '\0' || v < 0 || v > sm90::kMaxActRows || !sm90::is_tile_rows(int(v)))
+    throw InvalidArgument("sm90 tiles: tile_rows must be 'pow2', 'fit' or a height the body runs (8, 16, 32, 64, or a "
+                          "multiple of 32 from 96 to 256), got '" + tile_rows + "'");
+  return int(v);
+}
+
+namespace {
+int rows_for(int64_t m, int rows) { return rows ? rows : sm90::act_rows_for(m); }
+}  // namespace
+
+Tiling sm90_op_tiling(int64_t m, int64_t n, int64_t k, int64_t target_kib, int split, const std::string& slices, int sms,
+                      int tile_rows) {
   int levels = -1;
   if (slices == "even") levels = 0;
   if (slices.rfind("tail:", 0) == 0 && slices.size() == 6 && slices[5] >= '0' && slices[5] <= '4') levels = slices[5] - '0';
   if (levels < 0) throw InvalidArgument("sm90 tiles: K slices must be 'even' or 'tail:<0..4>', got '" + slices + "'");
   if (split < 0) throw InvalidArgument("sm90 tiles: split must be >= 0, got " + std::to_string(split));
   if (split == 0 && target_kib <= 0) throw InvalidArgument("sm90 tiles: a split or a slice size is needed");
-  const int rows = sm90::act_rows_for(m), step = sm90::stage_cols_for(rows);
+  if (tile_rows && !sm90::is_tile_rows(tile_rows))
+    throw InvalidArgument("sm90 tiles: no tile of " + std::to_string(tile_rows) + " activation rows");
+  const int rows = rows_for(m, tile_rows), step = sm90::stage_cols_for(rows);
   Tiling t{rows, sm90::kTileRows, step,
            normalise_split(k, split ? split : static_cast<int>(slices_by_size(k, target_kib)), step), {}};
   if (levels > 0) {
@@ -69,8 +88,8 @@ Tiling sm90_op_tiling(int64_t m, int64_t n, int64_t k, int64_t target_kib, int s
   return t;
 }
 
-int fill_split(int64_t m, int64_t n_rows, int64_t k, int64_t target_kib, int sms) {
-  const int64_t rows = sm90::act_rows_for(m), step = sm90::stage_cols_for(int(rows));
+int fill_split(int64_t m, int64_t n_rows, int64_t k, int64_t target_kib, int sms, int tile_rows) {
+  const int64_t rows = rows_for(m, tile_rows), step = sm90::stage_cols_for(int(rows));
   const int64_t tiles = ((m + rows - 1) / rows) * ((n_rows + sm90::kTileRows - 1) / sm90::kTileRows);
   if (2 * tiles >= sms) return 0;
   const int64_t by_size = slices_by_size(k, target_kib);
@@ -79,21 +98,22 @@ int fill_split(int64_t m, int64_t n_rows, int64_t k, int64_t target_kib, int sms
   return by_size >= to_fill ? 0 : int(std::min(to_fill, most));
 }
 
-FfnTiling sm90_ffn_tiling(const FfnShape& s, int sms, int split_gate_up, int split_down, const std::string& down_slices) {
-  const int rows = sm90::act_rows_for(s.m);
+FfnTiling sm90_ffn_tiling(const FfnShape& s, int sms, int split_gate_up, int split_down, const std::string& down_slices,
+                          int tile_rows) {
+  const int rows = rows_for(s.m, tile_rows);
   const int64_t n1 = s.gated ? 2 * s.f : s.f, down_kib = int64_t(512) * std::max(1, rows / 128);
   FfnTiling t;
-  t.gate_up = sm90_op_tiling(s.m, n1, s.d, 4096, split_gate_up ? split_gate_up : fill_split(s.m, n1, s.d, 4096, sms),
-                             "even", sms);
+  t.gate_up = sm90_op_tiling(s.m, n1, s.d, 4096,
+                             split_gate_up ? split_gate_up : fill_split(s.m, n1, s.d, 4096, sms, rows), "even", sms, rows);
   if (s.gated) t.gate_up.bn = sm90::kTileRows / 2;
-  int down = ffn_down_split(s, split_down, sms);
-  if (down == 0) down = fill_split(s.m, s.d, s.f, down_kib, sms);
-  t.down = sm90_op_tiling(s.m, s.d, s.f, down_kib, down, down_slices, sms);
+  int down = ffn_down_split(s, split_down, sms, rows);
+  if (down == 0) down = fill_split(s.m, s.d, s.f, down_kib, sms, rows);
+  t.down = sm90_op_tiling(s.m, s.d, s.f, down_kib, down, down_slices, sms, rows);
   return t;
 }
 
-int stream_k_split(int64_t m, int64_t n_rows, int64_t k, int sms) {
-  const int64_t rows = sm90::act_rows_for(m), step = sm90::stage_cols_for(int(rows));
+int stream_k_split(int64_t m, int64_t n_rows, int64_t k, int sms, int tile_rows) {
+  const int64_t rows = rows_for(m, tile_rows), step = sm90::stage_cols_for(int(rows));
   const int64_t tiles = ((m + rows - 1) / rows) * ((n_rows + sm90::kTileRows - 1) / sm90::kTileRows);
   const int64_t stages = (k + step - 1) / step;
   const double share = double(tiles) * double(stages) / std::max(sms, 1);  // stages per ticket
@@ -102,12 +122,12 @@ int stream_k_split(int64_t m, int64_t n_rows, int64_t k, int sms) {
   return int(std::clamp<int64_t>(split, 1, std::min<int64_t>(kMaxSlices, stages)));
 }
 
-FfnTiling sm90_ffn_stream_k_tiling(const FfnShape& s, int sms) {
+FfnTiling sm90_ffn_stream_k_tiling(const FfnShape& s, int sms, int rows) {
   const int64_t n1 = s.gated ? 2 * s.f : s.f;
   FfnTiling t;
-  t.gate_up = sm90_op_tiling(s.m, n1, s.d, 0, stream_k_split(s.m, n1, s.d, sms), "even", sms);
+  t.gate_up = sm90_op_tiling(s.m, n1, s.d, 0, stream_k_split(s.m, n1, s.d, sms, rows), "even", sms, rows);
   if (s.gated) t.gate_up.bn = sm90::kTileRows / 2;
-  t.down = sm90_op_tiling(s.m, s.d, s.f, 0, stream_k_split(s.m, s.d, s.f, sms), "even", sms);
+  t.down = sm90_op_tiling(s.m, s.d, s.f, 0, stream_k_split(s.m, s.d, s.f, sms, rows), "even", sms, rows);
   return t;
 }
 
@@ -123,19 +143,20 @@ std::string ffn_order_spec(const std::string& order, int grid) {
   return order;
 }
 
-int ffn_down_split(const FfnShape& s, int split_down, int sms) {
+int ffn_down_split(const FfnShape& s, int split_down, int sms, int tile_rows) {
   if (split_down) return split_down;
-  const int64_t rows = sm90::act_rows_for(s.m);
+  const int64_t rows = rows_for(s.m, tile_rows);
   const int64_t out_tiles = ((s.m + rows - 1) / rows) * ((s.d + sm90::kTileRows - 1) / sm90::kTileRows);
   return out_tiles * 4 >= int64_t(3) * sms ? 1 : 0;
 }
 
-TileGraph decode_gemm_graph(int64_t m, int64_t n, int64_t k, int sms, int split_k, const std::string& k_slices) {
-  const int64_t rows = sm90::act_rows_for(m), step = sm90::stage_cols_for(int(rows));
+TileGraph decode_gemm_graph(int64_t m, int64_t n, int64_t k, int sms, int split_k, const std::string& k_slices,
+                            int tile_rows) {
+  const int64_t rows = rows_for(m, tile_rows), step = sm90::stage_cols_for(int(rows));
   const int64_t out_tiles = ((m + rows - 1) / rows) * ((n + sm90::kTileRows - 1) / sm90::kTileRows);
   const int64_t stages = (k + step - 1) / step;
   const int split = split_k ? split_k : int(std::clamp<int64_t>(sms / out_tiles, 1, std::min<int64_t>(stages, kMaxSlices)));
-  const Tiling t = sm90_op_tiling(m, n, k, 0, split, k_slices, sms);
+  const Tiling t = sm90_op_tiling(m, n, k, 0, split, k_slices, sms, int(rows));
   TileGraph g;
   const int x = g.add_tensor("x", m, k, 2, TensorRole::Input);
   const int w = g.add_tensor("w", n, k, 2, TensorRole::Weight);

@@ -33,14 +33,14 @@ DecodeGemm::DecodeGemm(int64_t m, int64_t n, int64_t k, const DecodeGemmOptions&
   TW_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   TW_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   if (major != 9) throw InvalidArgument("DecodeGemm: needs an sm_90 GPU (H100/H200); this one is sm_" + std::to_string(major) + "x");
-  const int64_t rows = ffn_sm90::act_rows_for(m), step = ffn_sm90::stage_cols_for(int(rows));
+  const int64_t rows = sm90_tile_rows(m, opt.tile_rows), step = ffn_sm90::stage_cols_for(int(rows));
   const int64_t out_tiles = ((m + rows - 1) / rows) * ((n + ffn_sm90::kTileRows - 1) / ffn_sm90::kTileRows);
   // Stream-K: even slices, one ticket of equal K work per SM (FfnOptions::order says more).
   const bool stream_k = is_stream_k_order(opt.order);
   const int split = opt.split_k      ? opt.split_k
-                    : stream_k ? stream_k_split(m, n, k, sms)
+                    : stream_k ? stream_k_split(m, n, k, sms, int(rows))
                                : one_wave_split(out_tiles, (k + step - 1) / step, sms);
-  const Tiling t = sm90_op_tiling(m, n, k, 0, split, stream_k ? "even" : opt.k_slices, sms);
+  const Tiling t = sm90_op_tiling(m, n, k, 0, split, stream_k ? "even" : opt.k_slices, sms, int(rows));
   const int x = g_.add_tensor("x", m, k, 2, TensorRole::Input);
   const int w = g_.add_tensor("w", n, k, 2, TensorRole::Weight);
   const int y = g_.add_tensor("y", m, n, 2, TensorRole::Output);

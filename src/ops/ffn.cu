@@ -239,18 +239,18 @@ bool use_sm90(const FfnOptions& opt) {
 FfnTiling sm90_tiling(const FfnShape& s, const FfnOptions& opt) {
   if (opt.bk || opt.k_split_warps)
     throw InvalidArgument("FFN: bk and k_split_warps are sm80 options (mainloop '" + opt.mainloop + "' runs sm90 tiles)");
-  const int sms = ffn_sm90::sm_count();
+  const int sms = ffn_sm90::sm_count(), rows = sm90_tile_rows(s.m, opt.tile_rows);
   if (is_stream_k_order(opt.order)) {  // even slices: the tickets cut the ops, not the slices' sizes
-    if (!opt.split_gate_up && !opt.split_down) return sm90_ffn_stream_k_tiling(s, sms);
-    const FfnTiling k = sm90_ffn_stream_k_tiling(s, sms);
+    const FfnTiling k = sm90_ffn_stream_k_tiling(s, sms, rows);
+    if (!opt.split_gate_up && !opt.split_down) return k;
     return sm90_ffn_tiling(s, sms, opt.split_gate_up ? opt.split_gate_up : int(k.gate_up.split_k),
-                           opt.split_down ? opt.split_down : int(k.down.split_k), "even");
+                           opt.split_down ? opt.split_down : int(k.down.split_k), "even", rows);
   }
   FfnSplits sp{opt.split_gate_up, opt.split_down};
   if (opt.splits == "model" && !sp.split_gate_up && !sp.split_down && opt.down_slices == "tail:1" &&
-      s.m <= kFfnModelSplitMaxM)  // (the device query only where the model chooses)
+      s.m <= kFfnModelSplitMaxM && rows == sm90::act_rows_for(s.m))  // (the device query only where the model chooses)
     sp = choose_ffn_splits(s, device_preset(sms));
-  return sm90_ffn_tiling(s, sms, sp.split_gate_up, sp.split_down, opt.down_slices);
+  return sm90_ffn_tiling(s, sms, sp.split_gate_up, sp.split_down, opt.down_slices, rows);
 }
 
 }  // namespace
@@ -283,6 +283,8 @@ FfnTiling FusedFfn::tiling_for(const FfnShape& s, const FfnOptions& opt) {
   if (opt.splits != "model" && opt.splits != "rules")
     throw InvalidArgument("FFN: splits must be 'model' or 'rules', got '" + opt.splits + "'");
   if (use_sm90(opt)) return sm90_tiling(s, opt);
+  if (opt.tile_rows != "pow2")
+    throw InvalidArgument("FFN: tile_rows is an option of the sm90 tile body (mainloop '" + opt.mainloop + "' runs sm80 tiles)");
   const int64_t rows = 8 * nt_for(s.m);
   const int bk = bk_for(opt, s.m), ks = ks_for(opt, s);
   const int wrows = 64 / ks, step = bk * ks;  // weight rows per tile, K per pipeline stage

@@ -341,7 +341,11 @@ void with_config(int act_rows, F&& f) {
     case 16: f(CfgFor<16>{}); break;
     case 32: f(CfgFor<32>{}); break;
     case 64: f(CfgFor<64>{}); break;
+    case 96: f(CfgFor<96>{}); break;
     case 128: f(CfgFor<128>{}); break;
+    case 160: f(CfgFor<160>{}); break;
+    case 192: f(CfgFor<192>{}); break;
+    case 224: f(CfgFor<224>{}); break;
     case 256: f(CfgFor<256>{}); break;
     default: throw InvalidArgument("FFN sm90: no tile for " + std::to_string(act_rows) + " activation rows");
   }

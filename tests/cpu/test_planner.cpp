@@ -191,3 +191,18 @@ TEST(Planner, FfnSplitsOnARandomGrid) {
     }
   }
 }
+
+// Where the fitted tile height differs from the power of two (M = 200: 224 rows, not 256), the plan
+// also scores the executor's plan and stream-K on it; at M = 256 they are the same and are not.
+TEST(Planner, FittedTileHeights) {
+  const PlanRequest r = ffn(200, 4096, 14336);
+  const std::vector<PlanKnobs> k = plan_candidate_knobs(r, 132);
+  const PlanKnobs fitted{0, 0, 0, "kslices/col_major", 224}, fitted_sk{0, 0, 0, "streamk", 224};
+  EXPECT_EQ(std::count(k.begin(), k.end(), fitted), 1);
+  EXPECT_EQ(std::count(k.begin(), k.end(), fitted_sk), 1);
+  EXPECT_EQ(plan_graph(r, fitted, 132).op(0).tiling.bm, 224);
+  EXPECT_EQ(plan_graph(r, fitted_sk, 132).op(1).tiling.bm, 224);
+  EXPECT_EQ(plan_graph(r, PlanKnobs{}, 132).op(0).tiling.bm, 256);
+  const std::vector<PlanKnobs> at256 = plan_candidate_knobs(ffn(256, 4096, 14336), 132);
+  EXPECT_EQ(std::count_if(at256.begin(), at256.end(), [](const PlanKnobs& x) { return x.tile_rows != 0; }), 0);
+}

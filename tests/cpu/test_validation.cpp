@@ -2,6 +2,7 @@
 // the cases' graphs and schedules, and the model columns the bench and `tileweave validate` share.
 #include <gtest/gtest.h>
 
+#include "tileweave/kernels/sm90/tile_shape.hpp"
 #include "tileweave/model/validation.hpp"
 #include "tileweave/order/orders.hpp"
 
@@ -121,4 +122,39 @@ TEST(Validation, ModelColumns) {
   // two rounds on 132 SMs, plus a 3 us launch: ~106 us. Measured on the H200: 109.4 us
   // (bench/results/h200/model_vs_ncu.json).
   EXPECT_NEAR(m.time.fused_us, 109.4, 0.05 * 109.4);
+}
+
+// Tile heights (FfnOptions / DecodeGemmOptions::tile_rows). "pow2": 8 .. 256 by powers of two;
+// "fit": above 64 rows the fewest row blocks of <= 256, each the smallest multiple of 32 holding its
+// share: M = 65 -> 96, 100 -> 128, 150 -> 160, 200 -> 224, 256 -> 256, 300 -> 2 x 160, 513 -> 3 x
+// 192 (171 rows each), 4096 -> 16 x 256. A height the body does not run is refused by name.
+TEST(Validation, TileHeights) {
+  struct Case {
+    int64_t m;
+    int pow2, fit;
+  };
+  for (const Case& c : {Case{1, 8, 8}, Case{37, 64, 64}, Case{64, 64, 64}, Case{65, 128, 96}, Case{100, 128, 128},
+                        Case{150, 256, 160}, Case{200, 256, 224}, Case{256, 256, 256}, Case{300, 256, 160},
+                        Case{513, 256, 192}, Case{4096, 256, 256}}) {
+    EXPECT_EQ(sm90_tile_rows(c.m, "pow2"), c.pow2) << c.m;
+    EXPECT_EQ(sm90_tile_rows(c.m, "fit"), c.fit) << c.m;
+    EXPECT_TRUE(sm90::is_tile_rows(c.fit)) << c.m;
+  }
+  EXPECT_EQ(sm90_tile_rows(200, "160"), 160);
+  for (const char* bad : {"100", "48", "0", "288", "fit2", "", "-32"}) {
+    try {
+      sm90_tile_rows(200, bad);
+      FAIL() << "tile_rows '" << bad << "' accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + bad + "'"), std::string::npos) << e.what();
+    }
+  }
+  // M = 300 in tiles of 160: two row blocks, the second 140 rows (the graph clips it; the body pads).
+  const FfnTiling t = sm90_ffn_tiling({300, 4096, 14336, true}, 132, 0, 0, "tail:1", 160);
+  EXPECT_EQ(t.gate_up.bm, 160);
+  EXPECT_EQ(t.gate_up.bk, 64);  // above 64 rows a stage is one 64-column atom
+  const FfnGraph g = build_ffn_graph({300, 4096, 14336, true}, t);
+  EXPECT_EQ(g.graph.op(g.op_gate_up).grid_m, 2);
+  EXPECT_THROW(sm90_op_tiling(300, 4096, 14336, 0, 1, "even", 132, 100), InvalidArgument);
+  EXPECT_EQ(decode_gemm_graph(200, 1024, 512, 132, 0, "even", 224).op(0).tiling.bm, 224);
 }

@@ -52,7 +52,7 @@ struct GemmData {
   }
 };
 
-// (M, N, K, packed, k_slices; "streamk": the stream-K order instead)
+// (M, N, K, packed, k_slices; "streamk": the stream-K order instead; "fit": tile_rows fit)
 using Case = std::tuple<int, int, int, bool, std::string>;
 class DecodeGemmTest : public ::testing::TestWithParam<Case> {};
 
@@ -65,6 +65,8 @@ TEST_P(DecodeGemmTest, MatchesReference) {
   opt.packed_weights = packed;
   if (slices == "streamk")
     opt.order = slices;
+  else if (slices == "fit")
+    opt.tile_rows = slices;
   else
     opt.k_slices = slices;
   opt.spin_limit = 2'000'000;
@@ -86,6 +88,7 @@ std::vector<Case> cases() {
     c.emplace_back(200, 5760, 2048, packed, "streamk");
     c.emplace_back(16, 28672, 4096, packed, "streamk");
     c.emplace_back(64, 1544, 8, packed, "streamk");
+    for (int m : {70, 150, 200, 300}) c.emplace_back(m, 1000, 520, packed, "fit");  // 96, 160, 224, 2 x 160 rows
   }
   return c;
 }

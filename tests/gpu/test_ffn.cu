@@ -422,6 +422,45 @@ TEST(FusedFfn, TileShapesMatchReference) {
   EXPECT_THROW(FusedFfn({16, 1024, 2816, true}, bad), InvalidArgument);
 }
 
+// The sm90 body's other tile heights (FfnOptions::tile_rows): every multiple of 32 from 96 to 256,
+// and "fit" (M = 80 -> 96, 150 -> 160, 200 -> 224, 300 -> two of 160, 513 -> three of 192), with the
+// default order and stream-K, packed and not; the last tile row short of its height (zero-filled
+// rows that must not be stored). Heights the body does not run are refused by name.
+TEST(FusedFfn, TileHeightsMatchReference) {
+  TW_REQUIRE_GPU();
+  if (!have_sm90()) GTEST_SKIP() << "tile_rows is an option of the sm90 tile body (an sm_90 GPU)";
+  struct Case {
+    int m;
+    const char* rows;
+    bool gated;
+  };
+  for (const Case& c : std::vector<Case>{{80, "fit", true},    {150, "fit", false}, {200, "fit", true},  {300, "fit", true},
+                                         {513, "fit", false},  {37, "96", true},    {129, "160", true},  {250, "192", false},
+                                         {255, "224", true},   {100, "256", true}})
+    for (const std::string ml : {"sm90", "sm90p"})
+      for (const char* order : {"kslices/col_major", "streamk"}) {
+        FfnData data({c.m, 1024, 2816, c.gated});
+        FfnOptions opt;
+        set_mainloop(opt, ml);
+        opt.tile_rows = c.rows;
+        opt.order = order;
+        opt.spin_limit = kSpinLimit;
+        FusedFfn ffn(data.s, opt);
+        EXPECT_LT(data.check(ffn), kTol) << ml << " M=" << c.m << " rows=" << c.rows << " (" << ffn.act_rows_per_tile()
+                                         << ") " << order;
+      }
+  for (const char* bad : {"100", "48", "288", "0", "fitted", ""}) {
+    FfnOptions opt;
+    opt.mainloop = "sm90";
+    opt.tile_rows = bad;
+    EXPECT_THROW(FusedFfn({200, 1024, 2816, true}, opt), InvalidArgument) << "tile_rows '" << bad << "'";
+  }
+  FfnOptions sm80;
+  sm80.mainloop = "sm80";
+  sm80.tile_rows = "fit";
+  EXPECT_THROW(FusedFfn({200, 1024, 2816, true}, sm80), InvalidArgument);
+}
+
 // Any order the model can produce runs on the executor, here through the JSON the explorer and
 // `tileweave sim --order-file` use; a JSON order that breaks a dependency is refused.
 TEST(FusedFfn, OrdersFromTheModelAndJson) {

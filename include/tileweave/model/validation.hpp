@@ -37,7 +37,7 @@ const ValidationShape& find_validation_shape(const std::string& name);  // Inval
 // slices: 8B M = 512 (64 tiles) 367.7 against 304.2 us; M = 1024 / 2048 / 4096 (128 / 256 / 512
 // tiles) 516.6 / 1057.6 / 2091.1 against 545.6 / 1081.6 / 2180.9; 70B M = 512-4096 (128 tiles and
 // up) 2.5-17% faster unsplit.
-int ffn_down_split(const FfnShape& s, int split_down, int sms);
+int ffn_down_split(const FfnShape& s, int split_down, int sms, int rows = 0);
 // K slices for an op of the sm90 body (n_rows weight rows) whose tiles, in slices of ~target_kib of
 // weights, would leave over half the SMs idle: enough to give 3/4 of them a tile (each slice at least
 // two stages, at most kMaxSlices); 0 when the size rule already does. Shapes no model table names
@@ -45,21 +45,27 @@ int ffn_down_split(const FfnShape& s, int split_down, int sms);
 // on 19 SMs at 0.33x cuBLASLt. Measured on the sweep (H200, seed 16, against the build before):
 // ops of 19-65 tiles gained (0.33 -> 0.49x, 0.39 -> 0.74x, 0.78 -> 1.09x, ...), ops of 70-90 tiles
 // split in two lost to the reduction (1.05 -> 0.90x at 70): hence the half.
-int fill_split(int64_t m, int64_t n_rows, int64_t k, int64_t target_kib, int sms);
-Tiling sm90_op_tiling(int64_t m, int64_t n, int64_t k, int64_t target_kib, int split, const std::string& slices, int sms);
+int fill_split(int64_t m, int64_t n_rows, int64_t k, int64_t target_kib, int sms, int rows = 0);
+// `rows` (in every rule here): the tile's activation rows; 0 = act_rows_for(m), the powers of two.
+Tiling sm90_op_tiling(int64_t m, int64_t n, int64_t k, int64_t target_kib, int split, const std::string& slices, int sms,
+                      int rows = 0);
+// The tile height a tile_rows option names (FfnOptions / DecodeGemmOptions::tile_rows): "pow2"
+// (act_rows_for: 8, 16, ..., 256), "fit" (fit_act_rows: multiples of 32 above 64 rows, sized to M),
+// or a number the body runs (is_tile_rows). InvalidArgument naming anything else.
+int sm90_tile_rows(int64_t m, const std::string& tile_rows);
 // FusedFfn's tiling on sm90 (src/ops/ffn.cu runs it; the defaults are FfnOptions'): gate/up in ~4 MiB
 // slices, down in ~512 KiB x rows/128 with "tail:1" slices, either split further when its tiles would
 // not fill 3/4 of the SMs (fill_split); split_gate_up / split_down > 0 and down_slices as
 // FfnOptions::split_gate_up / split_down / down_slices.
 FfnTiling sm90_ffn_tiling(const FfnShape& s, int sms, int split_gate_up = 0, int split_down = 0,
-                          const std::string& down_slices = "tail:1");
+                          const std::string& down_slices = "tail:1", int rows = 0);
 // Stream-K (FfnOptions::order "streamk"): each op in even K slices, fine enough that cutting it into
 // `sms` tickets of equal K work (Schedule::units) leaves every ticket within a slice of its share --
 // a slice about 1/8 of a ticket's share, at least 2 stages, at most the body's 64 slices. A ticket's
 // consecutive slices of one output tile are one partial sum in the body, so fine slices cost no
 // reductions of their own.
-int stream_k_split(int64_t m, int64_t n_rows, int64_t k, int sms);
-FfnTiling sm90_ffn_stream_k_tiling(const FfnShape& s, int sms);
+int stream_k_split(int64_t m, int64_t n_rows, int64_t k, int sms, int rows = 0);
+FfnTiling sm90_ffn_stream_k_tiling(const FfnShape& s, int sms, int rows = 0);
 // FusedFfn's order names as make_order specs: "op_by_op_column" / "op_by_op" are col_major /
 // row_major, "streamk" is streamk:<grid>/row_major; any other spec is itself.
 std::string ffn_order_spec(const std::string& order, int grid);
@@ -67,7 +73,8 @@ bool is_stream_k_order(const std::string& order);  // "streamk" or "streamk:<U>/
 
 // DecodeGemm's options (the defaults are DecodeGemmOptions'): Y[m, n] = X[m, k] W[n, k]^T, split to
 // one wave of `sms` tiles; split_k > 0 and k_slices as DecodeGemmOptions::split_k / k_slices.
-TileGraph decode_gemm_graph(int64_t m, int64_t n, int64_t k, int sms, int split_k = 0, const std::string& k_slices = "even");
+TileGraph decode_gemm_graph(int64_t m, int64_t n, int64_t k, int sms, int split_k = 0, const std::string& k_slices = "even",
+                            int rows = 0);
 
 // One case of the grid: the graph the executor runs, a schedule of it, the grid (tiles in flight).
 struct ValidationCase {
