@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# GPU tests and benchmarks on a machine with an NVIDIA GPU and no registries (the lent H200):
-#   scripts/gpu_test.sh [bench args...]    (needs .devdeps/ from scripts/device_deps.sh)
-# Builds for sm_90a only, runs the GPU test suite, then the benchmarks given by TW_BENCH.
+# GPU tests on a machine with an NVIDIA GPU and no registries (the lent H200):
+#   scripts/gpu_test.sh                    (needs .devdeps/ from scripts/device_deps.sh)
+# Builds for sm_90a only (TW_TARGETS: only those targets) and runs the GPU test suite
+# (TW_GTEST_ARGS: e.g. a --gtest_filter; TW_SKIP_TESTS=1: build only). Logs under $OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build-gpu/out}; mkdir -p "$OUT"
