@@ -459,42 +459,28 @@ TrafficReport simulate(const TileGraph& g, const Schedule& s, const CacheConfig&
   const int n = g.num_tiles();
   const int slots = std::min(c.in_flight, std::max(n, 1));
   std::vector<uint8_t> done(n, 0);
-  const std::vector<uint8_t> fused = fused_with_next(g, s);
+  TicketDealer dealer(g, s);
   struct Slot {
     int tile = -1, step = 0, steps = 0;
     bool ready = false;  // all dependencies complete
-    int pos = -1, end_pos = -1, run_begin = -1;  // position in the order, its ticket's end, its run's start
+    TicketDealer::Cursor at;
   };
   std::vector<Slot> slot(slots);
   std::vector<TraceStep> trace;
-  int next_ticket = 0, running = 0;
-  const int tickets = s.num_tickets();
-  auto load = [&](Slot& sl, int pos, int end_pos, int run_begin) {
-    sl = {s.order[pos], 0, 0, false, pos, end_pos, run_begin};
-    sl.steps = model.num_steps(sl.tile);
-  };
-  // The slot's next tile: the rest of its ticket, else a new ticket.
+  // The slot's next tile: the rest of its ticket, else a new ticket (none: the slot idles).
   auto refill = [&](Slot& sl) {
-    if (sl.pos >= 0 && sl.pos + 1 < sl.end_pos) {
-      const bool run_on = fused[sl.pos];
-      load(sl, sl.pos + 1, sl.end_pos, run_on ? sl.run_begin : sl.pos + 1);
-      return;
-    }
-    if (next_ticket >= tickets) {
-      sl.pos = -1;
-      return;
-    }
-    const int pos = s.ticket_begin(next_ticket), end_pos = s.ticket_end(next_ticket);
-    ++next_ticket;
-    load(sl, pos, end_pos, pos);
-    ++running;
+    sl.tile = dealer.next(sl.at) ? dealer.tile(sl.at) : -1;
+    sl.step = 0, sl.ready = false;
+    if (sl.tile >= 0) sl.steps = model.num_steps(sl.tile);
   };
   for (Slot& sl : slot) refill(sl);
   // Every round each running tile whose producers are done does one step. The earliest ticket in
   // flight always has its producers done (the order is topological), so every round makes progress.
-  while (running > 0) {
+  for (bool running = true; running;) {
+    running = false;
     for (Slot& sl : slot) {
       if (sl.tile < 0) continue;
+      running = true;
       if (!sl.ready) {
         sl.ready = true;
         for (int d : g.tile(sl.tile).deps)
@@ -506,21 +492,17 @@ TrafficReport simulate(const TileGraph& g, const Schedule& s, const CacheConfig&
       }
       charge(sl.tile, model.step(sl.tile, sl.step));
       if (++sl.step < sl.steps) continue;
-      if (fused[sl.pos]) {  // the run's next slice goes on summing: no partial sum, no writes yet
-        refill(sl);
-        continue;
-      }
-      charge(sl.tile, model.finish(sl.tile, sl.pos - sl.run_begin + 1));
-      for (int q = sl.run_begin; q <= sl.pos; ++q) done[s.order[q]] = 1;
-      if (c.trace) {
-        const TrafficReport now = model.report();
-        for (int q = sl.run_begin; q <= sl.pos; ++q) {
-          trace.push_back({s.order[q], now.dram_read, now.dram_write, now.hit_bytes, {}});
-          if (c.trace_resident) trace.back().resident = model.resident();
+      if (!dealer.runs_on(sl.at.pos)) {  // a run of fused slices writes at its end, for all of them
+        charge(sl.tile, model.finish(sl.tile, sl.at.pos - sl.at.run_begin + 1));
+        for (int q = sl.at.run_begin; q <= sl.at.pos; ++q) done[s.order[q]] = 1;
+        if (c.trace) {
+          const TrafficReport now = model.report();
+          for (int q = sl.at.run_begin; q <= sl.at.pos; ++q) {
+            trace.push_back({s.order[q], now.dram_read, now.dram_write, now.hit_bytes, {}});
+            if (c.trace_resident) trace.back().resident = model.resident();
+          }
         }
       }
-      sl.tile = -1;
-      if (sl.pos + 1 >= sl.end_pos) --running;
       refill(sl);
     }
   }

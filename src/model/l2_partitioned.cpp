@@ -293,32 +293,22 @@ TrafficReport simulate_partitioned(const TileGraph& g, const Schedule& s, const 
   const int slots = std::min(c.in_flight, std::max(n, 1));
   struct Slot {
     int tile = -1, step = 0, steps = 0, pending = 0;
-    int pos = -1, end_pos = -1, run_begin = -1;  // position in the order, its ticket's end, its run's start
+    TicketDealer::Cursor at;
     double speed = 1;
   };
   std::vector<Slot> slot(slots);
   for (int i = 0; i < slots; ++i) slot[i].speed = 1 + c.part.sm_skew * (2 * unit(c.part.seed, 0xabcdef, i) - 1);
   std::vector<uint8_t> done(n, 0);
-  const std::vector<uint8_t> fused = fused_with_next(g, s);
+  TicketDealer dealer(g, s);
   std::vector<std::vector<int>> waiters(n);  // by producer tile: slots waiting on it
   std::vector<int> arrivals(n, 0);           // split-K slices finished, by tile id of slice 0
   using Event = std::pair<double, int>;      // (time, slot)
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events;
-  int next_ticket = 0;
-  const int tickets = s.num_tickets();
   // The slot's next tile: the rest of its ticket (a fused run goes on), else a new ticket.
   auto start = [&](int i, double t) {
     Slot& sl = slot[i];
-    if (sl.pos >= 0 && sl.pos + 1 < sl.end_pos) {
-      sl.run_begin = fused[sl.pos] ? sl.run_begin : sl.pos + 1;
-      ++sl.pos;
-    } else {
-      if (next_ticket >= tickets) return;
-      sl.pos = sl.run_begin = s.ticket_begin(next_ticket);
-      sl.end_pos = s.ticket_end(next_ticket);
-      ++next_ticket;
-    }
-    sl.tile = s.order[sl.pos];
+    if (!dealer.next(sl.at)) return;
+    sl.tile = dealer.tile(sl.at);
     sl.step = 0;
     sl.steps = blocks.num_steps(sl.tile);
     sl.pending = 0;
@@ -353,12 +343,12 @@ TrafficReport simulate_partitioned(const TileGraph& g, const Schedule& s, const 
       events.push({end, i});
       continue;
     }
-    if (fused[sl.pos]) {  // the run's next slice goes on summing: no partial sum, no writes yet
+    if (dealer.runs_on(sl.at.pos)) {  // the run's next slice goes on summing: no partial sum, no writes yet
       sl.tile = -1;
       start(i, end);
       continue;
     }
-    const int run = sl.pos - sl.run_begin + 1;
+    const int run = sl.at.pos - sl.at.run_begin + 1;
     bool reduces = false;
     if (op.workspace >= 0) reduces = (arrivals[g.tile_id(tile.op, tile.tm, tile.tn, 0)] += run) == op.tiling.split_k;
     acc.clear();
@@ -370,7 +360,7 @@ TrafficReport simulate_partitioned(const TileGraph& g, const Schedule& s, const 
       else
         cache.read(a.block, near, reduction, tile.op);
     }
-    for (int q = sl.run_begin; q <= sl.pos; ++q) {
+    for (int q = sl.at.run_begin; q <= sl.at.pos; ++q) {
       const int finished = s.order[q];
       done[finished] = 1;
       if (c.trace) {

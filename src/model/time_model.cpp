@@ -141,7 +141,7 @@ Costs tile_costs(const TileGraph& g, const TrafficReport& r, const TimeParams& p
 // returns the time the last one ends.
 double replay(const TileGraph& g, const Schedule& s, const Costs& c, const TimeParams& p, TileTimes& out) {
   const std::vector<int>& order = s.order;
-  const std::vector<uint8_t> fused = fused_with_next(g, s);
+  TicketDealer dealer(g, s);
   const double floor_bpus = p.read_tbps * 1e6;          // bytes per us
   const double sm_bpus = p.sm_stream_gbps * 1e3;        // bytes per us
   const double reduce_bpus = p.reduce_tbps * 1e6;
@@ -158,21 +158,30 @@ double replay(const TileGraph& g, const Schedule& s, const Costs& c, const TimeP
 
   enum Phase { Wait, Main, Epi };
   struct Run {
-    int pos, end_pos;  // the tile's position in `order`; the end of its ticket's positions
-    int run_begin;     // the first position of its run of fused slices
+    TicketDealer::Cursor at;  // the tile's position, its ticket's end, its run's first position
     Phase phase;
     double ready;  // Wait: the fixed latency's end
     double left;   // Main: K-steps left
     double rate;   // Main: K-steps per us now
     double end;    // Epi: when the output is complete
   };
-  auto id_of = [&](const Run& a) { return order[a.pos]; };
-  auto fixed_of = [&](int id) { return c.tile[id].fixed_us >= 0 ? c.tile[id].fixed_us : p.tile_fixed_us; };
+  auto id_of = [&](const Run& a) { return order[a.at.pos]; };
+  // A slot's next tile (the rest of its ticket, else a new ticket): its fixed latency runs from now.
+  auto take = [&](Run& a, double now) {
+    const int id = order[a.at.pos];
+    out.take[id] = now;
+    a.phase = Wait;
+    a.ready = now + (c.tile[id].fixed_us >= 0 ? c.tile[id].fixed_us : p.tile_fixed_us);
+  };
   std::vector<Run> active;
   active.reserve(p.slots);
   double now = 0, reduce_free = 0, makespan = 0;
-  int next = 0, free_slots = p.slots;
-  const int tickets = s.num_tickets();
+  for (int slot = 0; slot < p.slots; ++slot) {
+    Run a{};
+    if (!dealer.next(a.at)) break;
+    take(a, now);
+    active.push_back(a);
+  }
 
   auto deps_done = [&](int id, double& when) {
     when = 0;
@@ -183,14 +192,7 @@ double replay(const TileGraph& g, const Schedule& s, const Costs& c, const TimeP
     return true;
   };
   const double eps = 1e-9;
-  while (next < tickets || !active.empty()) {
-    while (free_slots > 0 && next < tickets) {
-      const int pos = s.ticket_begin(next), end_pos = s.ticket_end(next);
-      ++next;
-      out.take[order[pos]] = now;
-      active.push_back({pos, end_pos, pos, Wait, now + fixed_of(order[pos]), 0, 0, 0});
-      --free_slots;
-    }
+  while (!active.empty()) {
     // Wait -> Main once the fixed latency is over and the producers are done.
     for (Run& a : active) {
       double dep = 0;
@@ -240,9 +242,9 @@ double replay(const TileGraph& g, const Schedule& s, const Costs& c, const TimeP
       if (a.phase != Main) continue;
       a.left = a.rate == kInf ? 0.0 : a.left - a.rate * dt;
       if (a.left > eps * double(c.tile[id_of(a)].steps)) continue;
-      if (fused[a.pos]) {
+      if (dealer.runs_on(a.at.pos)) {
         // The next slice of the same output block: the run goes on, with no epilogue between.
-        ++a.pos;
+        dealer.next(a.at);
         out.take[id_of(a)] = now;
         a.phase = Wait;
         a.ready = now;
@@ -252,7 +254,7 @@ double replay(const TileGraph& g, const Schedule& s, const Costs& c, const TimeP
       // launch); the last run of its block to arrive then reads the sums back and re-zeroes them.
       // A run of every slice of its block stores its output as an unsplit tile does.
       const TileCost& tc = c.tile[id_of(a)];
-      const int slices = a.pos - a.run_begin + 1;
+      const int slices = a.at.pos - a.at.run_begin + 1;
       a.phase = Epi;
       a.end = now;
       if (tc.reduce_bytes > 0 && slices < c.group_slices[tc.group]) {
@@ -271,16 +273,13 @@ double replay(const TileGraph& g, const Schedule& s, const Costs& c, const TimeP
     for (size_t i = 0; i < active.size();) {
       Run& a = active[i];
       if (a.phase == Epi && a.end <= now + eps) {
-        for (int q = a.run_begin; q <= a.pos; ++q) done[order[q]] = out.end[order[q]] = a.end;
+        for (int q = a.at.run_begin; q <= a.at.pos; ++q) done[order[q]] = out.end[order[q]] = a.end;
         makespan = std::max(makespan, a.end);
-        if (a.pos + 1 < a.end_pos) {  // the ticket's next tile, on the same slot
-          const int pos = a.pos + 1;
-          out.take[order[pos]] = now;
-          a = {pos, a.end_pos, pos, Wait, now + fixed_of(order[pos]), 0, 0, 0};
+        if (dealer.next(a.at)) {  // the slot's next tile
+          take(a, now);
           ++i;
           continue;
         }
-        ++free_slots;
         active[i] = active.back();
         active.pop_back();
       } else {

@@ -47,6 +47,21 @@ std::vector<uint8_t> fused_with_next(const TileGraph& g, const Schedule& s) {
   return f;
 }
 
+bool TicketDealer::next(Cursor& c) {
+  if (c.pos >= 0 && c.pos + 1 < c.end) {
+    c.run_begin = fused_[c.pos] ? c.run_begin : c.pos + 1;
+    ++c.pos;
+    return true;
+  }
+  if (next_ticket_ >= s_.num_tickets()) {
+    c.pos = -1;
+    return false;
+  }
+  c.pos = c.run_begin = s_.ticket_begin(next_ticket_);
+  c.end = s_.ticket_end(next_ticket_++);
+  return true;
+}
+
 Schedule restrict_schedule(const Schedule& s, const std::vector<uint8_t>& keep) {
   Schedule r{s.name, {}, {}};
   for (int u = 0; u < s.num_tickets(); ++u) {

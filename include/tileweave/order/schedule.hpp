@@ -35,6 +35,29 @@ void validate(const TileGraph& g, const Schedule& s);
 // them (the executor's sm90 body, src/ops/ffn_sm90.cu; the traffic and time replays alike).
 std::vector<uint8_t> fused_with_next(const TileGraph& g, const Schedule& s);
 
+// Deals a schedule's positions to slots as the executor deals its tickets (the traffic and time
+// replays share it): a slot runs its ticket's positions in turn, then draws the next ticket.
+class TicketDealer {
+ public:
+  struct Cursor {
+    int pos = -1;        // the slot's position in the order (-1: none)
+    int end = -1;        // the end of its ticket's positions
+    int run_begin = -1;  // the first position of its run of fused K slices (fused_with_next)
+  };
+  TicketDealer(const TileGraph& g, const Schedule& s) : s_(s), fused_(fused_with_next(g, s)) {}
+  // c to its slot's next position: the rest of its ticket, else the next ticket's first; false (and
+  // c.pos = -1) once every ticket is dealt.
+  bool next(Cursor& c);
+  // The tile at `pos` sums on into the next one: it adds no partial sum and writes nothing yet.
+  bool runs_on(int pos) const { return fused_[pos] != 0; }
+  int tile(const Cursor& c) const { return s_.order[c.pos]; }
+
+ private:
+  const Schedule& s_;
+  std::vector<uint8_t> fused_;
+  int next_ticket_ = 0;
+};
+
 // `s` restricted to the positions where keep[tile] is set, in the same order; a unit of `s` keeps
 // the tiles it has left (units left empty vanish).
 Schedule restrict_schedule(const Schedule& s, const std::vector<uint8_t>& keep);
