@@ -6,7 +6,7 @@
 // `packed_speedup`, `packed_pct_floor`).
 //   bench_sweep [--seed N] [--ffn N] [--ms LIST] [--also SPEC]... [--out DIR]
 // --also SPEC (repeatable): a further form, FusedFfn with the options of a variant spec
-// (bench/ffn_variant.hpp, e.g. order=streamk or rows=fit,order=streamk), timed in the same run:
+// (bench/ffn_variant.hpp, e.g. rows=pow2 or order=streamk), timed in the same run:
 // `also<i>_us`, `also<i>_speedup`, ... for the i-th; an A/B of options on a grid no one tuned for.
 // --ms: the M values the shapes take in turn (default below). Every form also records the traffic
 // model's predicted time for its graph and schedule (`model_us`: the simple L2 and the tile replay
@@ -14,7 +14,9 @@
 // The grid: N shapes (default 64), gated and plain in turn, d and F multiples of 128 in [1024, 16384]
 // drawn from the seed, M through {1, 8, 16, 32, 37, 64, 100, 128, 200, 256, 512, 2048, 4096} in turn
 // (a shape per M at least five times). Times are back to back (launches in one CUDA graph, time per
-// launch; weight sets rotated so L2 holds none of a launch's weights), as the bars read them.
+// launch; weight sets rotated so L2 holds none of a launch's weights), as the bars read them, and the
+// peer and every form are timed in interleaved rounds (harness.cuh, interleaved_us: no form gains by
+// its place in the order).
 // Writes sweep.json: per case op, shape, us, peer, peer_us, speedup (peer_us / us), pct_floor,
 // memory_bound (M <= 64), the output's difference from cuBLAS; and a summary.
 #include <cuda_bf16.h>
@@ -23,6 +25,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -112,7 +115,8 @@ int main(int argc, char** argv) {
   rf.doc["ms"] = ms;
   const tw::GpuPreset preset = tw::gpu_preset_for_device(gpu.prop.name, gpu.prop.multiProcessorCount, gpu.prop.l2CacheSize);
   rf.doc["method"] = "back to back: the launches of one CUDA graph (>= 8, weight sets in turn so L2 holds none of a "
-                     "launch's weights), median graph time / launches; ours = FusedFfn with default options on "
+                     "launch's weights), median graph time / launches; the peer and every form in 3 interleaved "
+                     "rounds (harness.cuh, interleaved_us), the median round; ours = FusedFfn with default options on "
                      "unpacked weights; peer = cuBLASLt (heuristic's first algorithm, 32 MiB workspace) for each "
                      "GEMM and, gated, the SiLU*mul kernel between them";
 
@@ -150,50 +154,70 @@ int main(int argc, char** argv) {
       if (s.gated) silu_mul_kernel<<<(s.m * s.f / 2 + 255) / 256, 256, 0, st>>>(gu, h, s.m, s.f);
       g2.run(h, wd[k], y_ref, st);
     };
-    const double peer_us = time_us_seq(unfused, sets);
-    unfused(0, 0);
+    const SeqTimer peer_timer(unfused, sets);
     c["peer"] = "cublaslt_unfused";
-    c["peer_us"] = peer_us;
-    // One form of ours: its back-to-back time, recorded under `prefix` (0 when the op refuses the shape:
-    // the case records why, and counts as a miss).
-    auto measure = [&](const std::string& prefix, const tw::FfnOptions& opt) -> double {
-      try {
-        const tw::FusedFfn ffn({s.m, s.d, s.f, s.gated}, opt);
-        std::vector<bf16*> pgu, pd;  // packed copies of the sets, made once as at model load
-        if (ffn.uses_packed_weights())
-          for (int k = 0; k < sets; ++k) {
-            pgu.push_back(dev_alloc<bf16>(ffn.packed_size().gate_up));
-            pd.push_back(dev_alloc<bf16>(ffn.packed_size().down));
-            ffn.pack(wgu[k], wd[k], pgu[k], pd[k], 0);
-          }
-        auto w1 = [&](int k) { return pgu.empty() ? wgu[k] : pgu[k]; };
-        auto w2 = [&](int k) { return pd.empty() ? wd[k] : pd[k]; };
-        TW_CUDA_CHECK(cudaDeviceSynchronize());
-        const double t = time_us_seq([&](int k, cudaStream_t st) { ffn.run(x, w1(k), w2(k), y, st); }, sets);
-        ffn.run(x, w1(0), w2(0), y, 0);
-        TW_CUDA_CHECK(cudaDeviceSynchronize());
-        c[prefix + "us"] = t;
-        c[prefix + "speedup"] = peer_us / t;
-        c[prefix + "pct_floor"] = 100 * floor_us / t;
-        c[prefix + "rel_diff_vs_cublas"] = rel_diff_bf16(y, y_ref, size_t(s.m * s.d));
-        c[prefix + "mainloop"] = ffn.uses_sm90() ? "sm90" : "sm80";
-        c[prefix + "model_us"] = predicted_us(ffn, preset);
-        for (bf16* q : pgu) TW_CUDA_CHECK(cudaFree(q));
-        for (bf16* q : pd) TW_CUDA_CHECK(cudaFree(q));
-        return t;
-      } catch (const tw::InvalidArgument& e) {
-        c[prefix + "error"] = e.what();
-        return 0.0;
+    // The forms of ours (the default, packed weights, each --also), recorded under their prefixes;
+    // one the op refuses records why, times 0 and counts as a miss.
+    struct Form {
+      std::string prefix;
+      std::unique_ptr<tw::FusedFfn> ffn;
+      std::vector<bf16*> pgu, pd;  // packed copies of the sets, made once as at model load
+      std::unique_ptr<SeqTimer> timer;
+      void run(const FfnWeightSets& w, int k, const bf16* in, bf16* out, cudaStream_t st) const {
+        ffn->run(in, pgu.empty() ? w.gate_up[k] : pgu[k], pd.empty() ? w.down[k] : pd[k], out, st);
+      }
+      ~Form() {
+        timer.reset();
+        for (bf16* q : pgu) cudaFree(q);
+        for (bf16* q : pd) cudaFree(q);
       }
     };
     tw::FfnOptions packed;
     packed.packed_weights = true;
-    const double us = measure("", {}), packed_us = measure("packed_", packed);
-    std::vector<double> also_us(also.size(), 0.0);
-    for (size_t a = 0; a < also.size(); ++a) {
-      also_us[a] = measure("also" + std::to_string(a) + "_", also_opt[a]);
-      if (also_us[a] > 0) also_at_peer[a] += peer_us / also_us[a] >= 1.0, also_faster[a] += also_us[a] < us;
+    std::vector<std::pair<std::string, tw::FfnOptions>> specs{{"", {}}, {"packed_", packed}};
+    for (size_t a = 0; a < also.size(); ++a) specs.emplace_back("also" + std::to_string(a) + "_", also_opt[a]);
+    std::vector<Form> forms(specs.size());
+    for (size_t i = 0; i < specs.size(); ++i) {
+      Form& f = forms[i];
+      f.prefix = specs[i].first;
+      try {
+        f.ffn = std::make_unique<tw::FusedFfn>(tw::FfnShape{s.m, s.d, s.f, s.gated}, specs[i].second);
+      } catch (const tw::InvalidArgument& e) {
+        c[f.prefix + "error"] = e.what();
+        continue;
+      }
+      if (f.ffn->uses_packed_weights())
+        for (int k = 0; k < sets; ++k) {
+          f.pgu.push_back(dev_alloc<bf16>(f.ffn->packed_size().gate_up));
+          f.pd.push_back(dev_alloc<bf16>(f.ffn->packed_size().down));
+          f.ffn->pack(wgu[k], wd[k], f.pgu[k], f.pd[k], 0);
+        }
+      TW_CUDA_CHECK(cudaDeviceSynchronize());
+      f.timer = std::make_unique<SeqTimer>([&](int k, cudaStream_t st) { f.run(ws, k, x, y, st); }, sets);
     }
+    std::vector<const SeqTimer*> timers{&peer_timer};
+    for (const Form& f : forms) timers.push_back(f.timer.get());
+    const std::vector<double> times = interleaved_us(timers);
+    const double peer_us = times[0];
+    c["peer_us"] = peer_us;
+    unfused(0, 0);  // the reference, on set 0 (the replays left the last set's output)
+    for (size_t i = 0; i < forms.size(); ++i) {
+      const Form& f = forms[i];
+      if (!f.ffn) continue;
+      const double t = times[i + 1];
+      f.run(ws, 0, x, y, 0);
+      TW_CUDA_CHECK(cudaDeviceSynchronize());
+      c[f.prefix + "us"] = t;
+      c[f.prefix + "speedup"] = peer_us / t;
+      c[f.prefix + "pct_floor"] = 100 * floor_us / t;
+      c[f.prefix + "rel_diff_vs_cublas"] = rel_diff_bf16(y, y_ref, size_t(s.m * s.d));
+      c[f.prefix + "mainloop"] = f.ffn->uses_sm90() ? "sm90" : "sm80";
+      c[f.prefix + "model_us"] = predicted_us(*f.ffn, preset);
+    }
+    const double us = times[1], packed_us = times[2];
+    std::vector<double> also_us(times.begin() + 3, times.end());
+    for (size_t a = 0; a < also.size(); ++a)
+      if (also_us[a] > 0) also_at_peer[a] += peer_us / also_us[a] >= 1.0, also_faster[a] += also_us[a] < us;
     ++n;
     if (packed_us > 0) {
       const double sp = peer_us / packed_us;
@@ -224,6 +248,7 @@ int main(int argc, char** argv) {
     }
     std::fflush(stdout);
     rf.add(c);
+    forms.clear();  // the graphs first: they name the buffers below
     for (void* p : {(void*)x, (void*)y, (void*)y_ref, (void*)gu, (void*)h}) TW_CUDA_CHECK(cudaFree(p));
   }
   rf.doc["summary"] = {{"cases", n},

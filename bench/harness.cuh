@@ -105,18 +105,59 @@ inline double time_us(const std::function<void(int, cudaStream_t)>& make, int se
 // the launches. A launch still pays its own start and drain, but the graph's start is shared.
 // Consecutive launches read different sets, so L2 still holds none of a launch's inputs (the sets
 // total >= 1 GB, or one set does).
+// SeqTimer holds that graph, so that several forms of one op can be timed in interleaved rounds
+// (InterleavedTimes below).
+class SeqTimer {
+ public:
+  SeqTimer(const std::function<void(int, cudaStream_t)>& make, int sets, int min_launches = 8) {
+    TW_CUDA_CHECK(cudaStreamCreateWithFlags(&st_, cudaStreamNonBlocking));
+    std::vector<int> order;
+    while (int(order.size()) < std::max(sets, min_launches))
+      for (int s = 0; s < sets; ++s) order.push_back(s);
+    launches_ = int(order.size());
+    exec_ = detail::capture(make, order, st_);
+  }
+  SeqTimer(const SeqTimer&) = delete;
+  SeqTimer& operator=(const SeqTimer&) = delete;
+  ~SeqTimer() {
+    cudaGraphExecDestroy(exec_);
+    cudaStreamDestroy(st_);
+  }
+  // Median time per launch (µs) of `reps` replays after `warmup`.
+  double us(int warmup, int reps) const { return detail::median_replay_us({exec_}, st_, warmup, reps) / launches_; }
+
+ private:
+  cudaStream_t st_{};
+  cudaGraphExec_t exec_{};
+  int launches_ = 0;
+};
+
 inline double time_us_seq(const std::function<void(int, cudaStream_t)>& make, int sets, int warmup = 2, int reps = 15,
                           int min_launches = 8) {
-  cudaStream_t st;
-  TW_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  std::vector<int> order;
-  while (int(order.size()) < std::max(sets, min_launches))
-    for (int s = 0; s < sets; ++s) order.push_back(s);
-  const std::vector<cudaGraphExec_t> execs{detail::capture(make, order, st)};
-  const double us = detail::median_replay_us(execs, st, warmup, reps) / double(order.size());
-  TW_CUDA_CHECK(cudaGraphExecDestroy(execs[0]));
-  TW_CUDA_CHECK(cudaStreamDestroy(st));
-  return us;
+  return SeqTimer(make, sets, min_launches).us(warmup, reps);
+}
+
+// Forms of one op timed in rounds, each round every form once (its own warm-up, then `reps`
+// replays), the first form of round r being form r % n; a form's time is the median of its rounds.
+// Timed one after another instead, the form that follows the peer read up to 16% slower than the
+// same configuration timed later, on compute-bound shapes (M >= 512; H200, bench_sweep seed 16,
+// 2026-11-27): position, not configuration. Rounds spread that over every form.
+inline std::vector<double> interleaved_us(const std::vector<const SeqTimer*>& forms, int rounds = 3, int warmup = 2,
+                                          int reps = 7) {
+  const size_t n = forms.size();
+  std::vector<std::vector<double>> t(n);
+  for (int r = 0; r < rounds; ++r)
+    for (size_t i = 0; i < n; ++i) {
+      const size_t f = (r + i) % n;
+      if (forms[f]) t[f].push_back(forms[f]->us(warmup, reps));
+    }
+  std::vector<double> out(n, 0.0);
+  for (size_t f = 0; f < n; ++f)
+    if (!t[f].empty()) {
+      std::nth_element(t[f].begin(), t[f].begin() + t[f].size() / 2, t[f].end());
+      out[f] = t[f][t[f].size() / 2];
+    }
+  return out;
 }
 
 struct Floor {
