@@ -59,7 +59,7 @@ int sm90_tile_rows(int64_t m, const std::string& tile_rows) {
 }
 
 namespace {
-int rows_for(int64_t m, int rows) { return rows ? rows : sm90::act_rows_for(m); }
+int rows_for(int64_t m, int rows) { return rows ? rows : sm90::fit_act_rows(m); }
 }  // namespace
 
 Tiling sm90_op_tiling(int64_t m, int64_t n, int64_t k, int64_t target_kib, int split, const std::string& slices, int sms,

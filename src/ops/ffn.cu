@@ -283,7 +283,7 @@ FfnTiling FusedFfn::tiling_for(const FfnShape& s, const FfnOptions& opt) {
   if (opt.splits != "model" && opt.splits != "rules")
     throw InvalidArgument("FFN: splits must be 'model' or 'rules', got '" + opt.splits + "'");
   if (use_sm90(opt)) return sm90_tiling(s, opt);
-  if (opt.tile_rows != "pow2")
+  if (opt.tile_rows != FfnOptions{}.tile_rows)
     throw InvalidArgument("FFN: tile_rows is an option of the sm90 tile body (mainloop '" + opt.mainloop + "' runs sm80 tiles)");
   const int64_t rows = 8 * nt_for(s.m);
   const int bk = bk_for(opt, s.m), ks = ks_for(opt, s);

@@ -422,8 +422,8 @@ TEST(FusedFfn, TileShapesMatchReference) {
   EXPECT_THROW(FusedFfn({16, 1024, 2816, true}, bad), InvalidArgument);
 }
 
-// The sm90 body's other tile heights (FfnOptions::tile_rows): every multiple of 32 from 96 to 256,
-// and "fit" (M = 80 -> 96, 150 -> 160, 200 -> 224, 300 -> two of 160, 513 -> three of 192), with the
+// The sm90 body's tile heights (FfnOptions::tile_rows): every multiple of 32 from 96 to 256, "pow2"
+// (M = 300 -> two of 256) and "fit", the default (M = 80 -> 96, 150 -> 160, 200 -> 224, 300 -> two of 160, 513 -> three of 192), with the
 // default order and stream-K, packed and not; the last tile row short of its height (zero-filled
 // rows that must not be stored). Heights the body does not run are refused by name.
 TEST(FusedFfn, TileHeightsMatchReference) {
@@ -436,7 +436,7 @@ TEST(FusedFfn, TileHeightsMatchReference) {
   };
   for (const Case& c : std::vector<Case>{{80, "fit", true},    {150, "fit", false}, {200, "fit", true},  {300, "fit", true},
                                          {513, "fit", false},  {37, "96", true},    {129, "160", true},  {250, "192", false},
-                                         {255, "224", true},   {100, "256", true}})
+                                         {255, "224", true},   {100, "256", true},  {300, "pow2", false}})
     for (const std::string ml : {"sm90", "sm90p"})
       for (const char* order : {"kslices/col_major", "streamk"}) {
         FfnData data({c.m, 1024, 2816, c.gated});
@@ -457,7 +457,7 @@ TEST(FusedFfn, TileHeightsMatchReference) {
   }
   FfnOptions sm80;
   sm80.mainloop = "sm80";
-  sm80.tile_rows = "fit";
+  sm80.tile_rows = "pow2";
   EXPECT_THROW(FusedFfn({200, 1024, 2816, true}, sm80), InvalidArgument);
 }
 

@@ -42,7 +42,7 @@ struct PlanKnobs {
   int split_gate_up = 0, split_down = 0;  // ffn
   int split_k = 0;                        // gemm
   std::string order = "kslices/col_major";
-  int tile_rows = 0;                      // activation rows per tile; 0: the executor's ("pow2")
+  int tile_rows = 0;                      // activation rows per tile; 0: the executor's ("fit")
   bool operator==(const PlanKnobs&) const = default;
 };
 

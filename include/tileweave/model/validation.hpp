@@ -46,12 +46,12 @@ int ffn_down_split(const FfnShape& s, int split_down, int sms, int rows = 0);
 // ops of 19-65 tiles gained (0.33 -> 0.49x, 0.39 -> 0.74x, 0.78 -> 1.09x, ...), ops of 70-90 tiles
 // split in two lost to the reduction (1.05 -> 0.90x at 70): hence the half.
 int fill_split(int64_t m, int64_t n_rows, int64_t k, int64_t target_kib, int sms, int rows = 0);
-// `rows` (in every rule here): the tile's activation rows; 0 = act_rows_for(m), the powers of two.
+// `rows` (in every rule here): the tile's activation rows; 0 = fit_act_rows(m), the default heights.
 Tiling sm90_op_tiling(int64_t m, int64_t n, int64_t k, int64_t target_kib, int split, const std::string& slices, int sms,
                       int rows = 0);
-// The tile height a tile_rows option names (FfnOptions / DecodeGemmOptions::tile_rows): "pow2"
-// (act_rows_for: 8, 16, ..., 256), "fit" (fit_act_rows: multiples of 32 above 64 rows, sized to M),
-// or a number the body runs (is_tile_rows). InvalidArgument naming anything else.
+// The tile height a tile_rows option names (FfnOptions / DecodeGemmOptions::tile_rows): "fit" (the
+// default; fit_act_rows: multiples of 32 above 64 rows, sized to M), "pow2" (act_rows_for: 8, 16,
+// ..., 256), or a number the body runs (is_tile_rows). InvalidArgument naming anything else.
 int sm90_tile_rows(int64_t m, const std::string& tile_rows);
 // FusedFfn's tiling on sm90 (src/ops/ffn.cu runs it; the defaults are FfnOptions'): gate/up in ~4 MiB
 // slices, down in ~512 KiB x rows/128 with "tail:1" slices, either split further when its tiles would

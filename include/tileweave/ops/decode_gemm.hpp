@@ -25,7 +25,7 @@ struct DecodeGemmOptions {
   std::string order = "kslices/col_major";
   int split_k = 0;               // K slices; 0 = as many as bring the tiles to one wave of SMs
   std::string k_slices = "even";    // "even", or "tail:<n>": the last waves of tiles shorter
-  std::string tile_rows = "pow2";   // activation rows per tile: "pow2", "fit" or a height (FfnOptions::tile_rows)
+  std::string tile_rows = "fit";    // activation rows per tile: "fit", "pow2" or a height (FfnOptions::tile_rows)
   uint32_t spin_limit = 0;       // tests: bounded waits
   // Start on the SMs the previous kernel in the stream leaves and stream the first tiles' weights
   // while it finishes (programmatic dependent launch; FfnOptions::overlap_previous says more).

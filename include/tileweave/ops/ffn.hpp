@@ -41,10 +41,13 @@ struct FfnOptions {
   // preset: model/planner.hpp, choose_ffn_splits; `tileweave plan ffn` prints its choice) or
   // "rules" (the size rules alone: model/validation.hpp, sm90_ffn_tiling).
   std::string splits = "model";
-  // sm90: activation rows per tile (wgmma N; model/validation.hpp, sm90_tile_rows): "pow2" (8, 16,
-  // ..., 256 from M), "fit" (above 64 rows the smallest multiple of 32 that holds each row block's
-  // share: M = 200 in one tile of 224, M = 300 in two of 160; sm90::fit_act_rows), or a height.
-  std::string tile_rows = "pow2";
+  // sm90: activation rows per tile (wgmma N; model/validation.hpp, sm90_tile_rows): "fit" (above
+  // 64 rows the smallest multiple of 32 that holds each row block's share: M = 200 in one tile of
+  // 224, M = 300 in two of 160; sm90::fit_act_rows), "pow2" (8, 16, ..., 256 from M), or a height.
+  // "fit" is the default because the body computes whole tiles: padding rows cost as much as real
+  // ones (docs/executor.md, "Tile heights fitted to M", has the measured A/B). Up to 64 rows and at
+  // multiples of 256 the two agree.
+  std::string tile_rows = "fit";
   // sm90: how the down GEMM's K slices are sized. "even", or "tail:<n>": the last n waves of tiles
   // (a wave = one tile per SM) in slices of 1/2, 1/4, ... 1/2^n the size of the others, so the
   // launch ends on short tiles (with split_down, the others' size is K / split_down).
