@@ -28,13 +28,16 @@ for ((r = 0; r < n; ++r)); do
   pids+=($!)
 done
 status=0
-for ((left = n; left > 0; --left)); do
-  wait -n "${pids[@]}"
+while [[ ${#pids[@]} -gt 0 ]]; do
+  wait -n -p done "${pids[@]}"
   rc=$?
+  left=()
+  for p in "${pids[@]}"; do [[ $p != "$done" ]] && left+=("$p"); done
+  pids=("${left[@]}")  # wait -n on a reaped rank would be an error, not a wait
   if [[ $rc -ne 0 && $status -eq 0 ]]; then
     status=$rc
     echo "tp_launch: a rank exited with status $rc; stopping the others" >&2
-    kill "${pids[@]}" 2>/dev/null
+    [[ ${#pids[@]} -gt 0 ]] && kill "${pids[@]}" 2>/dev/null
   fi
 done
 exit $status
