@@ -212,9 +212,9 @@ std::vector<PlanKnobs> plan_candidate_knobs(const PlanRequest& r, int sms, std::
   }
   // Where the powers of two (tile_rows "pow2") differ from the executor's fitted heights, the
   // executor's plan on them. Stream-K (order "streamk"; plan_graph builds it) is no candidate: on the
-  // H200 it ran 1.19x slower than the default (geomean of the seed-16 sweep, faster on 2 of 64) where
-  // the replay predicted it faster, because a ticket's slices each restart the weight stream
-  // (docs/executor.md, "Stream-K"); the replay does not charge that yet.
+  // H200 it ran 1.19x slower than the default (geomean of the seed-16 sweep, faster on 2 of 64),
+  // because a ticket's slices each restart the weight stream (docs/executor.md, "Stream-K"). The
+  // replay now charges that (GpuPreset::slice_restart_us) and ranks it slower too.
   const int pow2 = sm90::act_rows_for(r.m);
   if (pow2 != sm90::fit_act_rows(r.m)) out.push_back({0, 0, 0, "kslices/col_major", pow2});
   // The executor's own plan first: its tiling with its default order.

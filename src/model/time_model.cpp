@@ -18,6 +18,7 @@ void TimeParams::validate() const {
   if (!(tile_fixed_us >= 0)) throw InvalidArgument("per-tile fixed latency must be >= 0, got " + to_text(tile_fixed_us) + " us");
   if (!(overlap_power >= 0)) throw InvalidArgument("compute/memory overlap power must be >= 0, got " + to_text(overlap_power));
   if (!(reduce_block_gbps >= 0)) throw InvalidArgument("same-block reduction rate must be >= 0, got " + to_text(reduce_block_gbps) + " GB/s");
+  if (!(slice_restart_us >= 0)) throw InvalidArgument("slice restart latency must be >= 0, got " + to_text(slice_restart_us) + " us");
   if (!(reduce_tbps >= 0)) throw InvalidArgument("split-K reduction rate must be >= 0, got " + to_text(reduce_tbps) + " TB/s");
 }
 
@@ -33,6 +34,7 @@ TimeParams time_params(const GpuPreset& gpu, int slots) {
   p.reduce_tbps = gpu.reduce_tbps;
   p.overlap_power = gpu.overlap_power;
   p.reduce_block_gbps = gpu.reduce_block_gbps;
+  p.slice_restart_us = gpu.slice_restart_us;
   return p;
 }
 
@@ -243,11 +245,12 @@ double replay(const TileGraph& g, const Schedule& s, const Costs& c, const TimeP
       a.left = a.rate == kInf ? 0.0 : a.left - a.rate * dt;
       if (a.left > eps * double(c.tile[id_of(a)].steps)) continue;
       if (dealer.runs_on(a.at.pos)) {
-        // The next slice of the same output block: the run goes on, with no epilogue between.
+        // The next slice of the same output block: the run goes on, with no epilogue between, but
+        // its K-steps start only after slice_restart_us (GpuPreset says what was measured).
         dealer.next(a.at);
         out.take[id_of(a)] = now;
         a.phase = Wait;
-        a.ready = now;
+        a.ready = now + p.slice_restart_us;
         continue;
       }
       // K-steps done: the epilogue. A split-K run adds its partial sums at the L2 (shared by the

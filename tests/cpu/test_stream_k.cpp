@@ -172,6 +172,13 @@ TEST(StreamK, ReplayRunsATicketOnOneSlot) {
   const TimePrediction t = predict_time(g.graph, sk, r, p);
   EXPECT_NEAR(t.fused_us, 5, 1e-9);
   EXPECT_NEAR(t.ops[0].reduce_bytes, 0, 1e-9);
+  // Each of a run's next three slices waits slice_restart_us before its K-steps (the sm90 body
+  // restarts its weight stream per slice): 5 + 3 x 0.5 us.
+  TimeParams restart = p;
+  restart.slice_restart_us = 0.5;
+  EXPECT_NEAR(predict_time(g.graph, sk, r, restart).fused_us, 6.5, 1e-9);
+  restart.slice_restart_us = -1;
+  EXPECT_THROW(predict_time(g.graph, sk, r, restart), InvalidArgument);
   EXPECT_GE(predict_time(g.graph, make_order(g.graph, "row_major"), r, p).fused_us, 8);
   // Three tickets on 3 slots, no fixed latency: block 0's slices 0-2 | block 0's 3 and block 1's 0 |
   // block 1's 1-3. Four partial sums (no run holds a whole block), served one after another by the

@@ -256,9 +256,12 @@ TEST(TimeModel, PresetConstants) {
   EXPECT_EQ(p.overlap_power, 3);
   EXPECT_EQ(p.reduce_tbps, 0.65);
   EXPECT_EQ(p.reduce_block_gbps, 35);
-  const GpuPreset j = gpu_preset_from_json(R"({"base": "h200", "tile_fixed_us": 2, "reduce_block_gbps": 0})", "test");
+  EXPECT_EQ(p.slice_restart_us, 1.5);
+  const GpuPreset j = gpu_preset_from_json(
+      R"({"base": "h200", "tile_fixed_us": 2, "reduce_block_gbps": 0, "slice_restart_us": 0.25})", "test");
   EXPECT_EQ(j.tile_fixed_us, 2);
   EXPECT_EQ(j.reduce_block_gbps, 0);
+  EXPECT_EQ(j.slice_restart_us, 0.25);
   EXPECT_EQ(j.tile_tflops, 830);
   EXPECT_THROW(gpu_preset_from_json(R"({"overlap_power": -1})", "test"), InvalidArgument);
 }

@@ -24,6 +24,7 @@ struct GpuPreset {
   double tile_fixed_us = 0;   // per tile: first stages' latency + epilogue, not hidden by the weight ring
   double reduce_tbps = 0;     // split-K fp32 reductions at L2, the whole GPU (0: free)
   double reduce_block_gbps = 0;  // split-K slices adding into the same block serialise at this rate (0: no limit)
+  double slice_restart_us = 0;   // a ticket's next K slice of the same block: the stall before its K-steps
   double overlap_power = 0;   // K-step = (compute^n + memory^n)^(1/n) (0: the roofline's max)
   L2Params l2;                // the partitioned L2 model's parameters (--l2-model partitioned)
 };

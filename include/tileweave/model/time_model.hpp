@@ -30,6 +30,7 @@ struct TimeParams {
   double tile_fixed_us = 0;   // per tile: first stages' load latency + epilogue, not hidden by the ring
   double reduce_tbps = 0;     // L2's rate for split-K fp32 reductions, shared by the whole launch (0: free)
   double reduce_block_gbps = 0;  // reductions into one output block serialise at this rate (0: no limit)
+  double slice_restart_us = 0;   // a run's next K slice (tickets of several tiles) waits this long first
   double overlap_power = 0;   // a K-step takes (compute^n + memory^n)^(1/n); 0: max(compute, memory)
   void validate() const;      // InvalidArgument naming the bad value
 };
