@@ -59,6 +59,14 @@ L2Params hopper_l2() {
 //   fitted on the one-wave split GEMMs (8b-down M = 256 / 512: 128 slices ending together, +25-35 us)
 //   and the fused FFN (slices of one block adjacent in row/col orders vs kslices: 8B M = 256 runs
 //   205-211 us vs 181).
+// - tile_fixed_base_us: left at -1 (5.5 us for every tile), though the fixed latency grows with a
+//   tile's rows (its epilogue): fitted on the interleaved sweeps of 2026-11-27 (seeds 16 and 2026,
+//   128 shapes, bench/results/h200/sweep*.json), 2.0 us for a tile of no rows (64-row tiles 2.9 us)
+//   puts the default plan's predicted time within 15% of the measured on 59 of 60 shapes at M <= 64
+//   (29 of 60 now: rms log error 0.156 -> 0.061, the replay 15% high on average) and on 50 of 68
+//   above (48). Not set until measured: choose_ffn_splits ranks with these constants, and 25 of 85
+//   of its choices at M <= 64 (the sweep's and the Llama / Qwen shapes) would change. A preset JSON
+//   with "tile_fixed_base_us": 2 shows them (tileweave plan ffn --gpu FILE).
 // - slice_restart_us 1.5: a stream-K ticket's next K slice of the same block waits for its first
 //   stage (the producer does not run ahead into it): the tile timelines show ~1.3 us per slice
 //   (bench/results/h200/ffn_trace_streamk_*.json), and 1.5 fits the measured stream-K / default
@@ -125,6 +133,7 @@ GpuPreset gpu_preset_from_json(const std::string& text, const std::string& what)
   p.launch_us = num(j, "launch_us", 0, 1e6, p.launch_us);
   p.tile_tflops = num(j, "tile_tflops", 0, 1e6, p.tile_tflops);
   p.tile_fixed_us = num(j, "tile_fixed_us", 0, 1e6, p.tile_fixed_us);
+  p.tile_fixed_base_us = num(j, "tile_fixed_base_us", -1, 1e6, p.tile_fixed_base_us);
   p.reduce_tbps = num(j, "reduce_tbps", 0, 1e3, p.reduce_tbps);
   p.reduce_block_gbps = num(j, "reduce_block_gbps", 0, 1e6, p.reduce_block_gbps);
   p.slice_restart_us = num(j, "slice_restart_us", 0, 1e6, p.slice_restart_us);

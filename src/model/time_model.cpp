@@ -15,6 +15,8 @@ void TimeParams::validate() const {
   if (!(launch_us >= 0)) throw InvalidArgument("launch cost must be >= 0, got " + to_text(launch_us) + " us");
   if (slots < 1) throw InvalidArgument("tiles in flight must be at least 1, got " + std::to_string(slots));
   if (!(tile_tflops >= 0)) throw InvalidArgument("tile mainloop rate must be >= 0, got " + to_text(tile_tflops) + " TFLOP/s");
+  if (!(tile_fixed_base_us >= 0 || tile_fixed_base_us == -1))
+    throw InvalidArgument("per-tile fixed latency at no rows must be >= 0 or -1, got " + to_text(tile_fixed_base_us) + " us");
   if (!(tile_fixed_us >= 0)) throw InvalidArgument("per-tile fixed latency must be >= 0, got " + to_text(tile_fixed_us) + " us");
   if (!(overlap_power >= 0)) throw InvalidArgument("compute/memory overlap power must be >= 0, got " + to_text(overlap_power));
   if (!(reduce_block_gbps >= 0)) throw InvalidArgument("same-block reduction rate must be >= 0, got " + to_text(reduce_block_gbps) + " GB/s");
@@ -31,6 +33,7 @@ TimeParams time_params(const GpuPreset& gpu, int slots) {
   p.slots = slots;
   p.tile_tflops = gpu.tile_tflops;
   p.tile_fixed_us = gpu.tile_fixed_us;
+  p.tile_fixed_base_us = gpu.tile_fixed_base_us;
   p.reduce_tbps = gpu.reduce_tbps;
   p.overlap_power = gpu.overlap_power;
   p.reduce_block_gbps = gpu.reduce_block_gbps;
@@ -97,12 +100,16 @@ Costs tile_costs(const TileGraph& g, const TrafficReport& r, const TimeParams& p
     tc.steps = t.step_cols > 0 ? std::max<int64_t>(1, (t.k1 - t.k0 + t.step_cols - 1) / t.step_cols) : 1;
     tc.step_us = t.flops / tc.steps / sm_flops_per_us;
     const Op& o = g.op(t.op);
-    if (o.kind == OpKind::Gemm || o.kind == OpKind::GemmSiluMul)
+    if (o.kind == OpKind::Gemm || o.kind == OpKind::GemmSiluMul) {
       // The mainloop computes whole tiles: rows and columns past the op's edge (zero-filled) take as
       // long as real ones (M = 200 in a 256-row tile computes 256).
       for (const Region& w : t.writes)
         if (w.tensor == o.c && w.rows() > 0 && w.cols() > 0)
           tc.step_us *= double(o.tiling.bm) / double(w.rows()) * double(o.tiling.bn) / double(w.cols());
+      if (p.tile_fixed_base_us >= 0)
+        tc.fixed_us = p.tile_fixed_base_us +
+                      (p.tile_fixed_us - p.tile_fixed_base_us) * double(std::min<int64_t>(o.tiling.bm, 256)) / 256.0;
+    }
     if (o.kind == OpKind::PrefillAttention && t.reads.size() >= 2) {
       // An attention item is not a GEMM tile: its fixed cost and its cost per key row (whole key
       // tiles of bk rows) from prefill attention's fitted model (model/prefill_traffic.hpp, bf16).

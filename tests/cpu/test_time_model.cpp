@@ -102,6 +102,11 @@ TEST(TimeModel, ReplayComputeBoundWaves) {
   t = predict_time(g.graph, s, r, p);
   EXPECT_NEAR(t.fused_us, 13, 1e-9);
   EXPECT_NEAR(t.separate_us, 13, 1e-9);  // one op: one launch either way
+  // A fixed latency that grows with the rows: 64-row tiles take 0.2 + (1 - 0.2) x 64/256 = 0.4 us.
+  p.tile_fixed_base_us = 0.2;
+  EXPECT_NEAR(predict_time(g.graph, s, r, p).fused_us, 3 + 2 * (0.4 + 4), 1e-9);
+  p.tile_fixed_base_us = -0.5;
+  EXPECT_THROW(predict_time(g.graph, s, r, p), InvalidArgument);
 }
 
 // The same 8 tiles on 3 SMs: waves of 3, 3 and 2 tiles, 12 us; the last wave leaves an SM idle

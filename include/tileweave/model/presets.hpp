@@ -22,6 +22,8 @@ struct GpuPreset {
   // The time replay's constants (model/time_model.hpp; fitted on the H200, src/model/presets.cpp):
   double tile_tflops = 0;     // the tile mainloop's K-step rate over all SMs (0: gemm_tflops)
   double tile_fixed_us = 0;   // per tile: first stages' latency + epilogue, not hidden by the weight ring
+  double tile_fixed_base_us = -1;  // the same for a tile of no rows: a GEMM tile of bm rows takes
+                                   // base + (tile_fixed_us - base) * min(bm, 256) / 256 (-1: no such scaling)
   double reduce_tbps = 0;     // split-K fp32 reductions at L2, the whole GPU (0: free)
   double reduce_block_gbps = 0;  // split-K slices adding into the same block serialise at this rate (0: no limit)
   double slice_restart_us = 0;   // a ticket's next K slice of the same block: the stall before its K-steps

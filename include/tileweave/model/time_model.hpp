@@ -28,6 +28,8 @@ struct TimeParams {
   double tile_tflops = 0;     // the mainloop's rate with all P slots busy: a tile's K-step takes its
                               // FLOPs / (tile_tflops / P); 0 = gemm_tflops
   double tile_fixed_us = 0;   // per tile: first stages' load latency + epilogue, not hidden by the ring
+  double tile_fixed_base_us = -1;  // a GEMM tile of bm rows: base + (tile_fixed_us - base) * min(bm, 256) / 256
+                                   // (the epilogue grows with the rows; -1: tile_fixed_us for every tile)
   double reduce_tbps = 0;     // L2's rate for split-K fp32 reductions, shared by the whole launch (0: free)
   double reduce_block_gbps = 0;  // reductions into one output block serialise at this rate (0: no limit)
   double slice_restart_us = 0;   // a run's next K slice (tickets of several tiles) waits this long first
