@@ -65,8 +65,9 @@ L2Params hopper_l2() {
 //   puts the default plan's predicted time within 15% of the measured on 59 of 60 shapes at M <= 64
 //   (29 of 60 now: rms log error 0.156 -> 0.061, the replay 15% high on average) and on 50 of 68
 //   above (48). Not set until measured: choose_ffn_splits ranks with these constants, and 25 of 85
-//   of its choices at M <= 64 (the sweep's and the Llama / Qwen shapes) would change. A preset JSON
-//   with "tile_fixed_base_us": 2 shows them (tileweave plan ffn --gpu FILE).
+//   of its choices at M <= 64 (the sweep's and the Llama / Qwen shapes) would change:
+//   bench/presets/h200_small_tiles.json has it, for tileweave plan --gpu and bench_sweep --also
+//   splits=model:<that file> (docs/model.md).
 // - slice_restart_us 1.5: a stream-K ticket's next K slice of the same block waits for its first
 //   stage (the producer does not run ahead into it): the tile timelines show ~1.3 us per slice
 //   (bench/results/h200/ffn_trace_streamk_*.json), and 1.5 fits the measured stream-K / default

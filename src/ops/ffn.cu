@@ -247,9 +247,9 @@ FfnTiling sm90_tiling(const FfnShape& s, const FfnOptions& opt) {
                            opt.split_down ? opt.split_down : int(k.down.split_k), "even", rows);
   }
   FfnSplits sp{opt.split_gate_up, opt.split_down};
-  if (opt.splits == "model" && !sp.split_gate_up && !sp.split_down && opt.down_slices == "tail:1" &&
+  if (opt.splits != "rules" && !sp.split_gate_up && !sp.split_down && opt.down_slices == "tail:1" &&
       s.m <= kFfnModelSplitMaxM && rows == sm90::act_rows_for(s.m))  // (the device query only where the model chooses)
-    sp = choose_ffn_splits(s, device_preset(sms));
+    sp = choose_ffn_splits(s, opt.splits == "model" ? device_preset(sms) : find_gpu_preset(opt.splits.substr(6)));
   return sm90_ffn_tiling(s, sms, sp.split_gate_up, sp.split_down, opt.down_slices, rows);
 }
 
@@ -280,8 +280,9 @@ FfnTiling FusedFfn::tiling_for(const FfnShape& s, const FfnOptions& opt) {
   if (s.f <= 0 || s.f % 8) throw InvalidArgument("FFN: ffn size must be a positive multiple of 8, got " + std::to_string(s.f));
   if (opt.split_gate_up < 0) throw InvalidArgument("FFN: split_gate_up must be >= 0, got " + std::to_string(opt.split_gate_up));
   if (opt.split_down < 0) throw InvalidArgument("FFN: split_down must be >= 0, got " + std::to_string(opt.split_down));
-  if (opt.splits != "model" && opt.splits != "rules")
-    throw InvalidArgument("FFN: splits must be 'model' or 'rules', got '" + opt.splits + "'");
+  if (opt.splits != "model" && opt.splits != "rules" && (opt.splits.rfind("model:", 0) != 0 || opt.splits.size() == 6))
+    throw InvalidArgument("FFN: splits must be 'model', 'model:<preset>' or 'rules', got '" + opt.splits + "'");
+  if (opt.splits.size() > 6) find_gpu_preset(opt.splits.substr(6));  // a bad preset is refused at every M
   if (use_sm90(opt)) return sm90_tiling(s, opt);
   if (opt.tile_rows != FfnOptions{}.tile_rows)
     throw InvalidArgument("FFN: tile_rows is an option of the sm90 tile body (mainloop '" + opt.mainloop + "' runs sm80 tiles)");

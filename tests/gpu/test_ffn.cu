@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
@@ -565,6 +566,22 @@ TEST(FusedFfn, SplitsFromTheModel) {
   EXPECT_EQ(a.graph().graph.op(a.graph().op_gate_up).tiling.split_k, expect.gate_up.split_k) << preset.name;
   EXPECT_EQ(a.graph().graph.op(a.graph().op_down).tiling.split_k, expect.down.split_k) << preset.name;
   if (preset.name == "h200") EXPECT_GT(a.graph().graph.op(a.graph().op_gate_up).tiling.split_k, 1);
+  // "model:<preset>": the model's choice on another preset (a recalibration's plans, to measure).
+  const std::string file = ::testing::TempDir() + "tw_small_tiles.json";
+  std::ofstream(file) << R"({"base": "h200", "name": "h200-small-tiles", "tile_fixed_base_us": 2})";
+  FfnOptions other = model;
+  other.splits = "model:" + file;
+  const FusedFfn c(data.s, other);
+  const FfnSplits want_other = choose_ffn_splits(data.s, find_gpu_preset(file));
+  const FfnTiling expect_other =
+      sm90_ffn_tiling(data.s, prop.multiProcessorCount, want_other.split_gate_up, want_other.split_down);
+  EXPECT_EQ(c.graph().graph.op(c.graph().op_gate_up).tiling.split_k, expect_other.gate_up.split_k);
+  EXPECT_EQ(c.graph().graph.op(c.graph().op_down).tiling.split_k, expect_other.down.split_k);
+  for (const char* bad_preset : {"model:", "model:no-such-gpu", "models"}) {
+    FfnOptions o = model;
+    o.splits = bad_preset;
+    EXPECT_THROW(FusedFfn(data.s, o), InvalidArgument) << bad_preset;
+  }
   EXPECT_EQ(b.graph().graph.op(b.graph().op_gate_up).tiling.split_k, 1);
   EXPECT_LT(data.check(a), kTol) << "the model's splits";
   EXPECT_LT(data.check(b), kTol) << "the rules' splits";

@@ -38,7 +38,8 @@ struct FfnOptions {
   int split_gate_up = 0;           // K slices of the first GEMM; 0 = from the shape
   int split_down = 0;              // K slices of the down GEMM; 0 = from the shape
   // sm90, both splits 0: "model" (the traffic model's replay chooses them at M <= 64, on this GPU's
-  // preset: model/planner.hpp, choose_ffn_splits; `tileweave plan ffn` prints its choice) or
+  // preset: model/planner.hpp, choose_ffn_splits; `tileweave plan ffn` prints its choice), "model:P"
+  // (the same on preset P, a name or a preset JSON file: to measure a recalibration's plans) or
   // "rules" (the size rules alone: model/validation.hpp, sm90_ffn_tiling).
   std::string splits = "model";
   // sm90: activation rows per tile (wgmma N; model/validation.hpp, sm90_tile_rows): "fit" (above
