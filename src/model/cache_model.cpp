@@ -493,7 +493,7 @@ TrafficReport simulate(const TileGraph& g, const Schedule& s, const CacheConfig&
       charge(sl.tile, model.step(sl.tile, sl.step));
       if (++sl.step < sl.steps) continue;
       if (!dealer.runs_on(sl.at.pos)) {  // a run of fused slices writes at its end, for all of them
-        charge(sl.tile, model.finish(sl.tile, sl.at.pos - sl.at.run_begin + 1));
+        charge(sl.tile, model.finish(sl.tile, sl.at.run_slices()));
         for (int q = sl.at.run_begin; q <= sl.at.pos; ++q) done[s.order[q]] = 1;
         if (c.trace) {
           const TrafficReport now = model.report();

@@ -348,7 +348,7 @@ TrafficReport simulate_partitioned(const TileGraph& g, const Schedule& s, const 
       start(i, end);
       continue;
     }
-    const int run = sl.at.pos - sl.at.run_begin + 1;
+    const int run = sl.at.run_slices();
     bool reduces = false;
     if (op.workspace >= 0) reduces = (arrivals[g.tile_id(tile.op, tile.tm, tile.tn, 0)] += run) == op.tiling.split_k;
     acc.clear();

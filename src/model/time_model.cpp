@@ -1,5 +1,6 @@
 #include "tileweave/model/time_model.hpp"
 
+#include "tileweave/kernels/sm90/tile_shape.hpp"
 #include "tileweave/model/prefill_traffic.hpp"
 
 #include <algorithm>
@@ -106,9 +107,10 @@ Costs tile_costs(const TileGraph& g, const TrafficReport& r, const TimeParams& p
       for (const Region& w : t.writes)
         if (w.tensor == o.c && w.rows() > 0 && w.cols() > 0)
           tc.step_us *= double(o.tiling.bm) / double(w.rows()) * double(o.tiling.bn) / double(w.cols());
+      constexpr int64_t kRows = sm90::kMaxActRows;  // the rows tile_fixed_us was fitted on
       if (p.tile_fixed_base_us >= 0)
         tc.fixed_us = p.tile_fixed_base_us +
-                      (p.tile_fixed_us - p.tile_fixed_base_us) * double(std::min<int64_t>(o.tiling.bm, 256)) / 256.0;
+                      (p.tile_fixed_us - p.tile_fixed_base_us) * double(std::min(o.tiling.bm, kRows)) / double(kRows);
     }
     if (o.kind == OpKind::PrefillAttention && t.reads.size() >= 2) {
       // An attention item is not a GEMM tile: its fixed cost and its cost per key row (whole key
@@ -264,7 +266,7 @@ double replay(const TileGraph& g, const Schedule& s, const Costs& c, const TimeP
       // launch); the last run of its block to arrive then reads the sums back and re-zeroes them.
       // A run of every slice of its block stores its output as an unsplit tile does.
       const TileCost& tc = c.tile[id_of(a)];
-      const int slices = a.at.pos - a.at.run_begin + 1;
+      const int slices = a.at.run_slices();
       a.phase = Epi;
       a.end = now;
       if (tc.reduce_bytes > 0 && slices < c.group_slices[tc.group]) {

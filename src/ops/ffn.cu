@@ -1,6 +1,7 @@
 #include "tileweave/ops/ffn.hpp"
 
 #include <algorithm>
+#include <optional>
 
 #include "ffn_sm90.hpp"
 #include "tileweave/model/ffn_splits.hpp"
@@ -236,7 +237,8 @@ bool use_sm90(const FfnOptions& opt) {
 // M = 1, 103.0 -> 91.9 at M = 64, 127.6 -> 106.9 at M = 128 unpacked; 70B 362.6 -> 327.3 at M = 64),
 // the down GEMM in ~512 KiB x rows/128 (512 KiB beat 128 KiB by 10-15% at M <= 64), each split
 // further where its tiles would leave SMs idle.
-FfnTiling sm90_tiling(const FfnShape& s, const FfnOptions& opt) {
+// `named`: the preset of splits "model:<preset>" (null: this device's).
+FfnTiling sm90_tiling(const FfnShape& s, const FfnOptions& opt, const GpuPreset* named) {
   if (opt.bk || opt.k_split_warps)
     throw InvalidArgument("FFN: bk and k_split_warps are sm80 options (mainloop '" + opt.mainloop + "' runs sm90 tiles)");
   const int sms = ffn_sm90::sm_count(), rows = sm90_tile_rows(s.m, opt.tile_rows);
@@ -248,8 +250,8 @@ FfnTiling sm90_tiling(const FfnShape& s, const FfnOptions& opt) {
   }
   FfnSplits sp{opt.split_gate_up, opt.split_down};
   if (opt.splits != "rules" && !sp.split_gate_up && !sp.split_down && opt.down_slices == "tail:1" &&
-      s.m <= kFfnModelSplitMaxM && rows == sm90::act_rows_for(s.m))  // (the device query only where the model chooses)
-    sp = choose_ffn_splits(s, opt.splits == "model" ? device_preset(sms) : find_gpu_preset(opt.splits.substr(6)));
+      s.m <= kFfnModelSplitMaxM && rows == sm90::fit_act_rows(s.m))  // (the device query only where the model chooses)
+    sp = choose_ffn_splits(s, named ? *named : device_preset(sms));
   return sm90_ffn_tiling(s, sms, sp.split_gate_up, sp.split_down, opt.down_slices, rows);
 }
 
@@ -282,8 +284,10 @@ FfnTiling FusedFfn::tiling_for(const FfnShape& s, const FfnOptions& opt) {
   if (opt.split_down < 0) throw InvalidArgument("FFN: split_down must be >= 0, got " + std::to_string(opt.split_down));
   if (opt.splits != "model" && opt.splits != "rules" && (opt.splits.rfind("model:", 0) != 0 || opt.splits.size() == 6))
     throw InvalidArgument("FFN: splits must be 'model', 'model:<preset>' or 'rules', got '" + opt.splits + "'");
-  if (opt.splits.size() > 6) find_gpu_preset(opt.splits.substr(6));  // a bad preset is refused at every M
-  if (use_sm90(opt)) return sm90_tiling(s, opt);
+  // Loaded here, where a bad preset is refused at every M, and used where the model chooses.
+  const std::optional<GpuPreset> named =
+      opt.splits.size() > 6 ? std::optional<GpuPreset>(find_gpu_preset(opt.splits.substr(6))) : std::nullopt;
+  if (use_sm90(opt)) return sm90_tiling(s, opt, named ? &*named : nullptr);
   if (opt.tile_rows != FfnOptions{}.tile_rows)
     throw InvalidArgument("FFN: tile_rows is an option of the sm90 tile body (mainloop '" + opt.mainloop + "' runs sm80 tiles)");
   const int64_t rows = 8 * nt_for(s.m);

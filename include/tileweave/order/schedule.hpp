@@ -43,6 +43,7 @@ class TicketDealer {
     int pos = -1;        // the slot's position in the order (-1: none)
     int end = -1;        // the end of its ticket's positions
     int run_begin = -1;  // the first position of its run of fused K slices (fused_with_next)
+    int run_slices() const { return pos - run_begin + 1; }  // the run's K slices up to pos
   };
   TicketDealer(const TileGraph& g, const Schedule& s) : s_(s), fused_(fused_with_next(g, s)) {}
   // c to its slot's next position: the rest of its ticket, else the next ticket's first; false (and
