@@ -136,6 +136,9 @@ void trace_case(const Gpu& gpu, const Floor& floor, const Model& md, int64_t m, 
     tiles.push_back({{"id", t.tile}, {"op", tl.op}, {"tm", tl.tm}, {"tn", tl.tn}, {"ks", tl.ks}, {"sm", t.sm},
                      {"taken", t.taken}, {"ready", t.ready}, {"started", t.started}, {"computed", t.computed},
                      {"done", t.done}});
+    // A split tile's phases (ffn_sm90.cu): arrived after its partial, and the last slice's sums read.
+    if (t.mark1 >= 0) tiles.back()["arrived"] = t.mark1;
+    if (t.mark2 >= 0) tiles.back()["summed"] = t.mark2;
   }
   std::vector<double> last;
   for (auto [sm, d] : sm_last) last.push_back(d);

@@ -170,33 +170,45 @@ __device__ void run_producer(const Ring<Cfg>& ring, TileQueue& q, const Maps& ma
   }
 }
 
-// Where a consumer value lands: register 4q+e of consumer thread ct (fragment layout of
-// sm90::acc_coord, one 64-row block per warpgroup) is weight row r + 8*(e>>1) of the tile and
+// Stores the tile from the accumulators, bf16. Register 4q+e of consumer thread ct (fragment layout
+// of sm90::acc_coord, one 64-row block per warpgroup) is weight row r + 8*(e>>1) of the tile and
 // activation row 8q + 2*(ct%4) + (e&1). A gated tile's row r is gate column r%8 of group r/16 and
-// row r+8 its up partner, so e = 0,1 are gate values and e = 2,3 their up partners.
-// f(m, col, v) is called for each in-bounds output of the four values v[0..3]. kAct: plain columns
-// take o.act's activation. Launches with none run kAct = false: the activations' code (GeLU's tanh,
-// inlined for every accumulator) in the one kernel had slowed every op from M = 100 up by 3-60%
-// (H200, bench_sweep seed 16: a plain MLP with d = 2688, F = 5888 at M = 4096 473 -> 757 us, a gated
-// FFN with d = 7424, F = 11392 3393 -> 3592), though no such op ran it.
-template <bool kAct, class F>
-__device__ __forceinline__ void for_each_output(const OpArgs& o, const DeviceTile& t, int act_rows, int q, int ct,
-                                                const float (&v)[4], F&& f) {
+// row r+8 its up partner, so e = 0,1 are gate values and e = 2,3 their up partners. kAct: plain
+// columns take o.act's activation. Launches with none run kAct = false: the activations' code
+// (GeLU's tanh, inlined for every accumulator) in the one kernel had slowed every op from M = 100 up
+// by 3-60% (H200, bench_sweep seed 16: a plain MLP with d = 2688, F = 5888 at M = 4096 473 -> 757 us,
+// a gated FFN with d = 7424, F = 11392 3393 -> 3592), though no such op ran it.
+// The address is a row pointer stepped by 8 rows per q and the bounds are two 32-bit compares per
+// value: the code is unrolled over up to 256 values a thread, and computing m * n + col in 64 bits
+// with the operands reloaded per value made a 256-row tile's stores ~15 instructions a value.
+template <class Cfg, bool kAct>
+__device__ __forceinline__ void store_tile(const OpArgs& o, const DeviceTile& t, const float (&acc)[Cfg::kAcc], int ct) {
   const int lane = ct % 32, warp = ct / 32;  // warp 0..7 over both consumer warpgroups
-  const int64_t m0 = int64_t(t.tm) * act_rows + 8 * q + 2 * (lane % 4);
+  const int64_t n = o.n;
+  const int row0 = t.tm * Cfg::kMPad + 2 * (lane % 4), rows_left = o.m - row0;
+  bf16* const out = o.out;
+  const int act = o.act;
   if (o.silu) {
-    const int64_t col = int64_t(t.tn) * (kTileRows / 2) + warp * 8 + lane / 4;
-    if (col >= o.n) return;
+    const int col = t.tn * (kTileRows / 2) + warp * 8 + lane / 4;
+    const bool col_in = col < o.n;
+    bf16* p = out + int64_t(row0) * n + col;
 #pragma unroll
-    for (int e = 0; e < 2; ++e)
-      if (m0 + e < o.m) f(m0 + e, col, kernels::silu(v[e]) * v[e + 2]);
+    for (int q = 0; q < Cfg::kAcc / 4; ++q, p += 8 * n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        if (col_in && 8 * q + e < rows_left) p[e * n] = __float2bfloat16(kernels::silu(acc[4 * q + e]) * acc[4 * q + e + 2]);
   } else {
-    const int64_t r = int64_t(t.tn) * kTileRows + warp * 16 + lane / 4;
+    const int col = t.tn * kTileRows + warp * 16 + lane / 4;
+    const bool col_in[2] = {col < o.n, col + 8 < o.n};
+    bf16* p = out + int64_t(row0) * n + col;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t col = r + 8 * (e >> 1), m = m0 + (e & 1);
-      if (col < o.n && m < o.m) f(m, col, kAct ? kernels::ffn_activate(o.act, v[e]) : v[e]);
-    }
+    for (int q = 0; q < Cfg::kAcc / 4; ++q, p += 8 * n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (col_in[e >> 1] && 8 * q + (e & 1) < rows_left) {
+          const float v = acc[4 * q + e];
+          p[(e & 1) * n + 8 * (e >> 1)] = __float2bfloat16(kAct ? kernels::ffn_activate(act, v) : v);
+        }
   }
 }
 
@@ -210,15 +222,13 @@ __device__ __forceinline__ void finish_tile(const runtime::ExecParams& ep, uint3
                                             const DeviceTile& t, int32_t id, float (&acc)[Cfg::kAcc], int ct,
                                             volatile uint32_t* flag, int slices) {
   constexpr int kConsumers = 128 * Cfg::kConsumerWGs;
-  auto store = [&](int q, const float (&v)[4]) {
-    for_each_output<kAct>(o, t, Cfg::kMPad, q, ct, v, [&](int64_t m, int64_t col, float x) { o.out[m * o.n + col] = __float2bfloat16(x); });
-  };
   if (o.split > 1) {
     // Split-K: every slice adds its partial into the tile's fp32 block with vector reductions
     // (fire-and-forget, 16 B each, in fragment order so a warp's reductions cover 512 contiguous
     // bytes); the slice that arrives last reads the sums, re-zeroes the block for the next launch
     // and stores the tile. The schedule should keep a tile's slices apart in time (kslices/
-    // orders): slices running together would serialise on the same addresses in L2.
+    // orders): slices running together would serialise on the same addresses in L2. (A slot per
+    // slice, the last slice adding the others', read back slower: docs/executor.md, "Split-K partials".)
     // A run of every slice adds nothing, but still arrives: the group's counter counts o.split per launch.
     const bool whole = slices == o.split;
     float4* block = reinterpret_cast<float4*>(o.ws) + (int64_t(t.tm) * o.grid_n + t.tn) * (kConsumers * Cfg::kAcc / 4);
@@ -226,15 +236,11 @@ __device__ __forceinline__ void finish_tile(const runtime::ExecParams& ep, uint3
     named_bar_sync(1, kConsumers);
     if (ct == 0) *flag = runtime::arrive_last(ep, epoch, t, o.split, uint32_t(slices));
     named_bar_sync(1, kConsumers);
-    if (*flag) {
-      if (!whole) take_split_sums<Cfg>(block, acc, ct);
-#pragma unroll
-      for (int q = 0; q < Cfg::kAcc / 4; ++q) store(q, {acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]});
-    }
-  } else {
-#pragma unroll
-    for (int q = 0; q < Cfg::kAcc / 4; ++q) store(q, {acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]});
+    if (ct == 0) runtime::trace_mark(ep, id, runtime::kTraceMark1);  // arrived
+    if (*flag && !whole) take_split_sums<Cfg>(block, acc, ct);
+    if (*flag && ct == 0) runtime::trace_mark(ep, id, runtime::kTraceMark2);  // thread 0 holds the sums
   }
+  if (o.split <= 1 || *flag) store_tile<Cfg, kAct>(o, t, acc, ct);  // one call site: one copy of the unrolled stores
   if (o.publish) ptx::fence_proxy_async(ptx::space_global);  // our stores, before a TMA elsewhere reads them
   named_bar_sync(1, kConsumers);
   if (ct == 0) {
