@@ -178,37 +178,55 @@ __device__ void run_producer(const Ring<Cfg>& ring, TileQueue& q, const Maps& ma
 // (GeLU's tanh, inlined for every accumulator) in the one kernel had slowed every op from M = 100 up
 // by 3-60% (H200, bench_sweep seed 16: a plain MLP with d = 2688, F = 5888 at M = 4096 473 -> 757 us,
 // a gated FFN with d = 7424, F = 11392 3393 -> 3592), though no such op ran it.
-// The address is a row pointer stepped by 8 rows per q and the bounds are two 32-bit compares per
-// value: the code is unrolled over up to 256 values a thread, and computing m * n + col in 64 bits
-// with the operands reloaded per value made a 256-row tile's stores ~15 instructions a value.
+// The address is a row pointer stepped by 8 rows per q and the bounds are 32-bit compares: the
+// code is unrolled over up to 256 values a thread, and computing m * n + col in 64 bits with the
+// operands reloaded per value made a 256-row tile's stores ~15 instructions a value (a split tile's
+// last slice stored for 18-23 us; docs/executor.md, "The epilogue's stores").
+//
+// Values leave in pairs of adjacent columns. A thread holds (col, row) and (col, row + 1); lane ^ 4
+// holds the neighbouring column (its weight row r ^ 1) at the same rows, so one shuffle gives the
+// thread of even r both columns of `row` and its partner both of `row + 1`: one 4-byte store where
+// there were two 2-byte ones. (An odd n, which DecodeGemm allows, stores the pair's halves apart.)
+__device__ __forceinline__ void store_pair(bf16* p, int64_t n, float a, float b, int odd, int col, int row,
+                                           int rows_left, int ncols) {
+  const float recv = __shfl_xor_sync(0xffffffffu, odd ? a : b, 4);  // every lane: no predicate before it
+  if (row + odd >= rows_left) return;
+  const int c0 = col - odd;
+  bf16* q = p + odd * (n - 1);  // odd: (row + 1, col - 1)
+  const __nv_bfloat162 v = odd ? __floats2bfloat162_rn(recv, b) : __floats2bfloat162_rn(a, recv);
+  if ((ncols & 1) == 0) {
+    if (c0 < ncols) *reinterpret_cast<__nv_bfloat162*>(q) = v;
+  } else {
+    if (c0 < ncols) q[0] = v.x;
+    if (c0 + 1 < ncols) q[1] = v.y;
+  }
+}
+
 template <class Cfg, bool kAct>
 __device__ __forceinline__ void store_tile(const OpArgs& o, const DeviceTile& t, const float (&acc)[Cfg::kAcc], int ct) {
   const int lane = ct % 32, warp = ct / 32;  // warp 0..7 over both consumer warpgroups
   const int64_t n = o.n;
+  const int ncols = o.n, odd = (lane >> 2) & 1;
   const int row0 = t.tm * Cfg::kMPad + 2 * (lane % 4), rows_left = o.m - row0;
   bf16* const out = o.out;
   const int act = o.act;
+  auto f = [&](float v) { return kAct ? kernels::ffn_activate(act, v) : v; };
   if (o.silu) {
     const int col = t.tn * (kTileRows / 2) + warp * 8 + lane / 4;
-    const bool col_in = col < o.n;
     bf16* p = out + int64_t(row0) * n + col;
 #pragma unroll
     for (int q = 0; q < Cfg::kAcc / 4; ++q, p += 8 * n)
-#pragma unroll
-      for (int e = 0; e < 2; ++e)
-        if (col_in && 8 * q + e < rows_left) p[e * n] = __float2bfloat16(kernels::silu(acc[4 * q + e]) * acc[4 * q + e + 2]);
+      store_pair(p, n, kernels::silu(acc[4 * q]) * acc[4 * q + 2], kernels::silu(acc[4 * q + 1]) * acc[4 * q + 3], odd, col,
+                 8 * q, rows_left, ncols);
   } else {
     const int col = t.tn * kTileRows + warp * 16 + lane / 4;
-    const bool col_in[2] = {col < o.n, col + 8 < o.n};
     bf16* p = out + int64_t(row0) * n + col;
 #pragma unroll
     for (int q = 0; q < Cfg::kAcc / 4; ++q, p += 8 * n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        if (col_in[e >> 1] && 8 * q + (e & 1) < rows_left) {
-          const float v = acc[4 * q + e];
-          p[(e & 1) * n + 8 * (e >> 1)] = __float2bfloat16(kAct ? kernels::ffn_activate(act, v) : v);
-        }
+      for (int h = 0; h < 2; ++h)  // columns col and col + 8
+        store_pair(p + 8 * h, n, f(acc[4 * q + 2 * h]), f(acc[4 * q + 2 * h + 1]), odd, col + 8 * h, 8 * q, rows_left,
+                   ncols);
   }
 }
 

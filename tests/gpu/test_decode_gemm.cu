@@ -89,6 +89,9 @@ std::vector<Case> cases() {
     c.emplace_back(16, 28672, 4096, packed, "streamk");
     c.emplace_back(64, 1544, 8, packed, "streamk");
     for (int m : {70, 150, 200, 300}) c.emplace_back(m, 1000, 520, packed, "fit");  // 96, 160, 224, 2 x 160 rows
+    // Odd N: the epilogue's column pairs (ffn_sm90.cu, store_pair) store their halves apart.
+    c.emplace_back(37, 999, 520, packed, "tail:1");
+    c.emplace_back(200, 1001, 1032, packed, "fit");
   }
   return c;
 }
