@@ -59,15 +59,17 @@ L2Params hopper_l2() {
 //   fitted on the one-wave split GEMMs (8b-down M = 256 / 512: 128 slices ending together, +25-35 us)
 //   and the fused FFN (slices of one block adjacent in row/col orders vs kslices: 8B M = 256 runs
 //   205-211 us vs 181).
-// - tile_fixed_base_us: left at -1 (5.5 us for every tile), though the fixed latency grows with a
-//   tile's rows (its epilogue): fitted on the interleaved sweeps of 2026-11-27 (seeds 16 and 2026,
-//   128 shapes, bench/results/h200/sweep*.json), 2.0 us for a tile of no rows (64-row tiles 2.9 us)
-//   puts the default plan's predicted time within 15% of the measured on 59 of 60 shapes at M <= 64
-//   (29 of 60 now: rms log error 0.156 -> 0.061, the replay 15% high on average) and on 50 of 68
-//   above (48). Not set until measured: choose_ffn_splits ranks with these constants, and 25 of 85
-//   of its choices at M <= 64 (the sweep's and the Llama / Qwen shapes) would change:
-//   bench/presets/h200_small_tiles.json has it, for tileweave plan --gpu and bench_sweep --also
-//   splits=model:<that file> (docs/model.md).
+// - tile_fixed_base_us 2.0: the fixed latency grows with a tile's rows (its epilogue): 2.0 us for a
+//   tile of no rows, 5.5 at 256 (64-row tiles 2.9 us). Fitted on the interleaved sweeps of the
+//   morning of 2026-11-27 (seeds 16 and 2026, 128 shapes): the default plan's predicted time within
+//   15% of the measured on 59 of 60 shapes at M <= 64 (29 of 60 with 5.5 for every tile: rms log
+//   error 0.156 -> 0.061, the replay 15% high on average). On the sweeps after the epilogue's store
+//   changes (bench/results/h200/sweep*.json, the same afternoon): 53 of 60 at M <= 64 (22 without),
+//   44 of 68 above (40); 1.5 us would fit 56 of 60, but its plans are not the ones timed.
+//   choose_ffn_splits ranks with it (25 of 85 of its choices at M <= 64 moved): timed beside the
+//   plans of 5.5 for every tile in one interleaved run, geomean 1.0008 and 0.9962 of those
+//   (sweep_small_tiles_ab*.json): the same speed, a truer prediction. Tiles of 256 rows (issue 17's
+//   grid, M >= 256) keep 5.5.
 // - slice_restart_us 1.5: a stream-K ticket's next K slice of the same block waits for its first
 //   stage (the producer does not run ahead into it): the tile timelines show ~1.3 us per slice
 //   (bench/results/h200/ffn_trace_streamk_*.json), and 1.5 fits the measured stream-K / default
@@ -82,12 +84,12 @@ GpuPreset gpu_preset(const std::string& name) {
     p.l2_bytes = int64_t{60} << 20, p.sms = 132, p.read_tbps = 4.68, p.gemm_tflops = 716;
     p.sm_stream_gbps = 37, p.launch_us = 3;
     p.tile_tflops = 830, p.tile_fixed_us = 5.5, p.overlap_power = 3, p.reduce_tbps = 0.65, p.reduce_block_gbps = 35;
-    p.slice_restart_us = 1.5;
+    p.slice_restart_us = 1.5, p.tile_fixed_base_us = 2.0;
   } else if (name == "h100") {
     p.l2_bytes = int64_t{50} << 20, p.sms = 132, p.read_tbps = 3.13, p.gemm_tflops = 716;
     p.sm_stream_gbps = 37, p.launch_us = 3;
     p.tile_tflops = 830, p.tile_fixed_us = 5.5, p.overlap_power = 3, p.reduce_tbps = 0.65, p.reduce_block_gbps = 35;
-    p.slice_restart_us = 1.5;
+    p.slice_restart_us = 1.5, p.tile_fixed_base_us = 2.0;
   } else if (name == "a100") {
     p.l2_bytes = int64_t{40} << 20, p.sms = 108, p.read_tbps = 1.90, p.gemm_tflops = 280;
     p.sm_stream_gbps = 40, p.launch_us = 4;

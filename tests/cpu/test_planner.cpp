@@ -79,7 +79,10 @@ TEST(Planner, GemmRanking) {
     if (i) EXPECT_LE(res.candidates[i - 1].us(), c.us());
     EXPECT_NEAR(c.ratio, c.us() / res.executor.part_us, 1e-12);
   }
-  const double unsplit = p.launch_us + p.tile_fixed_us + (262144 + 16384) / (p.sm_stream_gbps * 1e3);
+  // A 16-row tile's fixed latency: the preset's at no rows, growing to tile_fixed_us at 256 rows.
+  const double fixed = p.tile_fixed_base_us < 0 ? p.tile_fixed_us
+                                                 : p.tile_fixed_base_us + (p.tile_fixed_us - p.tile_fixed_base_us) * 16 / 256;
+  const double unsplit = p.launch_us + fixed + (262144 + 16384) / (p.sm_stream_gbps * 1e3);
   for (size_t i = 15; i < 20; ++i) {
     EXPECT_EQ(res.candidates[i].knobs.split_k, 1);
     EXPECT_NEAR(res.candidates[i].simple_us, unsplit, 0.05 * unsplit);
