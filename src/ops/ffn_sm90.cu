@@ -246,7 +246,8 @@ __device__ __forceinline__ void finish_tile(const runtime::ExecParams& ep, uint3
     // bytes); the slice that arrives last reads the sums, re-zeroes the block for the next launch
     // and stores the tile. The schedule should keep a tile's slices apart in time (kslices/
     // orders): slices running together would serialise on the same addresses in L2. (A slot per
-    // slice, the last slice adding the others', read back slower: docs/executor.md, "Split-K partials".)
+    // slice, the last slice adding the others', read back slower: docs/executor.md, "The
+    // epilogue's stores".)
     // A run of every slice adds nothing, but still arrives: the group's counter counts o.split per launch.
     const bool whole = slices == o.split;
     float4* block = reinterpret_cast<float4*>(o.ws) + (int64_t(t.tm) * o.grid_n + t.tn) * (kConsumers * Cfg::kAcc / 4);
