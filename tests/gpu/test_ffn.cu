@@ -566,9 +566,10 @@ TEST(FusedFfn, SplitsFromTheModel) {
   EXPECT_EQ(a.graph().graph.op(a.graph().op_gate_up).tiling.split_k, expect.gate_up.split_k) << preset.name;
   EXPECT_EQ(a.graph().graph.op(a.graph().op_down).tiling.split_k, expect.down.split_k) << preset.name;
   if (preset.name == "h200") EXPECT_GT(a.graph().graph.op(a.graph().op_gate_up).tiling.split_k, 1);
-  // "model:<preset>": the model's choice on another preset (a recalibration's plans, to measure).
-  const std::string file = ::testing::TempDir() + "tw_small_tiles.json";
-  std::ofstream(file) << R"({"base": "h200", "name": "h200-small-tiles", "tile_fixed_base_us": 2})";
+  // "model:<preset>": the model's choice on another preset (a recalibration's plans, to measure);
+  // here the H200's with one fixed latency for every tile height (the presets' before 2026-11-27).
+  const std::string file = ::testing::TempDir() + "tw_uniform_tiles.json";
+  std::ofstream(file) << R"({"base": "h200", "name": "h200-uniform-tiles", "tile_fixed_base_us": -1})";
   FfnOptions other = model;
   other.splits = "model:" + file;
   const FusedFfn c(data.s, other);

@@ -90,9 +90,14 @@ void print_time(const TrafficReport& r, const TimePrediction& t, const TimeParam
   fmt::print("  predicted time ({}): {:.2f} TB/s floor, {:.0f} TFLOP/s peak, ridge {:.0f} FLOP/B, P = {}, "
              "{:.0f} GB/s per SM in a tail, {:.1f} us per launch\n",
              r.order, p.read_tbps, p.gemm_tflops, t.ridge, p.slots, p.sm_stream_gbps, p.launch_us);
-  fmt::print("  replay: tile K-steps at {:.0f} TFLOP/s over P, {:.1f} us fixed per tile, compute/memory overlap power {}, "
+  // The fixed latency per GEMM tile: one value, or growing with the tile's rows (tile_fixed_base_us).
+  const std::string fixed = p.tile_fixed_base_us >= 0
+                                ? fmt::format("{:.1f}-{:.1f} us fixed per tile (by its rows)", p.tile_fixed_base_us,
+                                              p.tile_fixed_us)
+                                : fmt::format("{:.1f} us fixed per tile", p.tile_fixed_us);
+  fmt::print("  replay: tile K-steps at {:.0f} TFLOP/s over P, {}, compute/memory overlap power {}, "
              "split-K sums at {:.2f} TB/s ({:.0f} GB/s into one block), {:.1f} us per slice of a stream-K run\n",
-             p.tile_tflops > 0 ? p.tile_tflops : p.gemm_tflops, p.tile_fixed_us, p.overlap_power, p.reduce_tbps,
+             p.tile_tflops > 0 ? p.tile_tflops : p.gemm_tflops, fixed, p.overlap_power, p.reduce_tbps,
              p.reduce_block_gbps, p.slice_restart_us);
   fmt::print("  {:<14} {:>7} {:>7} {:>6} {:>12} {:>10} {:>8} {:<8} {:>9} {:>9} {:>9} {:>10} {:>9} {:>17}\n", "op", "tiles",
              "waves", "tail", "DRAM bytes", "GFLOP", "FLOP/B", "bound", "mem us", "comp us", "roof us", "split-K", "alone us",
