@@ -58,6 +58,7 @@ struct StepCase {
   int64_t attention_min_tile_bytes = 0;  // 1: pairs cut over as many tiles as they have units
   int tp = 1;                            // > 1: tp ranks' steps on this GPU, the collectives local sums
   bool in_launch = false;                // tp > 1: the collectives as tiles of the ranks' launches (side by side)
+  int sms = 0;                           // > 0: the step planned for and run on this many SMs
 };
 
 // The step under test: one DecodeStep, or every rank of a tensor-parallel step on this GPU.
@@ -124,6 +125,7 @@ Errors run_against_reference(const StepCase& k, uint64_t seed) {
   opt.spin_limit = 1u << 22;  // a missing dependency fails the test instead of hanging the GPU
   opt.attention_min_tile_bytes = k.attention_min_tile_bytes;
   opt.collectives_in_launch = k.in_launch;
+  opt.sms = k.sms;
   Stepper st(k.cfg, opt, k.tp);
   st.load_weights(w);
   if (k.layout == KvLayout::Paged) {  // every page of the pool, shuffled
@@ -250,6 +252,29 @@ TEST(DecodeStep, LongPromptsSplitAcrossManyTiles) {
   planned.max_prompt = 200;
   planned.generate = 3;
   run_against_reference(planned, fresh_seed());
+}
+
+// Gate/up in more tiles than SMs, as Llama-3-8B's 224 on 132: down's tiles, which wait per tile for
+// the h columns they read, run beside gate/up's second wave. Here 63 gate/up tiles on 16 SMs.
+TEST(DecodeStep, GateUpBeyondOneWave) {
+  TW_REQUIRE_SM90();
+  ModelConfig c = tiny_d128();
+  c.name = "tiny-wide-ffn";
+  c.intermediate_size = 4000;
+  for (int batch : {1, 16}) {
+    DecodeStepOptions opt;
+    opt.batch = batch;
+    opt.max_seq_len = 64;
+    opt.sms = 16;
+    const DecodeStep probe(c, opt);
+    const StepGraph& g = probe.graph();
+    ASSERT_GT(g.graph.op(g.layers[0].op_gate_up).num_tiles, 2 * opt.sms) << "the case does not test what it is for";
+    StepCase k{c, batch, batch == 1 ? KvLayout::Contiguous : KvLayout::Paged, 16};
+    k.max_prompt = 12;
+    k.generate = 4;
+    k.sms = 16;
+    run_against_reference(k, fresh_seed());
+  }
 }
 
 // Odd batch sizes on the activation-row configurations the other tests leave out (R >= 2B: 16, 64,
