@@ -69,40 +69,6 @@ bool same_case(const json& a, const json& b) {
   return a.value("causal", false) == b.value("causal", false) && a.value("batch", 1) == b.value("batch", 1);
 }
 
-// Tensor-core-bound kernels run the GPU at its power limit, and its clocks settle over a fraction
-// of a second: the same attention case measured right after the GEMM peak ran 15-20% slower than
-// later in the run (H200, 2026-11-24). Every contender (here, and the peers in
-// dit_attention_torch.py) is therefore warmed for kSteadyMs of its own replays before it is
-// timed: all are measured in the steady state a DiT's long run of denoising steps sees.
-constexpr double kSteadyMs = 300;
-int steady_warmup(double us_per_run) { return std::max(5, int(kSteadyMs * 1e3 / std::max(us_per_run, 1.0))); }
-
-// bf16 GEMM peak (TFLOP/s): cuBLASLt's first heuristic choice on 8192^3, as bench_gemm measures it.
-double gemm_peak_tflops() {
-  constexpr int S = 8192;
-  const size_t n = size_t(S) * S;
-  bf16 *x, *w, *y;
-  void* ws;
-  const size_t ws_bytes = size_t(32) << 20;
-  TW_CUDA_CHECK(cudaMalloc(&x, n * sizeof(bf16)));
-  TW_CUDA_CHECK(cudaMalloc(&w, n * sizeof(bf16)));
-  TW_CUDA_CHECK(cudaMalloc(&y, n * sizeof(bf16)));
-  TW_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
-  tw::bench::fill_noise_bf16(x, n, 11);
-  tw::bench::fill_noise_bf16(w, n, 12);
-  cublasLtHandle_t lt;
-  tw::bench::cublas_check(cublasLtCreate(&lt), "cublasLtCreate");
-  double us;
-  {
-    const tw::bench::LtGemm g(lt, S, S, S, ws, ws_bytes);
-    const auto make = [&](int, cudaStream_t st) { g.run(x, w, y, st); };
-    us = tw::bench::time_us(make, 1, steady_warmup(tw::bench::time_us(make, 1, 2, 3)), 30);
-  }
-  cublasLtDestroy(lt);
-  for (void* p : {(void*)x, (void*)w, (void*)y, ws}) TW_CUDA_CHECK(cudaFree(p));
-  return 2.0 * S * S * double(S) / us * 1e-6;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {

@@ -49,4 +49,29 @@ DitAttentionGraph build_dit_attention_graph(const DitAttentionShape& s, int sms)
   return g;
 }
 
+Schedule dit_chain_order(const DitAttentionGraph& g) {
+  const TileGraph& G = g.graph;
+  const Op &qkv = G.op(g.op_qkv), &att = G.op(g.op_attention), &out = G.op(g.op_o_proj);
+  const int64_t heads = att.grid_m;
+  Schedule s;
+  s.name = "dit_chain";
+  s.order.reserve(size_t(G.num_tiles()));
+  auto qkv_head = [&](int64_t h) {
+    for (int64_t which = 0; which < 3; ++which)
+      for (int64_t tm = 0; tm < qkv.grid_m; ++tm) s.order.push_back(G.tile_id(g.op_qkv, tm, which * heads + h, 0));
+  };
+  auto attention_head = [&](int64_t h) {
+    for (int64_t i = 0; i < att.grid_n; ++i) s.order.push_back(G.tile_id(g.op_attention, h, i, 0));
+  };
+  for (int64_t h = 0; h < heads; ++h) {
+    qkv_head(h);
+    if (h > 0) attention_head(h - 1);
+  }
+  attention_head(heads - 1);
+  for (int64_t tm = 0; tm < out.grid_m; ++tm)
+    for (int64_t tn = 0; tn < out.grid_n; ++tn) s.order.push_back(G.tile_id(g.op_o_proj, tm, tn, 0));
+  validate(G, s);
+  return s;
+}
+
 }  // namespace tw

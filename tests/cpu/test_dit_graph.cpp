@@ -100,6 +100,32 @@ TEST(DitGraph, ExecutorTables) {
   }
 }
 
+// The executor's default order: every tile once, after its producers (validate), the QKV tiles head
+// by head, each head's attention items after the next head's QKV tiles, the output projection last.
+TEST(DitGraph, ChainOrderHeadByHead) {
+  DitAttentionShape s;
+  s.tokens = 1000;
+  s.heads = 4;
+  const DitAttentionGraph g = build_dit_attention_graph(s, 132);
+  const TileGraph& G = g.graph;
+  const Schedule o = dit_chain_order(g);
+  ASSERT_EQ(o.order.size(), size_t(G.num_tiles()));
+  std::vector<int> pos(G.num_tiles(), -1);
+  for (size_t i = 0; i < o.order.size(); ++i) pos[o.order[i]] = int(i);
+  const int64_t rows = G.op(g.op_qkv).grid_m, items = G.op(g.op_attention).grid_n;
+  auto qkv = [&](int64_t which, int64_t h, int64_t tm) { return pos[G.tile_id(g.op_qkv, tm, which * s.heads + h, 0)]; };
+  auto att = [&](int64_t h, int64_t i) { return pos[G.tile_id(g.op_attention, h, i, 0)]; };
+  EXPECT_EQ(qkv(0, 0, 0), 0);
+  EXPECT_EQ(qkv(2, 0, rows - 1), 3 * rows - 1);  // head 0's q, k and v first
+  EXPECT_EQ(qkv(0, 1, 0), 3 * rows);
+  EXPECT_EQ(att(0, 0), 6 * rows);                 // after head 1's QKV tiles
+  EXPECT_EQ(att(0, items - 1), 6 * rows + items - 1);
+  EXPECT_EQ(qkv(0, 2, 0), 6 * rows + items);
+  EXPECT_EQ(att(3, items - 1), int(G.op(g.op_qkv).num_tiles + G.op(g.op_attention).num_tiles) - 1);
+  EXPECT_EQ(pos[G.tile_id(g.op_o_proj, 0, 0, 0)], att(3, items - 1) + 1);
+  EXPECT_NO_THROW(make_exec_plan(G, o));
+}
+
 TEST(DitGraph, CausalItemsReadTheirKeyPrefix) {
   DitAttentionShape s;
   s.tokens = 640;

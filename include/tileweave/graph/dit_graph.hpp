@@ -12,6 +12,7 @@
 
 #include "tileweave/graph/prefill_attention_graph.hpp"
 #include "tileweave/graph/tile_graph.hpp"
+#include "tileweave/order/schedule.hpp"
 
 namespace tw {
 
@@ -33,5 +34,12 @@ struct DitAttentionGraph {
 // attention's items as the op plans them on `sms` SMs (prefill_block_m / prefill_block_n).
 // InvalidArgument names a bad size.
 DitAttentionGraph build_dit_attention_graph(const DitAttentionShape& s, int sms);
+
+// The chain's default order on the executor ("dit_chain"): the QKV tiles head by head (a head's q, k
+// and v columns, each over its row tiles), the attention items of head h right after the QKV tiles of
+// head h + 1 (a wave of QKV tiles later their producers are done, so an item rarely waits holding its
+// SM), head by head (the items running together share one head's K and V in L2), then the output
+// projection row by row, which needs every head of its rows.
+Schedule dit_chain_order(const DitAttentionGraph& g);
 
 }  // namespace tw

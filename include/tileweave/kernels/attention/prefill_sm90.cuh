@@ -66,6 +66,7 @@ struct PrefillConfig {
   static_assert(!kFp8_ || (kD == 128 && kBN_ % 64 == 0 && kBN_ % kPrefillFp8KeyBlock == 0),
                 "fp8: head_dim 128, key tiles of whole 64-key V^T chunks and K scale blocks");
   static constexpr bool kFp8 = kFp8_;
+  static constexpr int kHeadDim = kD;
   static constexpr int kElem = kFp8 ? 1 : 2;  // bytes per element
   static_assert(kBN_ % 16 == 0 && kBN_ <= 256, "keys per tile: a multiple of 16, a TMA box of <= 256 rows");
   static_assert(kWGs_ == 2 || kWGs_ == 3, "two or three consumer warpgroups");
@@ -191,38 +192,52 @@ __device__ __forceinline__ bool softmax_tile(float (&s)[kBN / 2], RowState& st, 
 }  // namespace prefill_detail
 #endif
 
-template <int kD, int kBN_, int kWGs_, bool kFp8 = false>
-__global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads, 1)
-    prefill_attention_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
-                           const __grid_constant__ CUtensorMap map_v, const PrefillParams p) {
+// One work item: query rows [q_tile * kBM, + kBM) of sequence seq's query head `head` against its first
+// n_kv key tiles; k_row is the sequence's first row in the K / V tensors read (the padded ones for fp8).
+struct PrefillItem {
+  int head, q_tile, n_kv, q_begin, len_q, k_begin, len_k, k_row;
+};
+// Item w: query tile w % num_tiles of head w / num_tiles (PrefillParams::tiles).
+template <bool kFp8>
+__device__ __forceinline__ PrefillItem prefill_item(const PrefillParams& p, int w) {
+  PrefillItem it;
+  const int t = w % p.num_tiles;
+  it.head = w / p.num_tiles;
+  const int seq = p.tiles[3 * t];
+  it.q_tile = p.tiles[3 * t + 1];
+  it.n_kv = p.tiles[3 * t + 2];
+  it.q_begin = p.cu_q[seq];
+  it.len_q = p.cu_q[seq + 1] - it.q_begin;
+  it.k_begin = p.cu_k[seq];
+  it.len_k = p.cu_k[seq + 1] - it.k_begin;
+  it.k_row = kFp8 ? p.cu_k_pad[seq] : it.k_begin;
+  return it;
+}
+
+// The shared memory of the attention's tile body: Q (1024-B aligned, as the swizzle needs), the K and
+// V rings after it, and their barriers wherever the kernel keeps them (kBarrierWords words).
+template <class C>
+struct PrefillSmem {
+  static constexpr int kDataBytes = C::kQBytes + C::kStages * (C::kTileBytes + C::kVSlotBytes);
+  static constexpr int kBarrierWords = 2 + 4 * C::kStages;
+  uint8_t *sq, *sk, *sv;  // sq: [chunk][kBM rows][128 B]; sk: [stage][chunk][kBN keys][128 B]; sv: the same
+                          // (fp8: [stage][chunk][kVRows d][64 B] of V^T)
+  uint64_t *q_full, *q_empty, *k_full, *v_full, *k_empty, *v_empty;
+  __device__ PrefillSmem(uint8_t* data, uint64_t* bars)
+      : sq(data), sk(data + C::kQBytes), sv(data + C::kQBytes + C::kStages * C::kTileBytes), q_full(bars),
+        q_empty(bars + 1), k_full(bars + 2), v_full(bars + 2 + C::kStages), k_empty(bars + 2 + 2 * C::kStages),
+        v_empty(bars + 2 + 3 * C::kStages) {}
 #if TW_SM90_ENABLED
-  namespace ptx = cuda::ptx;
-  using namespace tw::sm90;
-  using namespace prefill_detail;
-  using C = PrefillConfig<kD, kBN_, kWGs_, kFp8>;
-  constexpr int kBM = C::kBM, kBN = C::kBN, kStages = C::kStages;
-
-  extern __shared__ __align__(1024) uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  uint8_t* sq = smem;                          // [chunk][128 rows][128 B]
-  uint8_t* sk = sq + C::kQBytes;               // [stage][chunk][kBN keys][128 B]
-  uint8_t* sv = sk + kStages * C::kTileBytes;  // same (fp8: [stage][chunk][kVRows d][64 B] of V^T)
-  uint64_t* q_full = reinterpret_cast<uint64_t*>(sv + kStages * C::kVSlotBytes);
-  uint64_t* q_empty = q_full + 1;
-  uint64_t* k_full = q_empty + 1;
-  uint64_t* v_full = k_full + kStages;
-  uint64_t* k_empty = v_full + kStages;
-  uint64_t* v_empty = k_empty + kStages;
-  int* s_item = reinterpret_cast<int*>(v_empty + kStages);  // the item whose Q is in sq
-  const int wg = threadIdx.x / 128;
-
-  if (threadIdx.x == 0) {
+  // One thread, before the block's first barrier.
+  __device__ void init() const {
+    namespace ptx = cuda::ptx;
+    using tw::sm90::mbar_init;
     mbar_init(q_full, 1);
-    // Every consumer thread arrives: each has read s_item, and an arrive releases only its own
-    // thread's accesses (one lane per warp after __syncwarp left compute-sanitizer's racecheck
-    // reporting the item slot's reuse as a hazard).
+    // Every consumer thread arrives: each has read the item (the standalone kernel's slot), and an
+    // arrive releases only its own thread's accesses (one lane per warp after __syncwarp left
+    // compute-sanitizer's racecheck reporting the item slot's reuse as a hazard).
     mbar_init(q_empty, C::kConsumerWarps * 32);
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < C::kStages; ++s) {
       mbar_init(&k_full[s], 1);
       mbar_init(&v_full[s], 1);
       mbar_init(&k_empty[s], C::kConsumerWarps);
@@ -230,13 +245,300 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads
     }
     ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);  // visible to the async proxy
   }
+#endif
+};
+
+#if TW_SM90_ENABLED
+// Producer, one thread: item it's Q into sq, completing on q_full (the caller has seen q_empty of the
+// item before), then its K and V tiles through the rings. k_it / v_it count the K / V tiles this
+// block has loaded so far (slot n % kStages, each slot's uses alternating parity).
+template <class C>
+__device__ __forceinline__ void prefill_load_item(const PrefillSmem<C>& sm, const PrefillParams& p, const PrefillItem& it,
+                                                  const CUtensorMap& map_q, const CUtensorMap& map_k,
+                                                  const CUtensorMap& map_v, uint32_t& k_it, uint32_t& v_it,
+                                                  uint64_t pol_q, uint64_t pol_kv) {
+  namespace ptx = cuda::ptx;
+  using namespace tw::sm90;
+  constexpr int kBM = C::kBM, kBN = C::kBN, kStages = C::kStages;
+  constexpr bool kFp8 = C::kFp8;
+  uint8_t *sq = sm.sq, *sk = sm.sk, *sv = sm.sv;
+  uint64_t *q_full = sm.q_full, *k_full = sm.k_full, *v_full = sm.v_full, *k_empty = sm.k_empty, *v_empty = sm.v_empty;
+  // Box coordinates (x, y, z) of the map; `chunks` boxes, box c at x + c * chunk_elems, chunk_bytes
+  // apart in the slot.
+  auto load = [&](uint8_t* ring, int slot_bytes, const CUtensorMap* map, uint64_t* full, uint64_t* empty, uint32_t n,
+                  int x, int y, int z, int chunks, int chunk_bytes, int chunk_elems) {
+    const uint32_t s = n % kStages;
+    if (n >= kStages) mbar_wait(&empty[s], ((n / kStages) + 1) & 1, "kv_empty");
+    ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &full[s], C::kTileBytes);
+#pragma unroll
+    for (int c = 0; c < chunks; ++c)
+      tma_load_3d(ring + s * slot_bytes + c * chunk_bytes, map, x + c * chunk_elems, y, z, &full[s], pol_kv);
+  };
+  const int kv_head = it.head / p.group;
+  ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, q_full, C::kQBytes);
+#pragma unroll
+  for (int c = 0; c < C::kChunks; ++c)
+    tma_load_3d(sq + c * kBM * 128, &map_q, c * C::kChunkElems, it.head, it.q_begin + it.q_tile * kBM, q_full,
+                pol_q);
+  // K_j is freed when S_j is done, V_j only when O += P_j V_j is, half an iteration later: K
+  // goes one tile ahead of V (K_j, then V_{j-1}) so that a late V slot never holds up a K load.
+  // V is [rows][heads][D] (bf16) or V^T [heads][D][rows] (fp8).
+  auto load_v = [&](int j) {
+    const int row = it.k_row + j * kBN;
+    load(sv, C::kVSlotBytes, &map_v, v_full, v_empty, v_it++, kFp8 ? row : 0, kFp8 ? 0 : kv_head,
+         kFp8 ? kv_head : row, C::kVChunks, C::kVChunkBytes, C::kVChunkElems);
+  };
+  for (int j = 0; j < it.n_kv; ++j) {
+    load(sk, C::kTileBytes, &map_k, k_full, k_empty, k_it++, 0, kv_head, it.k_row + j * kBN, C::kChunks,
+         kBN * 128, C::kChunkElems);
+    if (j > 0) load_v(j - 1);
+  }
+  load_v(it.n_kv - 1);
+}
+
+// Consumer warpgroup cw (0 .. kWGs - 1): its 64 query rows of item `it`, whose Q the caller has seen
+// land (q_full). Arrives on q_empty once its last S GEMM has read Q, and on the K / V slots' empty
+// barriers as it finishes with them; writes its rows of p.out (and p.lse). k_it / v_it: the K / V
+// tiles this block's consumers have taken so far.
+template <class C>
+__device__ __forceinline__ void prefill_attend_item(const PrefillSmem<C>& sm, const PrefillParams& p, const PrefillItem& it,
+                                                    int cw, uint32_t my_turn, uint32_t other_turn, uint32_t& k_it,
+                                                    uint32_t& v_it) {
+  using namespace tw::sm90;
+  using namespace prefill_detail;
+  constexpr int kD = C::kHeadDim, kBM = C::kBM, kBN = C::kBN, kStages = C::kStages;
+  constexpr bool kFp8 = C::kFp8;
+  uint8_t *sq = sm.sq, *sk = sm.sk, *sv = sm.sv;
+  uint64_t *q_empty = sm.q_empty, *k_full = sm.k_full, *v_full = sm.v_full, *k_empty = sm.k_empty,
+           *v_empty = sm.v_empty;
+  (void)sq;
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const uint64_t q_desc = make_desc_sw128(sm.sq + cw * 64 * 128);
+  const int r0 = it.q_tile * kBM + cw * 64 + warp * 16 + lane / 4;  // rows r0 and r0 + 8 of the sequence
+  const int diag = it.len_k - it.len_q;                             // causal: key <= row + diag
+  RowState st;
+  float o[C::kOAcc];
+  // The softmax's factor per row: scale * log2(e), times the rows' Q scales and the key tile's K
+  // scale for fp8 (q_sc[h] * k_scale[tile]).
+  float q_sc[2] = {p.scale_log2, p.scale_log2};
+  const int kv_head = it.head / p.group;
+  if constexpr (kFp8) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      if (r0 + 8 * h < it.len_q) q_sc[h] *= p.q_scale[int64_t(it.q_begin + r0 + 8 * h) * p.heads_q + it.head];
+  }
+  constexpr int kSB = C::kScaleBlocks;
+  const float* k_scale = kFp8 ? p.k_scale + int64_t(kv_head) * p.k_blocks + it.k_row / kPrefillFp8KeyBlock : nullptr;
+  // The tile's K scales, loaded before the waits of its tile so their latency hides under them.
+  auto k_tile_scale = [&](int j, float(&ks)[kSB]) {
+#pragma unroll
+    for (int b = 0; b < kSB; ++b) ks[b] = kFp8 ? k_scale[kSB * j + b] : 1.f;
+  };
+  auto row_scale = [&](const float(&ks)[kSB], float(&sc)[2][kSB]) {
+#pragma unroll
+    for (int b = 0; b < kSB; ++b) {
+      sc[0][b] = q_sc[0] * ks[b];
+      sc[1][b] = q_sc[1] * ks[b];
+    }
+  };
+  constexpr float kSlack = kFp8 ? kFp8Slack : kRescaleSlack, kPOffset = kFp8 ? kFp8POffset : 0.f;
+  constexpr int kPSteps = kBN * C::kElem / 32;  // PV k-steps: 16 keys (bf16) or 32 (e4m3)
+  if (it.n_kv > 0) {
+    auto issue_s = [&](float(&s)[kBN / 2], uint32_t stage) {
+      const uint64_t k_desc = make_desc_sw128(sk + stage * C::kTileBytes);
+#pragma unroll
+      for (int kk = 0; kk < C::kKSteps; ++kk) {
+        const uint32_t off_q = (kk / 4) * kBM * 128 + (kk % 4) * 32, off_k = (kk / 4) * kBN * 128 + (kk % 4) * 32;
+        if constexpr (kFp8)
+          WgmmaFp8<kBN>::mma(s, desc_add(q_desc, off_q), desc_add(k_desc, off_k), kk > 0);
+        else
+          Wgmma<kBN>::mma(s, desc_add(q_desc, off_q), desc_add(k_desc, off_k), kk > 0);
+      }
+      wgmma_commit();
+    };
+    // bf16: V [keys][D] read MN-major; fp8: V^T [D][keys] read K-major, 32 keys (32 B) a step.
+    auto issue_pv = [&](const uint32_t(&pf)[kPSteps][4], uint32_t stage, bool first) {
+      if constexpr (kFp8) {
+        const uint64_t v_desc = make_desc_sw64(sv + stage * C::kVSlotBytes);
+#pragma unroll
+        for (int kk = 0; kk < kPSteps; ++kk)
+          WgmmaFp8RS<C::kVRows>::mma(o, pf[kk], desc_add(v_desc, (kk / 2) * C::kVChunkBytes + (kk % 2) * 32),
+                                     !first || kk > 0);
+      } else {
+        const uint64_t v_desc = make_desc_sw128_mn(sv + stage * C::kTileBytes, kBN * 128);
+#pragma unroll
+        for (int kk = 0; kk < kPSteps; ++kk)
+          WgmmaRS<kD, 1>::mma(o, pf[kk], desc_add(v_desc, kk * 16 * 128), !first || kk > 0);
+      }
+      wgmma_commit();
+    };
+    // Keys of tile j that the mask hides from some row of this warpgroup: the last (ragged)
+    // tile, and under the causal mask the tiles crossing the diagonal.
+    auto mask = [&](float(&s)[kBN / 2], int j) {
+      const int first_row = it.q_tile * kBM + cw * 64;
+      const bool ragged = (j + 1) * kBN > it.len_k;
+      const bool diagonal = p.causal && (j + 1) * kBN - 1 > first_row + diag;
+      if (!ragged && !diagonal) return;
+#pragma unroll
+      for (int i = 0; i < kBN / 8; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int key = j * kBN + 8 * i + 2 * (lane % 4) + c;
+            const bool hidden = key >= it.len_k || (p.causal && key > r0 + 8 * h + diag);
+            if (hidden) s[4 * i + 2 * h + c] = -INFINITY;
+          }
+    };
+    // bf16: P's A fragments are S's accumulators packed pairwise. e4m3: register r of k-step kk
+    // holds row g + 8 (r % 2) at K positions 4t .. 4t + 3 (+16 for r >= 2, t = lane % 4), but the
+    // thread's accumulators of that row are keys 2t, 2t + 1, 2t + 8, 2t + 9 (+16): K position
+    // 4t + i stands for key 2t + (i % 2) + 8 (i / 2) of its 16, and the quantizer stores V^T's
+    // keys in that order (prefill_fp8_quant.cuh, fp8_key_position), so no shuffle is needed.
+    auto to_p = [](const float(&s)[kBN / 2], uint32_t(&pf)[kPSteps][4]) {
+#pragma unroll
+      for (int kk = 0; kk < kPSteps; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          if constexpr (kFp8) {
+            const int b = 16 * kk + 2 * (r % 2) + 8 * (r / 2);
+            pf[kk][r] = pack_e4m3(s[b], s[b + 1], s[b + 4], s[b + 5]);
+          } else {
+            pf[kk][r] = pack_bf16(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+          }
+        }
+    };
+
+    float s[kBN / 2];
+    uint32_t pf[kPSteps][4];
+    float alpha[2], sc[2][kSB], ks[kSB];
+    k_tile_scale(0, ks);
+    {
+      const uint32_t sk0 = k_it % kStages;
+      mbar_wait(&k_full[sk0], (k_it / kStages) & 1, "k_full");
+      if (C::kTurns) named_bar_sync(my_turn, 256);
+      wgmma_fence();
+      issue_s(s, sk0);
+      if (C::kTurns) named_bar_arrive(other_turn, 256);
+      wgmma_wait<0>();
+      fence_operands(s);
+      if (lane == 0) mbar_arrive(&k_empty[sk0]);
+      if (it.n_kv == 1) mbar_arrive(q_empty);  // the item's last S GEMM has read Q
+      ++k_it;
+    }
+    mask(s, 0);
+    row_scale(ks, sc);
+    softmax_tile<kBN, kSB, !kFp8>(s, st, sc, kSlack, kPOffset, alpha);
+    to_p(s, pf);
+    for (int j = 1; j < it.n_kv; ++j) {
+      const uint32_t sj = k_it % kStages, sp = v_it % kStages;
+      k_tile_scale(j, ks);
+      mbar_wait(&k_full[sj], (k_it / kStages) & 1, "k_full");
+      mbar_wait(&v_full[sp], (v_it / kStages) & 1, "v_full");
+      if (C::kTurns) named_bar_sync(my_turn, 256);
+      wgmma_fence();
+      issue_s(s, sj);
+      issue_pv(pf, sp, j == 1);
+      if (C::kTurns) named_bar_arrive(other_turn, 256);
+      wgmma_wait<1>();  // S_j done; PV_{j-1} may still run
+      fence_operands(s);
+      if (lane == 0) mbar_arrive(&k_empty[sj]);
+      if (j == it.n_kv - 1) mbar_arrive(q_empty);
+      ++k_it;
+      mask(s, j);
+      row_scale(ks, sc);
+      const bool rescale = __any_sync(0xffffffffu, softmax_tile<kBN, kSB, !kFp8>(s, st, sc, kSlack, kPOffset, alpha));
+      wgmma_wait<0>();
+      fence_operands(o);
+#pragma unroll
+      for (int kk = 0; kk < kPSteps; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) fence_operand(pf[kk][r]);  // P_{j-1} stays live until its GEMM is done
+      if (lane == 0) mbar_arrive(&v_empty[sp]);
+      ++v_it;
+      if (rescale) {
+#pragma unroll
+        for (int i = 0; i < C::kOAcc / 4; ++i) {
+          o[4 * i + 0] *= alpha[0];
+          o[4 * i + 1] *= alpha[0];
+          o[4 * i + 2] *= alpha[1];
+          o[4 * i + 3] *= alpha[1];
+        }
+      }
+      to_p(s, pf);
+    }
+    const uint32_t sl = v_it % kStages;
+    mbar_wait(&v_full[sl], (v_it / kStages) & 1, "v_full");
+    if (C::kTurns) named_bar_sync(my_turn, 256);
+    wgmma_fence();
+    issue_pv(pf, sl, it.n_kv == 1);
+    if (C::kTurns) named_bar_arrive(other_turn, 256);
+    wgmma_wait<0>();
+    fence_operands(o);
+    if (lane == 0) mbar_arrive(&v_empty[sl]);
+    ++v_it;
+  } else {
+    mbar_arrive(q_empty);
+#pragma unroll
+    for (int i = 0; i < C::kOAcc; ++i) o[i] = 0.f;
+  }
+
+  // Epilogue: rows past the sequence (the tile's overhang into the next one, or past the
+  // tensor's end) are computed but not stored.
+  const int row_stride = p.heads_q * kD;
+  // fp8: O's columns times V's channel scales (the thread's columns 8i + 2t, + 1).
+  float2 v_sc[kD / 8];
+#pragma unroll
+  for (int i = 0; i < kD / 8; ++i) {
+    v_sc[i] = make_float2(1.f, 1.f);
+    if constexpr (kFp8) {
+      const float2 a =
+          *reinterpret_cast<const float2*>(p.v_amax + int64_t(kv_head) * kD + 8 * i + 2 * (lane % 4));
+      v_sc[i] = make_float2(fp8_scale(a.x), fp8_scale(a.y));
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = r0 + 8 * h;
+    // fp8: the row sum is O's column kD + 2t, the whole row's (the GEMM summed over the keys).
+    const float l = kFp8 ? o[kD / 2 + 2 * h] : quad_sum(st.l[h]);
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    if (row >= it.len_q) continue;
+    __nv_bfloat16* dst = p.out + int64_t(it.q_begin + row) * row_stride + it.head * kD + 2 * (lane % 4);
+#pragma unroll
+    for (int i = 0; i < kD / 8; ++i)
+      *reinterpret_cast<uint32_t*>(dst + 8 * i) =
+          pack_bf16(o[4 * i + 2 * h] * inv * v_sc[i].x, o[4 * i + 2 * h + 1] * inv * v_sc[i].y);
+    if (p.lse && lane % 4 == 0)
+      p.lse[int64_t(it.head) * p.total_q + it.q_begin + row] =
+          l > 0.f ? (st.m[h] + __log2f(l) - kPOffset) * 0.69314718f : -INFINITY;
+  }
+}
+#endif
+
+template <int kD, int kBN_, int kWGs_, bool kFp8 = false>
+__global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads, 1)
+    prefill_attention_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
+                           const __grid_constant__ CUtensorMap map_v, const PrefillParams p) {
+#if TW_SM90_ENABLED
+  using namespace tw::sm90;
+  using C = PrefillConfig<kD, kBN_, kWGs_, kFp8>;
+  using Smem = PrefillSmem<C>;
+
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const Smem sm(smem, reinterpret_cast<uint64_t*>(smem + Smem::kDataBytes));
+  int* s_item = reinterpret_cast<int*>(sm.v_empty + C::kStages);  // the item whose Q is in sq
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) sm.init();
   if constexpr (kFp8) {
     // V^T's rows of ones (e4m3 1.0 = 0x38) in every chunk of every slot; any swizzle of bytes that
     // are all equal is the same. wgmma reads them through the async proxy: fence the writes.
-    constexpr int kOnes = 8 * 64 / 4, kWords = kStages * C::kVChunks * kOnes;
+    constexpr int kOnes = 8 * 64 / 4, kWords = C::kStages * C::kVChunks * kOnes;
     for (int i = threadIdx.x; i < kWords; i += blockDim.x) {
       const int chunk = i / kOnes;
-      *reinterpret_cast<uint32_t*>(sv + chunk * C::kVChunkBytes + kD * 64 + 4 * (i % kOnes)) = 0x38383838u;
+      *reinterpret_cast<uint32_t*>(sm.sv + chunk * C::kVChunkBytes + kD * 64 + 4 * (i % kOnes)) = 0x38383838u;
     }
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   }
@@ -248,25 +550,6 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads
   // is query tile w % num_tiles of head w / num_tiles, the plan's longest tiles first within a
   // head, so the blocks running side by side share a head's K/V in L2. The producer runs ahead into
   // the next item (its Q and first K/V tiles) while the consumers finish the current one.
-  struct Item {
-    int head, q_tile, n_kv, q_begin, len_q, k_begin, len_k;
-    int k_row;  // the sequence's first row in the K / V tensors read (the padded ones for fp8)
-  };
-  auto item = [&](int w) {
-    Item it;
-    const int t = w % p.num_tiles;
-    it.head = w / p.num_tiles;
-    const int seq = p.tiles[3 * t];
-    it.q_tile = p.tiles[3 * t + 1];
-    it.n_kv = p.tiles[3 * t + 2];
-    it.q_begin = p.cu_q[seq];
-    it.len_q = p.cu_q[seq + 1] - it.q_begin;
-    it.k_begin = p.cu_k[seq];
-    it.len_k = p.cu_k[seq + 1] - it.k_begin;
-    it.k_row = kFp8 ? p.cu_k_pad[seq] : it.k_begin;
-    return it;
-  };
-
   if (wg == 0) {
     setmaxnreg_dec<C::kProducerRegs>();
     if (threadIdx.x != 0) return;
@@ -274,61 +557,30 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads
     // for the blocks of the same head that run beside this one).
     const uint64_t pol_q = l2_evict_first(), pol_kv = l2_evict_last();
     uint32_t k_it = 0, v_it = 0, q_count = 0;  // K/V tiles loaded, items handed over
-    // Box coordinates (x, y, z) of the map; `chunks` boxes, box c at x + c * chunk_elems, chunk_bytes
-    // apart in the slot.
-    auto load = [&](uint8_t* ring, int slot_bytes, const CUtensorMap* map, uint64_t* full, uint64_t* empty, uint32_t n,
-                    int x, int y, int z, int chunks, int chunk_bytes, int chunk_elems) {
-      const uint32_t s = n % kStages;
-      if (n >= kStages) mbar_wait(&empty[s], ((n / kStages) + 1) & 1, "kv_empty");
-      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &full[s], C::kTileBytes);
-#pragma unroll
-      for (int c = 0; c < chunks; ++c)
-        tma_load_3d(ring + s * slot_bytes + c * chunk_bytes, map, x + c * chunk_elems, y, z, &full[s], pol_kv);
-    };
     for (;;) {
       const int w = atomicAdd(p.work_counter, 1);
       // Every block fetches until it gets past the end: the launch fetches num_work + gridDim.x
       // times, and the last fetch resets the counter for the next launch on the stream.
       if (w == p.num_work + int(gridDim.x) - 1) *p.work_counter = 0;
-      if (q_count > 0) mbar_wait(q_empty, (q_count + 1) & 1, "q_empty");
+      if (q_count > 0) mbar_wait(sm.q_empty, (q_count + 1) & 1, "q_empty");
       ++q_count;
       *s_item = w < p.num_work ? w : -1;
       if (w >= p.num_work) {
-        mbar_arrive(q_full);
+        mbar_arrive(sm.q_full);
         break;
       }
-      const Item it = item(w);
+      const PrefillItem it = prefill_item<kFp8>(p, w);
       if (it.n_kv == 0) {
-        mbar_arrive(q_full);
+        mbar_arrive(sm.q_full);
         continue;
       }
-      const int kv_head = it.head / p.group;
-      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, q_full, C::kQBytes);
-#pragma unroll
-      for (int c = 0; c < C::kChunks; ++c)
-        tma_load_3d(sq + c * kBM * 128, &map_q, c * C::kChunkElems, it.head, it.q_begin + it.q_tile * kBM, q_full,
-                    pol_q);
-      // K_j is freed when S_j is done, V_j only when O += P_j V_j is, half an iteration later: K
-      // goes one tile ahead of V (K_j, then V_{j-1}) so that a late V slot never holds up a K load.
-      // V is [rows][heads][D] (bf16) or V^T [heads][D][rows] (fp8).
-      auto load_v = [&](int j) {
-        const int row = it.k_row + j * kBN;
-        load(sv, C::kVSlotBytes, &map_v, v_full, v_empty, v_it++, kFp8 ? row : 0, kFp8 ? 0 : kv_head,
-             kFp8 ? kv_head : row, C::kVChunks, C::kVChunkBytes, C::kVChunkElems);
-      };
-      for (int j = 0; j < it.n_kv; ++j) {
-        load(sk, C::kTileBytes, &map_k, k_full, k_empty, k_it++, 0, kv_head, it.k_row + j * kBN, C::kChunks,
-             kBN * 128, C::kChunkElems);
-        if (j > 0) load_v(j - 1);
-      }
-      load_v(it.n_kv - 1);
+      prefill_load_item<C>(sm, p, it, map_q, map_k, map_v, k_it, v_it, pol_q, pol_kv);
     }
     return;
   }
 
   setmaxnreg_inc<C::kConsumerRegs>();
   const int cw = wg - 1;  // this warpgroup's 64 rows of the tile
-  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   // The consumer warpgroups take turns issuing their GEMMs (kTurns), round robin (named barrier 1 + c is
   // warpgroup c's turn: it waits on its own, then arrives on the next one's), so the tensor cores
   // run one warpgroup's GEMMs while the others compute their softmax (worth only ~1% with two at
@@ -338,214 +590,13 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads
   // opening arrive (no arrival left pending when the block ends).
   const uint32_t my_turn = 1 + cw, other_turn = 1 + (cw + 1) % C::kWGs;
   if (C::kTurns && cw == C::kWGs - 1) named_bar_arrive(1, 256);
-  const uint64_t q_desc = make_desc_sw128(sq + cw * 64 * 128);
   uint32_t k_it = 0, v_it = 0, q_count = 0;
-
   for (;;) {
-    mbar_wait(q_full, q_count & 1, "q_full");
+    mbar_wait(sm.q_full, q_count & 1, "q_full");
     ++q_count;
     const int w = *reinterpret_cast<volatile int*>(s_item);
     if (w < 0) break;
-    const Item it = item(w);
-    const int r0 = it.q_tile * kBM + cw * 64 + warp * 16 + lane / 4;  // rows r0 and r0 + 8 of the sequence
-    const int diag = it.len_k - it.len_q;                             // causal: key <= row + diag
-    RowState st;
-    float o[C::kOAcc];
-    // The softmax's factor per row: scale * log2(e), times the rows' Q scales and the key tile's K
-    // scale for fp8 (q_sc[h] * k_scale[tile]).
-    float q_sc[2] = {p.scale_log2, p.scale_log2};
-    const int kv_head = it.head / p.group;
-    if constexpr (kFp8) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        if (r0 + 8 * h < it.len_q) q_sc[h] *= p.q_scale[int64_t(it.q_begin + r0 + 8 * h) * p.heads_q + it.head];
-    }
-    constexpr int kSB = C::kScaleBlocks;
-    const float* k_scale = kFp8 ? p.k_scale + int64_t(kv_head) * p.k_blocks + it.k_row / kPrefillFp8KeyBlock : nullptr;
-    // The tile's K scales, loaded before the waits of its tile so their latency hides under them.
-    auto k_tile_scale = [&](int j, float(&ks)[kSB]) {
-#pragma unroll
-      for (int b = 0; b < kSB; ++b) ks[b] = kFp8 ? k_scale[kSB * j + b] : 1.f;
-    };
-    auto row_scale = [&](const float(&ks)[kSB], float(&sc)[2][kSB]) {
-#pragma unroll
-      for (int b = 0; b < kSB; ++b) {
-        sc[0][b] = q_sc[0] * ks[b];
-        sc[1][b] = q_sc[1] * ks[b];
-      }
-    };
-    constexpr float kSlack = kFp8 ? kFp8Slack : kRescaleSlack, kPOffset = kFp8 ? kFp8POffset : 0.f;
-    constexpr int kPSteps = kBN * C::kElem / 32;  // PV k-steps: 16 keys (bf16) or 32 (e4m3)
-    if (it.n_kv > 0) {
-      auto issue_s = [&](float(&s)[kBN / 2], uint32_t stage) {
-        const uint64_t k_desc = make_desc_sw128(sk + stage * C::kTileBytes);
-#pragma unroll
-        for (int kk = 0; kk < C::kKSteps; ++kk) {
-          const uint32_t off_q = (kk / 4) * kBM * 128 + (kk % 4) * 32, off_k = (kk / 4) * kBN * 128 + (kk % 4) * 32;
-          if constexpr (kFp8)
-            WgmmaFp8<kBN>::mma(s, desc_add(q_desc, off_q), desc_add(k_desc, off_k), kk > 0);
-          else
-            Wgmma<kBN>::mma(s, desc_add(q_desc, off_q), desc_add(k_desc, off_k), kk > 0);
-        }
-        wgmma_commit();
-      };
-      // bf16: V [keys][D] read MN-major; fp8: V^T [D][keys] read K-major, 32 keys (32 B) a step.
-      auto issue_pv = [&](const uint32_t(&pf)[kPSteps][4], uint32_t stage, bool first) {
-        if constexpr (kFp8) {
-          const uint64_t v_desc = make_desc_sw64(sv + stage * C::kVSlotBytes);
-#pragma unroll
-          for (int kk = 0; kk < kPSteps; ++kk)
-            WgmmaFp8RS<C::kVRows>::mma(o, pf[kk], desc_add(v_desc, (kk / 2) * C::kVChunkBytes + (kk % 2) * 32),
-                                       !first || kk > 0);
-        } else {
-          const uint64_t v_desc = make_desc_sw128_mn(sv + stage * C::kTileBytes, kBN * 128);
-#pragma unroll
-          for (int kk = 0; kk < kPSteps; ++kk)
-            WgmmaRS<kD, 1>::mma(o, pf[kk], desc_add(v_desc, kk * 16 * 128), !first || kk > 0);
-        }
-        wgmma_commit();
-      };
-      // Keys of tile j that the mask hides from some row of this warpgroup: the last (ragged)
-      // tile, and under the causal mask the tiles crossing the diagonal.
-      auto mask = [&](float(&s)[kBN / 2], int j) {
-        const int first_row = it.q_tile * kBM + cw * 64;
-        const bool ragged = (j + 1) * kBN > it.len_k;
-        const bool diagonal = p.causal && (j + 1) * kBN - 1 > first_row + diag;
-        if (!ragged && !diagonal) return;
-#pragma unroll
-        for (int i = 0; i < kBN / 8; ++i)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-              const int key = j * kBN + 8 * i + 2 * (lane % 4) + c;
-              const bool hidden = key >= it.len_k || (p.causal && key > r0 + 8 * h + diag);
-              if (hidden) s[4 * i + 2 * h + c] = -INFINITY;
-            }
-      };
-      // bf16: P's A fragments are S's accumulators packed pairwise. e4m3: register r of k-step kk
-      // holds row g + 8 (r % 2) at K positions 4t .. 4t + 3 (+16 for r >= 2, t = lane % 4), but the
-      // thread's accumulators of that row are keys 2t, 2t + 1, 2t + 8, 2t + 9 (+16): K position
-      // 4t + i stands for key 2t + (i % 2) + 8 (i / 2) of its 16, and the quantizer stores V^T's
-      // keys in that order (prefill_fp8_quant.cuh, fp8_key_position), so no shuffle is needed.
-      auto to_p = [](const float(&s)[kBN / 2], uint32_t(&pf)[kPSteps][4]) {
-#pragma unroll
-        for (int kk = 0; kk < kPSteps; ++kk)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            if constexpr (kFp8) {
-              const int b = 16 * kk + 2 * (r % 2) + 8 * (r / 2);
-              pf[kk][r] = pack_e4m3(s[b], s[b + 1], s[b + 4], s[b + 5]);
-            } else {
-              pf[kk][r] = pack_bf16(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
-            }
-          }
-      };
-
-      float s[kBN / 2];
-      uint32_t pf[kPSteps][4];
-      float alpha[2], sc[2][kSB], ks[kSB];
-      k_tile_scale(0, ks);
-      {
-        const uint32_t sk0 = k_it % kStages;
-        mbar_wait(&k_full[sk0], (k_it / kStages) & 1, "k_full");
-        if (C::kTurns) named_bar_sync(my_turn, 256);
-        wgmma_fence();
-        issue_s(s, sk0);
-        if (C::kTurns) named_bar_arrive(other_turn, 256);
-        wgmma_wait<0>();
-        fence_operands(s);
-        if (lane == 0) mbar_arrive(&k_empty[sk0]);
-        if (it.n_kv == 1) mbar_arrive(q_empty);  // the item's last S GEMM has read Q
-        ++k_it;
-      }
-      mask(s, 0);
-      row_scale(ks, sc);
-      softmax_tile<kBN, kSB, !kFp8>(s, st, sc, kSlack, kPOffset, alpha);
-      to_p(s, pf);
-      for (int j = 1; j < it.n_kv; ++j) {
-        const uint32_t sj = k_it % kStages, sp = v_it % kStages;
-        k_tile_scale(j, ks);
-        mbar_wait(&k_full[sj], (k_it / kStages) & 1, "k_full");
-        mbar_wait(&v_full[sp], (v_it / kStages) & 1, "v_full");
-        if (C::kTurns) named_bar_sync(my_turn, 256);
-        wgmma_fence();
-        issue_s(s, sj);
-        issue_pv(pf, sp, j == 1);
-        if (C::kTurns) named_bar_arrive(other_turn, 256);
-        wgmma_wait<1>();  // S_j done; PV_{j-1} may still run
-        fence_operands(s);
-        if (lane == 0) mbar_arrive(&k_empty[sj]);
-        if (j == it.n_kv - 1) mbar_arrive(q_empty);
-        ++k_it;
-        mask(s, j);
-        row_scale(ks, sc);
-        const bool rescale = __any_sync(0xffffffffu, softmax_tile<kBN, kSB, !kFp8>(s, st, sc, kSlack, kPOffset, alpha));
-        wgmma_wait<0>();
-        fence_operands(o);
-#pragma unroll
-        for (int kk = 0; kk < kPSteps; ++kk)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) fence_operand(pf[kk][r]);  // P_{j-1} stays live until its GEMM is done
-        if (lane == 0) mbar_arrive(&v_empty[sp]);
-        ++v_it;
-        if (rescale) {
-#pragma unroll
-          for (int i = 0; i < C::kOAcc / 4; ++i) {
-            o[4 * i + 0] *= alpha[0];
-            o[4 * i + 1] *= alpha[0];
-            o[4 * i + 2] *= alpha[1];
-            o[4 * i + 3] *= alpha[1];
-          }
-        }
-        to_p(s, pf);
-      }
-      const uint32_t sl = v_it % kStages;
-      mbar_wait(&v_full[sl], (v_it / kStages) & 1, "v_full");
-      if (C::kTurns) named_bar_sync(my_turn, 256);
-      wgmma_fence();
-      issue_pv(pf, sl, it.n_kv == 1);
-      if (C::kTurns) named_bar_arrive(other_turn, 256);
-      wgmma_wait<0>();
-      fence_operands(o);
-      if (lane == 0) mbar_arrive(&v_empty[sl]);
-      ++v_it;
-    } else {
-      mbar_arrive(q_empty);
-#pragma unroll
-      for (int i = 0; i < C::kOAcc; ++i) o[i] = 0.f;
-    }
-
-    // Epilogue: rows past the sequence (the tile's overhang into the next one, or past the
-    // tensor's end) are computed but not stored.
-    const int row_stride = p.heads_q * kD;
-    // fp8: O's columns times V's channel scales (the thread's columns 8i + 2t, + 1).
-    float2 v_sc[kD / 8];
-#pragma unroll
-    for (int i = 0; i < kD / 8; ++i) {
-      v_sc[i] = make_float2(1.f, 1.f);
-      if constexpr (kFp8) {
-        const float2 a =
-            *reinterpret_cast<const float2*>(p.v_amax + int64_t(kv_head) * kD + 8 * i + 2 * (lane % 4));
-        v_sc[i] = make_float2(fp8_scale(a.x), fp8_scale(a.y));
-      }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = r0 + 8 * h;
-      // fp8: the row sum is O's column kD + 2t, the whole row's (the GEMM summed over the keys).
-      const float l = kFp8 ? o[kD / 2 + 2 * h] : quad_sum(st.l[h]);
-      const float inv = l > 0.f ? 1.f / l : 0.f;
-      if (row >= it.len_q) continue;
-      __nv_bfloat16* dst = p.out + int64_t(it.q_begin + row) * row_stride + it.head * kD + 2 * (lane % 4);
-#pragma unroll
-      for (int i = 0; i < kD / 8; ++i)
-        *reinterpret_cast<uint32_t*>(dst + 8 * i) =
-            pack_bf16(o[4 * i + 2 * h] * inv * v_sc[i].x, o[4 * i + 2 * h + 1] * inv * v_sc[i].y);
-      if (p.lse && lane % 4 == 0)
-        p.lse[int64_t(it.head) * p.total_q + it.q_begin + row] =
-            l > 0.f ? (st.m[h] + __log2f(l) - kPOffset) * 0.69314718f : -INFINITY;
-    }
+    prefill_attend_item<C>(sm, p, prefill_item<kFp8>(p, w), cw, my_turn, other_turn, k_it, v_it);
   }
   if (C::kTurns && cw == 0) named_bar_sync(my_turn, 256);
 #else

@@ -1,0 +1,488 @@
+// The attention half of a DiT block on the tile executor (ops/dit_attention_chain.hpp): one persistent
+// kernel whose tickets are the chain's tiles, each run by its op kind.
+//
+// Roles (384 threads, one CTA per SM). Warp 0 is the executor: it takes tickets in schedule order,
+// hands each tile to the consumers through a small queue, and streams the tile's operands with TMA.
+// The two consumer warpgroups run the tile: 64 of its 128 rows each.
+//   - GEMM tiles (the QKV projection, the output projection): 128 rows x 128 columns (one head of q, k
+//     or v), K in 64-column stages through a ring (A: rows of x or of the attention's output, B: rows
+//     of the weight; wgmma m64n128k16, both K-major). The QKV epilogue adds the bias, then on q and k
+//     columns the head's RMSNorm (a quad of threads holds a row's 128 columns: one shuffle pair sums
+//     its squares) and RoPE (both elements of every rotation pair sit in one thread, for the
+//     rotate-half and the interleaved form alike), and stores bf16.
+//   - Attention items: the prefill kernel's tile body (prefill_load_item / prefill_attend_item): Q
+//     once, K and V tiles of 160 keys through their own rings, the online softmax of one key tile
+//     under the PV GEMM of the one before.
+// Shared memory: the two bodies' buffers are one 192 KiB region (the GEMM ring's six 32 KiB stages;
+// Q and two stages of K and V). Switching bodies, the producer first waits until the consumers have
+// released every stage of the other body's last round (`drain`): each slot's last use is a phase of
+// its empty barrier, and waiting for a completed phase again returns at once, so a later wait for
+// the same release (the slot's next use) is unaffected. No deadlock: the consumers release those
+// stages by finishing tiles queued before this one, which wait on nothing the producer holds back.
+//
+// Dependencies are the executor's tile counters (runtime/executor.cuh), per tile: an attention item
+// waits for its Q tile and every K and V tile of its head, an output tile for the attention items of
+// its rows. Produced data is read by TMA: writers fence the async proxy before they release, the
+// producer fences it after its acquire.
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "ffn_sm90.hpp"  // check_operand
+#include "tileweave/kernels/attention/prefill_sm90.cuh"
+#include "tileweave/ops/dit_attention_chain.hpp"
+#include "tileweave/order/orders.hpp"
+#include "tileweave/runtime/device_plan.hpp"
+#include "tileweave/runtime/exec_plan.hpp"
+#include "tileweave/runtime/executor.cuh"
+#include "tileweave/util/cuda_check.hpp"
+
+namespace tw {
+namespace dit_chain {
+namespace {
+
+using bf16 = __nv_bfloat16;
+constexpr int kHeadDim = 128;
+using AttnCfg = kernels::PrefillConfig<kHeadDim, 160, 2, false>;  // prefill_block_n / _m of the chain's shape
+using AttnSmem = kernels::PrefillSmem<AttnCfg>;
+constexpr int kThreads = 384, kConsumers = 256;
+constexpr int kTileM = 128, kTileN = 128, kStageK = 64;  // a GEMM tile; K stages of 64 columns (one 128-B row)
+constexpr int kOperandBytes = kTileM * kStageK * 2;      // A or B of a stage: 16 KiB
+constexpr int kStageBytes = 2 * kOperandBytes;
+constexpr int kRegionBytes = AttnSmem::kDataBytes;  // 192 KiB
+constexpr int kStages = kRegionBytes / kStageBytes;  // 6
+static_assert(kStages >= 2 && kTileN == kHeadDim, "a GEMM ring in the attention's region; a column tile is a head");
+constexpr int kQueue = 4;
+constexpr uint32_t kConsumerBar = 3;  // named barriers 1 and 2 are the attention's turns (prefill_sm90.cuh)
+
+// The graph's ops (build_dit_attention_graph adds them in this order).
+enum Kind : int32_t { kQkvTile = 0, kAttentionTile = 1, kOutTile = 2 };
+
+struct Maps {
+  CUtensorMap x, w_qkv, attn, w_o;  // boxes of 128 rows x 64 columns
+  CUtensorMap q, k, v;              // heads of q|k|v: boxes of 128 (q) or 160 (k, v) rows of one head
+};
+
+struct Params {
+  runtime::ExecParams ep;
+  kernels::PrefillParams attn;  // the attention's items; out = the attention's output [L, W]
+  bf16* qkv;                    // [L, 3W]
+  bf16* y;                      // [L, W]
+  const bf16 *qkv_bias, *o_bias, *q_norm, *k_norm;
+  const float* rope;  // [L, D]
+  int32_t tokens, heads, k_stages;
+  float eps;
+  int32_t rope_interleaved;
+};
+
+struct Shared {
+  uint64_t full[kStages], empty[kStages];
+  uint64_t attn_bars[AttnSmem::kBarrierWords];
+  uint64_t queue_full[kQueue], queue_empty[kQueue];
+  DeviceTile tile[kQueue];
+  int32_t id[kQueue];
+};
+
+constexpr int kSmemBytes = kRegionBytes + 1024;  // + alignment slack (the barriers are static)
+
+#if TW_SM90_ENABLED
+using namespace sm90;
+namespace ptx = cuda::ptx;
+
+__device__ __forceinline__ kernels::PrefillItem item_of(const Params& p, const DeviceTile& t) {
+  return kernels::prefill_item<false>(p.attn, t.tm * p.attn.num_tiles + t.tn);  // tm: the head, tn: the plan's tile
+}
+
+// Warp 0, all lanes (lane 0 issues; the warp polls the counters together).
+__device__ __forceinline__ void run_producer(uint8_t* region, Shared& sh, const AttnSmem& as, const Maps& maps, const Params& p,
+                             runtime::BlockSlots& slots) {
+  const int lane = threadIdx.x;
+  const uint64_t pol_gemm = l2_evict_normal(), pol_q = l2_evict_first(), pol_kv = l2_evict_last();
+  uint32_t g_it = 0;                         // GEMM stages issued
+  uint32_t k_it = 0, v_it = 0, q_count = 0;  // attention: K / V tiles loaded, items' Q loaded
+  int body = -1;                             // the body whose stages the region holds: 0 GEMM, 1 attention
+  int qs = 0;
+  uint32_t qphase = 0;
+  auto acquire = [&]() -> uint32_t {  // the next GEMM slot, once its last use has been released
+    const uint32_t s = g_it % kStages;
+    if (g_it >= kStages) mbar_wait(&sh.empty[s], ((g_it / kStages) + 1) & 1, "gemm empty");
+    ++g_it;
+    return s;
+  };
+  auto drain = [&](int old) {
+    if (old == 0) {
+      for (uint32_t n = g_it > kStages ? g_it - kStages : 0; n < g_it; ++n)
+        mbar_wait(&sh.empty[n % kStages], (n / kStages) & 1, "drain gemm");
+    } else {
+      if (q_count > 0) mbar_wait(as.q_empty, (q_count - 1) & 1, "drain q");
+      for (uint32_t n = k_it > AttnCfg::kStages ? k_it - AttnCfg::kStages : 0; n < k_it; ++n)
+        mbar_wait(&as.k_empty[n % AttnCfg::kStages], (n / AttnCfg::kStages) & 1, "drain k");
+      for (uint32_t n = v_it > AttnCfg::kStages ? v_it - AttnCfg::kStages : 0; n < v_it; ++n)
+        mbar_wait(&as.v_empty[n % AttnCfg::kStages], (n / AttnCfg::kStages) & 1, "drain v");
+    }
+  };
+  for (bool first = true;; first = false) {
+    __syncwarp();  // lane 0's prefetch (slots.next*) is visible to the warp
+    int32_t id = slots.next_id;
+    if (id >= 0 && !first && p.ep.spin_limit && *reinterpret_cast<volatile uint32_t*>(&p.ep.state->error)) id = -1;
+    const DeviceTile t = slots.next;
+    if (lane == 0) {
+      mbar_wait(&sh.queue_empty[qs], qphase ^ 1, "queue empty");
+      sh.tile[qs] = id >= 0 ? t : DeviceTile{-1, 0, 0, 0, 0, 0, 0, -1};
+      sh.id[qs] = id;
+      mbar_arrive(&sh.queue_full[qs]);  // the epoch (read before the first entry) reaches the consumers with it
+      if (id >= 0) runtime::trace_mark(p.ep, id, runtime::kTraceSm), runtime::trace_mark(p.ep, id, runtime::kTraceTaken);
+    }
+    if (++qs == kQueue) qs = 0, qphase ^= 1;
+    if (id < 0) break;
+    const int kind = t.op, next_body = kind == kAttentionTile ? 1 : 0;
+    if (lane == 0 && body >= 0 && body != next_body) drain(body);
+    body = next_body;
+    const bool ready = runtime::counters_ready_warp(p.ep, slots.epoch, t);
+    if (kind != kAttentionTile) {
+      const CUtensorMap* a_map = kind == kQkvTile ? &maps.x : &maps.attn;
+      const CUtensorMap* b_map = kind == kQkvTile ? &maps.w_qkv : &maps.w_o;
+      const int n = p.k_stages, a_row = t.tm * kTileM, b_row = t.tn * kTileN;
+      auto issue_b = [&](uint32_t s, int j) {
+        tma_load_2d(region + s * kStageBytes + kOperandBytes, b_map, j * kStageK, b_row, &sh.full[s], pol_gemm);
+      };
+      auto issue_a = [&](uint32_t s, int j) {
+        tma_load_2d(region + s * kStageBytes, a_map, j * kStageK, a_row, &sh.full[s], pol_gemm);
+      };
+      // Weights depend on nothing: while the tile's producers are not done, a ring's worth of them
+      // goes out before the wait, their activations after it.
+      const int pre = ready ? 0 : min(n, kStages);
+      const uint32_t s0 = g_it;
+      if (lane == 0)
+        for (int j = 0; j < pre; ++j) {
+          const uint32_t s = acquire();
+          ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &sh.full[s], kStageBytes);
+          issue_b(s, j);
+        }
+      if (!ready) runtime::wait_counters_warp(p.ep, slots.epoch, t);
+      if (lane == 0) {
+        runtime::trace_mark(p.ep, id, runtime::kTraceReady);
+        ptx::fence_proxy_async(ptx::space_global);  // produced activations, read by the async proxy
+        for (int j = 0; j < pre; ++j) issue_a((s0 + j) % kStages, j);
+        for (int j = pre; j < n; ++j) {
+          const uint32_t s = acquire();
+          ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &sh.full[s], kStageBytes);
+          issue_a(s, j);
+          issue_b(s, j);
+        }
+      }
+    } else {
+      if (!ready) runtime::wait_counters_warp(p.ep, slots.epoch, t);
+      if (lane == 0) {
+        runtime::trace_mark(p.ep, id, runtime::kTraceReady);
+        ptx::fence_proxy_async(ptx::space_global);  // q, k, v were written by other CTAs' stores
+        if (q_count > 0) mbar_wait(as.q_empty, (q_count - 1) & 1, "q_empty");
+        ++q_count;
+        const kernels::PrefillItem it = item_of(p, t);
+        if (it.n_kv == 0)
+          mbar_arrive(as.q_full);  // rows that see no key (none in a non-causal chain): nothing to load
+        else
+          kernels::prefill_load_item<AttnCfg>(as, p.attn, it, maps.q, maps.k, maps.v, k_it, v_it, pol_q, pol_kv);
+      }
+    }
+    // The next ticket only now: its round trips overlap the consumers working through this tile.
+    if (lane == 0) runtime::prefetch_next(p.ep, slots);
+  }
+}
+
+// One warpgroup's 64 rows of a GEMM tile: acc += A[64 rows][K] B[128 rows][K]^T over the op's stages
+// (acc zeroed by the caller: a scale-d operand that varies with the stage, beside the attention's
+// wgmmas in one kernel, made ptxas serialise every wgmma and spill 336 B).
+__device__ __forceinline__ void gemm_mainloop(uint8_t* region, Shared& sh, int cw, int n, uint32_t& g_it,
+                                              float (&acc)[64]) {
+  const bool release_lane = threadIdx.x % 32 == 0;
+  for (int j = 0; j < n; ++j, ++g_it) {
+    const uint32_t s = g_it % kStages;
+    mbar_wait(&sh.full[s], (g_it / kStages) & 1, "gemm full");
+    const uint8_t* st = region + s * kStageBytes;
+    const uint64_t a = make_desc_sw128(st + cw * 64 * 128), b = make_desc_sw128(st + kOperandBytes);
+    fence_operands(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < 4; ++k) Wgmma<kTileN>::mma(acc, desc_add(a, 32 * k), desc_add(b, 32 * k), 1);
+    wgmma_commit();
+    fence_operands(acc);
+    // This stage's wgmmas stay in flight; the previous stage's are done once at most one group is pending.
+    wgmma_wait<1>();
+    fence_operands(acc);
+    if (j > 0 && release_lane) mbar_arrive(&sh.empty[(g_it - 1) % kStages]);
+  }
+  wgmma_wait<0>();
+  fence_operands(acc);
+  if (n > 0 && release_lane) mbar_arrive(&sh.empty[(g_it - 1) % kStages]);
+}
+
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// The epilogue of a GEMM tile. Accumulator 4i + 2h + e of a thread is row 16 warp + lane / 4 + 8h of
+// its warpgroup's 64, column 8i + 2 (lane % 4) + e: the four threads of a quad hold a row's 128
+// columns, and columns c and c + 64 (i and i + 8) sit in one thread, as do 2j and 2j + 1 (e = 0, 1).
+__device__ __forceinline__ void gemm_epilogue(const Params& p, const DeviceTile& t, int cw, int ct, float (&acc)[64]) {
+  const int lane = ct % 32, warp = (ct / 32) % 4, tq = lane % 4;
+  const int W = p.heads * kHeadDim;
+  const bool qkv = t.op == kQkvTile;
+  const int which = qkv ? t.tn / p.heads : 2;  // 0 q, 1 k, 2 v (and the output projection)
+  const int col0 = t.tn * kTileN;
+  const bf16* bias = qkv ? p.qkv_bias : p.o_bias;
+  if (bias) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(bias + col0 + 8 * i + 2 * tq));
+#pragma unroll
+      for (int h = 0; h < 2; ++h) acc[4 * i + 2 * h] += b.x, acc[4 * i + 2 * h + 1] += b.y;
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = t.tm * kTileM + cw * 64 + warp * 16 + lane / 4 + 8 * h;
+    if (which < 2) {
+      // RMSNorm over the head's 128 columns (the quad's), then RoPE. Rows past L hold zeros: harmless.
+      float ss = 0.f;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) ss += acc[4 * i + 2 * h] * acc[4 * i + 2 * h] + acc[4 * i + 2 * h + 1] * acc[4 * i + 2 * h + 1];
+      const float rstd = rsqrtf(quad_sum(ss) * (1.f / kHeadDim) + p.eps);
+      const bf16* g = which == 0 ? p.q_norm : p.k_norm;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const float2 w = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(g + 8 * i + 2 * tq));
+        acc[4 * i + 2 * h] *= rstd * w.x;
+        acc[4 * i + 2 * h + 1] *= rstd * w.y;
+      }
+      if (row < p.tokens) {
+        const float* cs = p.rope + int64_t(row) * kHeadDim;  // cos of the D/2 frequencies, then sin
+        if (p.rope_interleaved) {
+#pragma unroll
+          for (int i = 0; i < 16; ++i) {  // pair (2j, 2j + 1), j = 4i + tq
+            const int j = 4 * i + tq;
+            const float c = cs[j], s = cs[kHeadDim / 2 + j];
+            const float a = acc[4 * i + 2 * h], b = acc[4 * i + 2 * h + 1];
+            acc[4 * i + 2 * h] = a * c - b * s;
+            acc[4 * i + 2 * h + 1] = b * c + a * s;
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < 8; ++i)  // pair (c, c + 64), frequency c
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int c0 = 8 * i + 2 * tq + e;
+              const float c = cs[c0], s = cs[kHeadDim / 2 + c0];
+              const float a = acc[4 * i + 2 * h + e], b = acc[4 * (i + 8) + 2 * h + e];
+              acc[4 * i + 2 * h + e] = a * c - b * s;
+              acc[4 * (i + 8) + 2 * h + e] = b * c + a * s;
+            }
+        }
+      }
+    }
+    if (row >= p.tokens) continue;
+    bf16* dst = qkv ? p.qkv + int64_t(row) * 3 * W + col0 + 2 * tq : p.y + int64_t(row) * W + col0 + 2 * tq;
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      *reinterpret_cast<__nv_bfloat162*>(dst + 8 * i) = __floats2bfloat162_rn(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+  }
+}
+
+__device__ __forceinline__ void run_consumers(uint8_t* region, Shared& sh, const AttnSmem& as, const Params& p,
+                              const runtime::BlockSlots& slots) {
+  const int cw = threadIdx.x / 128 - 1, ct = threadIdx.x - 128;
+  uint32_t g_it = 0, k_it = 0, v_it = 0, q_count = 0;
+  int qs = 0;
+  uint32_t qphase = 0;
+  const uint32_t my_turn = 1 + cw, other_turn = 1 + (cw + 1) % AttnCfg::kWGs;
+  if (AttnCfg::kTurns && cw == AttnCfg::kWGs - 1) named_bar_arrive(1, kConsumers);  // prefill_sm90.cuh's turns
+  for (;;) {
+    mbar_wait(&sh.queue_full[qs], qphase, "queue full");
+    const DeviceTile t = sh.tile[qs];
+    const int32_t id = sh.id[qs];
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) mbar_arrive(&sh.queue_empty[qs]);
+    if (++qs == kQueue) qs = 0, qphase ^= 1;
+    if (t.op < 0) break;
+    if (ct == 0) runtime::trace_mark(p.ep, id, runtime::kTraceStarted);
+    if (t.op == kAttentionTile) {
+      mbar_wait(as.q_full, q_count & 1, "q_full");
+      ++q_count;
+      kernels::prefill_attend_item<AttnCfg>(as, p.attn, item_of(p, t), cw, my_turn, other_turn, k_it, v_it);
+      if (ct == 0) runtime::trace_mark(p.ep, id, runtime::kTraceComputed);
+    } else {
+      float acc[64];
+#pragma unroll
+      for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+      gemm_mainloop(region, sh, cw, p.k_stages, g_it, acc);
+      if (ct == 0) runtime::trace_mark(p.ep, id, runtime::kTraceComputed);
+      gemm_epilogue(p, t, cw, ct, acc);
+    }
+    ptx::fence_proxy_async(ptx::space_global);  // our stores, before a TMA elsewhere reads them
+    named_bar_sync(kConsumerBar, kConsumers);
+    if (ct == 0) {
+      runtime::release_signal(p.ep, t);
+      runtime::trace_mark(p.ep, id, runtime::kTraceDone);
+    }
+  }
+  if (AttnCfg::kTurns && cw == 0) named_bar_sync(my_turn, kConsumers);
+}
+#endif  // TW_SM90_ENABLED
+
+__global__ void __launch_bounds__(kThreads, 1)
+    dit_chain_kernel(const __grid_constant__ Maps maps, const __grid_constant__ Params p) {
+#if TW_SM90_ENABLED
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  __shared__ Shared sh;
+  __shared__ runtime::BlockSlots slots;
+  uint8_t* region = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const AttnSmem as(region, sh.attn_bars);
+  if (threadIdx.x == 0) {
+    as.init();
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&sh.full[s], 1);
+      mbar_init(&sh.empty[s], kConsumers / 32);
+    }
+    for (int i = 0; i < kQueue; ++i) {
+      mbar_init(&sh.queue_full[i], 1);
+      mbar_init(&sh.queue_empty[i], kConsumers / 32);
+    }
+    ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
+    for (const CUtensorMap* m : {&maps.x, &maps.w_qkv, &maps.attn, &maps.w_o, &maps.q, &maps.k, &maps.v})
+      tma_prefetch_desc(m);
+    runtime::begin_launch(p.ep, slots);
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32;
+  if (warp < 4) {
+    setmaxnreg_dec<AttnCfg::kProducerRegs>();
+    if (warp == 0) run_producer(region, sh, as, maps, p, slots);
+  } else {
+    setmaxnreg_inc<AttnCfg::kConsumerRegs>();
+    run_consumers(region, sh, as, p, slots);
+  }
+  runtime::end_launch(p.ep, slots);
+#elif defined(__CUDA_ARCH__)
+  __trap();  // built for a target without wgmma: the host never dispatches here
+#endif
+}
+
+[[noreturn]] void bad(const std::string& what) { throw InvalidArgument("dit attention chain: " + what); }
+
+// Heads of one of q, k, v in q|k|v [L][3W]: dims {D, heads, L}, rows 3W apart; boxes of box_rows rows.
+CUtensorMap head_map(const bf16* base, int64_t tokens, int heads, uint32_t box_rows, const char* what) {
+  const cuuint64_t dims[3] = {uint64_t(kHeadDim), uint64_t(heads), uint64_t(tokens)};
+  const cuuint64_t strides[2] = {uint64_t(kHeadDim) * 2, uint64_t(3 * heads * kHeadDim) * 2};
+  const cuuint32_t box[3] = {64, 1, box_rows};
+  return sm90::detail::encode_tiled(base, 3, dims, strides, box, true, std::string("dit chain ") + what);
+}
+
+}  // namespace
+}  // namespace dit_chain
+
+DitAttentionChain::DitAttentionChain(const DitAttentionShape& shape, const DitChainOptions& opt)
+    : shape_(shape), opt_(opt) {
+  using namespace dit_chain;
+  if (shape_.head_dim != kHeadDim) bad("head_dim " + std::to_string(shape_.head_dim) + ": the chain runs head_dim 128");
+  if (shape_.causal) bad("causal: the chain runs the non-causal attention of diffusion transformers");
+  if (shape_.fp8) bad("fp8: the chain runs bf16 (PrefillAttention has the e4m3 path)");
+  if (!(opt_.eps > 0.f)) bad("eps " + std::to_string(opt_.eps) + " must be > 0");
+  int dev = 0, major = 0, minor = 0;
+  TW_CUDA_CHECK(cudaGetDevice(&dev));
+  TW_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  TW_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  if (major != 9 || minor != 0)
+    throw CudaError("dit attention chain runs on sm_90a (Hopper); this device is sm_" + std::to_string(major) +
+                    std::to_string(minor));
+  TW_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev));
+  g_ = build_dit_attention_graph(shape_, sms_);  // validates tokens and heads
+  sched_ = opt_.order.empty() ? dit_chain_order(g_) : make_order(g_.graph, opt_.order);
+  const std::vector<int> cu = {0, int(shape_.tokens)};
+  const std::vector<PrefillTile> tiles = plan_prefill_tiles(g_.attention, cu, {}, AttnCfg::kBN, AttnCfg::kBM);
+  if (int64_t(tiles.size()) != g_.graph.op(g_.op_attention).grid_n || prefill_block_n(g_.attention) != AttnCfg::kBN)
+    bad("the graph's attention items are not the kernel's (" + std::to_string(tiles.size()) + " tiles of " +
+        std::to_string(AttnCfg::kBN) + " keys)");
+  num_attn_tiles_ = int(tiles.size());
+  plan_ = std::make_unique<runtime::DevicePlan>(make_exec_plan(g_.graph, sched_), 2);
+
+  const size_t L = size_t(shape_.tokens), W = size_t(shape_.heads) * kHeadDim;
+  TW_CUDA_CHECK(cudaMalloc(&qkv_, L * 3 * W * sizeof(bf16)));
+  TW_CUDA_CHECK(cudaMalloc(&attn_, L * W * sizeof(bf16)));
+  TW_CUDA_CHECK(cudaMalloc(&d_cu_, 2 * sizeof(int)));
+  TW_CUDA_CHECK(cudaMalloc(&d_tiles_, tiles.size() * 3 * sizeof(int)));
+  std::vector<int> flat;
+  for (const PrefillTile& t : tiles) flat.insert(flat.end(), {t.seq, t.q_tile, t.kv_tiles});
+  TW_CUDA_CHECK(cudaMemcpy(d_cu_, cu.data(), 2 * sizeof(int), cudaMemcpyHostToDevice));
+  TW_CUDA_CHECK(cudaMemcpy(d_tiles_, flat.data(), flat.size() * sizeof(int), cudaMemcpyHostToDevice));
+  static const bool attr_set = [] {
+    TW_CUDA_CHECK(cudaFuncSetAttribute(dit_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    return true;
+  }();
+  (void)attr_set;
+}
+
+DitAttentionChain::~DitAttentionChain() {
+  cudaFree(qkv_);
+  cudaFree(attn_);
+  cudaFree(d_cu_);
+  cudaFree(d_tiles_);
+}
+
+double DitAttentionChain::flops() const {
+  const double L = double(shape_.tokens), W = double(shape_.heads) * shape_.head_dim;
+  return 2 * L * 3 * W * W + 4 * L * L * W + 2 * L * W * W;
+}
+
+uint32_t DitAttentionChain::error() const { return plan_->error(); }
+
+void DitAttentionChain::run(const DitChainTensors& t, cudaStream_t stream) const {
+  using namespace dit_chain;
+  const char* op = "dit attention chain";
+  for (const auto& [ptr, name] : {std::pair<const void*, const char*>{t.x, "x"}, {t.w_qkv, "w_qkv"}, {t.w_o, "w_o"}, {t.y, "y"}})
+    ffn_sm90::check_operand(op, ptr, name);
+  for (const auto& [ptr, name] : {std::pair<const void*, const char*>{t.q_norm, "q_norm"}, {t.k_norm, "k_norm"}, {t.rope, "rope"}})
+    if (!ptr) bad(std::string(name) + " is null");
+  for (const auto& [ptr, name] : {std::pair<const void*, const char*>{t.q_norm, "q_norm"}, {t.k_norm, "k_norm"},
+                                  {t.qkv_bias, "qkv_bias"}, {t.o_bias, "o_bias"}, {t.rope, "rope"}})
+    if (reinterpret_cast<uintptr_t>(ptr) % 4) bad(std::string(name) + " is not 4-byte aligned");
+  const int64_t L = shape_.tokens, W = int64_t(shape_.heads) * kHeadDim;
+  Maps m;
+  m.x = sm90::make_tensor_map_bf16(t.x, uint64_t(L), uint64_t(W), kTileM, true);
+  m.w_qkv = sm90::make_tensor_map_bf16(t.w_qkv, uint64_t(3 * W), uint64_t(W), kTileN, true);
+  m.attn = sm90::make_tensor_map_bf16(attn_, uint64_t(L), uint64_t(W), kTileM, true);
+  m.w_o = sm90::make_tensor_map_bf16(t.w_o, uint64_t(W), uint64_t(W), kTileN, true);
+  m.q = head_map(qkv_, L, shape_.heads, AttnCfg::kBM, "q");
+  m.k = head_map(qkv_ + W, L, shape_.heads, AttnCfg::kBN, "k");
+  m.v = head_map(qkv_ + 2 * W, L, shape_.heads, AttnCfg::kBN, "v");
+  Params p{};
+  p.ep = plan_->params(opt_.spin_limit);
+  p.attn.cu_q = p.attn.cu_k = d_cu_;
+  p.attn.tiles = d_tiles_;
+  p.attn.num_tiles = num_attn_tiles_;
+  p.attn.num_work = num_attn_tiles_ * shape_.heads;
+  p.attn.heads_q = shape_.heads;
+  p.attn.group = 1;
+  p.attn.causal = 0;
+  p.attn.total_q = int(L);
+  p.attn.scale_log2 = 1.4426950408889634f / std::sqrt(float(kHeadDim));
+  p.attn.out = attn_;
+  p.qkv = qkv_;
+  p.y = t.y;
+  p.qkv_bias = t.qkv_bias;
+  p.o_bias = t.o_bias;
+  p.q_norm = t.q_norm;
+  p.k_norm = t.k_norm;
+  p.rope = t.rope;
+  p.tokens = int(L);
+  p.heads = shape_.heads;
+  p.k_stages = int(W / kStageK);
+  p.eps = opt_.eps;
+  p.rope_interleaved = opt_.rope_interleaved ? 1 : 0;
+  runtime::launch_kernel(dit_chain_kernel, dim3(sms_), dim3(kThreads), kSmemBytes, stream, false, m, p);
+}
+
+}  // namespace tw
