@@ -4,7 +4,9 @@
 // sum is a lower bound on any unfused form built from them) -- with the bf16 GEMM peak and the read
 // floor. bench/dit_chain_torch.py times PyTorch eager and torch.compile on the same cases and merges
 // them in (speedup_vs_compile, the issue's bar).
-//   bench_dit_chain [--cases H:L,...] [--reps N] [--out DIR]
+//   bench_dit_chain [--cases H:L,...] [--reps N] [--out DIR] [--trace]
+//     --trace: after the timed runs, one traced launch per case; each op's tiles, span, mean tile time
+//     and mean wait for producers (the JSON row gets them as "timeline")
 //     rows op "dit_attention_chain" (d = 128) merged into DIR/dit_attention.json (DIR:
 //     $TW_RESULTS_DIR/<gpu> or bench/results/<gpu>), beside bench_dit_attention's rows.
 #include <cuda_bf16.h>
@@ -20,6 +22,7 @@
 
 #include "cublas_baseline.cuh"
 #include "harness.cuh"
+#include "step_bench.cuh"
 #include "tileweave/ops/dit_attention_chain.hpp"
 #include "tileweave/ops/prefill_attention.hpp"
 
@@ -50,14 +53,16 @@ __global__ void fill_rope(float* t, int64_t L, int D) {
 int main(int argc, char** argv) {
   using namespace tw::bench;
   int reps = 20;
+  bool trace = false;
   std::string out_dir, cases_arg;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--cases" && i + 1 < argc) cases_arg = argv[++i];
     else if (a == "--reps" && i + 1 < argc) reps = parse_counts(argv[++i], "--reps")[0];
     else if (a == "--out" && i + 1 < argc) out_dir = argv[++i];
+    else if (a == "--trace") trace = true;
     else {
-      std::fprintf(stderr, "usage: bench_dit_chain [--cases H:L,...] [--reps N] [--out DIR]\n");
+      std::fprintf(stderr, "usage: bench_dit_chain [--cases H:L,...] [--reps N] [--out DIR] [--trace]\n");
       return 2;
     }
   }
@@ -96,7 +101,7 @@ int main(int argc, char** argv) {
     tw::DitAttentionShape s;
     s.tokens = L;
     s.heads = c.H;
-    const tw::DitAttentionChain chain(s);
+    tw::DitAttentionChain chain(s);
     bf16 *x, *wq, *wo, *y, *qkv, *q, *k, *v, *att, *qn, *kn;
     float* rope;
     for (auto [p, n] : {std::pair<bf16**, int64_t>{&x, L * W}, {&wq, 3 * W * W}, {&wo, W * W}, {&y, L * W}, {&qkv, L * 3 * W},
@@ -133,6 +138,11 @@ int main(int argc, char** argv) {
                 {"speedup_vs_parts", parts / us}};
     std::printf("%-4d %-6d %10.1f %8.0f %12.1f %12.1f %12.1f %9.3fx\n", c.H, c.L, us, chain.flops() / us * 1e-6, qkv_us,
                 att_us, o_us, parts / us);
+    if (trace) {
+      chain.enable_trace();
+      chain.run(t, nullptr);
+      row["timeline"] = op_timeline(chain.plan(), chain.graph().graph)["ops"];
+    }
     rows.push_back(std::move(row));
     for (void* p : {(void*)x, (void*)wq, (void*)wo, (void*)y, (void*)qkv, (void*)q, (void*)k, (void*)v, (void*)att,
                     (void*)qn, (void*)kn, (void*)rope})

@@ -30,13 +30,15 @@ DitAttentionGraph build_dit_attention_graph(const DitAttentionShape& s, int sms)
   g.w_o = G.add_tensor("w_o", W, W, 2, TensorRole::Weight);
   g.y = G.add_tensor("y", L, W, 2, TensorRole::Output);
 
-  // QKV: a column tile per head of q, k or v; q and k tiles also read their norm's weights and the
-  // RoPE rows of their tokens in the epilogue.
-  const Tiling qkv_t{std::min<int64_t>(128, L), D, 64, 1, {}};
+  // QKV: a column tile holds two heads of q|k|v (kDitHeadsPerTile), each whole in it, so the epilogue
+  // normalizes and rotates a head inside the tile that computes it; tiles holding q or k heads also
+  // read the norms' weights and the RoPE rows of their tokens.
+  const int64_t hpt = kDitHeadsPerTile;
+  const Tiling qkv_t{std::min<int64_t>(128, L), hpt * D, 64, 1, {}};
   g.op_qkv = G.add_gemm_ex("qkv", OpKind::Gemm, g.x, g.w_qkv, g.qkv, qkv_t, {}, {}, [&](Tile& t) {
-    const int64_t which = t.tn / s.heads;  // 0 q, 1 k, 2 v
-    if (which > 1) return;
-    t.reads.push_back({g.qk_norm, which, which + 1, 0, D});
+    const int64_t first = t.tn * hpt / s.heads, last = std::min<int64_t>(3 * s.heads - 1, t.tn * hpt + hpt - 1) / s.heads;
+    if (first > 1) return;  // v heads only
+    t.reads.push_back({g.qk_norm, first, std::min<int64_t>(last, 1) + 1, 0, D});
     t.reads.push_back({g.rope, t.tm * qkv_t.bm, std::min(L, (t.tm + 1) * qkv_t.bm), 0, D});
   });
   PrefillAttentionTensorIds ids;
@@ -45,29 +47,35 @@ DitAttentionGraph build_dit_attention_graph(const DitAttentionShape& s, int sms)
   ids.out = g.attn;
   g.op_attention = G.add_prefill_attention("attention", g.attention, cu, {}, prefill_block_m(g.attention, cu, sms),
                                            prefill_block_n(g.attention), ids);
-  g.op_o_proj = G.add_gemm("o_proj", g.attn, g.w_o, g.y, Tiling{std::min<int64_t>(128, L), std::min<int64_t>(128, W), 64, 1, {}});
+  g.op_o_proj = G.add_gemm("o_proj", g.attn, g.w_o, g.y, Tiling{std::min<int64_t>(128, L), std::min(hpt * D, W), 64, 1, {}});
   return g;
 }
 
 Schedule dit_chain_order(const DitAttentionGraph& g) {
   const TileGraph& G = g.graph;
   const Op &qkv = G.op(g.op_qkv), &att = G.op(g.op_attention), &out = G.op(g.op_o_proj);
-  const int64_t heads = att.grid_m;
+  const int64_t heads = att.grid_m, hpt = qkv.tiling.bn / att.tiling.bn;  // heads per QKV column tile
   Schedule s;
   s.name = "dit_chain";
   s.order.reserve(size_t(G.num_tiles()));
-  auto qkv_head = [&](int64_t h) {
-    for (int64_t which = 0; which < 3; ++which)
-      for (int64_t tm = 0; tm < qkv.grid_m; ++tm) s.order.push_back(G.tile_id(g.op_qkv, tm, which * heads + h, 0));
+  std::vector<char> queued(size_t(qkv.grid_n), 0);
+  auto qkv_head = [&](int64_t h) {  // the column tiles holding head h's q, k and v not queued yet
+    for (int64_t which = 0; which < 3; ++which) {
+      const int64_t tn = (which * heads + h) / hpt;
+      if (queued[tn]) continue;
+      queued[tn] = 1;
+      for (int64_t tm = 0; tm < qkv.grid_m; ++tm) s.order.push_back(G.tile_id(g.op_qkv, tm, tn, 0));
+    }
   };
   auto attention_head = [&](int64_t h) {
     for (int64_t i = 0; i < att.grid_n; ++i) s.order.push_back(G.tile_id(g.op_attention, h, i, 0));
   };
+  // Head h's items follow the QKV tiles of the column group after its own (h + hpt).
   for (int64_t h = 0; h < heads; ++h) {
     qkv_head(h);
-    if (h > 0) attention_head(h - 1);
+    if (h >= hpt) attention_head(h - hpt);
   }
-  attention_head(heads - 1);
+  for (int64_t h = std::max<int64_t>(0, heads - hpt); h < heads; ++h) attention_head(h);
   for (int64_t tm = 0; tm < out.grid_m; ++tm)
     for (int64_t tn = 0; tn < out.grid_n; ++tn) s.order.push_back(G.tile_id(g.op_o_proj, tm, tn, 0));
   validate(G, s);

@@ -4,16 +4,16 @@
 // Roles (384 threads, one CTA per SM). Warp 0 is the executor: it takes tickets in schedule order,
 // hands each tile to the consumers through a small queue, and streams the tile's operands with TMA.
 // The two consumer warpgroups run the tile: 64 of its 128 rows each.
-//   - GEMM tiles (the QKV projection, the output projection): 128 rows x 128 columns (one head of q, k
-//     or v), K in 64-column stages through a ring (A: rows of x or of the attention's output, B: rows
-//     of the weight; wgmma m64n128k16, both K-major). The QKV epilogue adds the bias, then on q and k
-//     columns the head's RMSNorm (a quad of threads holds a row's 128 columns: one shuffle pair sums
-//     its squares) and RoPE (both elements of every rotation pair sit in one thread, for the
-//     rotate-half and the interleaved form alike), and stores bf16.
+//   - GEMM tiles (the QKV projection, the output projection): 128 rows x 256 columns (two heads of
+//     q|k|v, graph/dit_graph.hpp), K in 64-column stages through a ring (A: rows of x or of the
+//     attention's output, B: rows of the weight; wgmma m64n256k16, both K-major). The QKV epilogue
+//     adds the bias, then on q and k heads the head's RMSNorm (a quad of threads holds a row's
+//     columns: one shuffle pair sums a head's squares) and RoPE (both elements of every rotation pair
+//     sit in one thread, for the rotate-half and the interleaved form alike), and stores bf16.
 //   - Attention items: the prefill kernel's tile body (prefill_load_item / prefill_attend_item): Q
 //     once, K and V tiles of 160 keys through their own rings, the online softmax of one key tile
 //     under the PV GEMM of the one before.
-// Shared memory: the two bodies' buffers are one 192 KiB region (the GEMM ring's six 32 KiB stages;
+// Shared memory: the two bodies' buffers are one 192 KiB region (the GEMM ring's four 48 KiB stages;
 // Q and two stages of K and V). Switching bodies, the producer first waits until the consumers have
 // released every stage of the other body's last round (`drain`): each slot's last use is a phase of
 // its empty barrier, and waiting for a completed phase again returns at once, so a later wait for
@@ -49,12 +49,14 @@ constexpr int kHeadDim = 128;
 using AttnCfg = kernels::PrefillConfig<kHeadDim, 160, 2, false>;  // prefill_block_n / _m of the chain's shape
 using AttnSmem = kernels::PrefillSmem<AttnCfg>;
 constexpr int kThreads = 384, kConsumers = 256;
-constexpr int kTileM = 128, kTileN = 128, kStageK = 64;  // a GEMM tile; K stages of 64 columns (one 128-B row)
-constexpr int kOperandBytes = kTileM * kStageK * 2;      // A or B of a stage: 16 KiB
-constexpr int kStageBytes = 2 * kOperandBytes;
+constexpr int kHeadsPerTile = kDitHeadsPerTile;
+constexpr int kTileM = 128, kTileN = kHeadsPerTile * kHeadDim, kStageK = 64;  // a GEMM tile; K stages of 64 columns
+constexpr int kABytes = kTileM * kStageK * 2, kBBytes = kTileN * kStageK * 2;  // a stage's A (16 KiB) and B (32 KiB)
+constexpr int kStageBytes = kABytes + kBBytes;
+constexpr int kAcc = kTileN / 2;                    // accumulators a consumer thread (m64nN)
 constexpr int kRegionBytes = AttnSmem::kDataBytes;  // 192 KiB
-constexpr int kStages = kRegionBytes / kStageBytes;  // 6
-static_assert(kStages >= 2 && kTileN == kHeadDim, "a GEMM ring in the attention's region; a column tile is a head");
+constexpr int kStages = kRegionBytes / kStageBytes;  // 4
+static_assert(kStages >= 2 && kStageBytes % 1024 == 0, "a GEMM ring in the attention's region, stages 1024-B aligned");
 constexpr int kQueue = 4;
 constexpr uint32_t kConsumerBar = 3;  // named barriers 1 and 2 are the attention's turns (prefill_sm90.cuh)
 
@@ -62,8 +64,9 @@ constexpr uint32_t kConsumerBar = 3;  // named barriers 1 and 2 are the attentio
 enum Kind : int32_t { kQkvTile = 0, kAttentionTile = 1, kOutTile = 2 };
 
 struct Maps {
-  CUtensorMap x, w_qkv, attn, w_o;  // boxes of 128 rows x 64 columns
+  CUtensorMap x, w_qkv, attn, w_o;  // boxes of 128 (activations) or 256 (weights) rows x 64 columns
   CUtensorMap q, k, v;              // heads of q|k|v: boxes of 128 (q) or 160 (k, v) rows of one head
+  CUtensorMap qkv_out, y_out;       // the GEMMs' outputs, stored in boxes of 128 rows x 64 columns
 };
 
 struct Params {
@@ -84,9 +87,15 @@ struct Shared {
   uint64_t queue_full[kQueue], queue_empty[kQueue];
   DeviceTile tile[kQueue];
   int32_t id[kQueue];
+  float norm[2][kHeadDim];  // the q and k RMSNorm weights, loaded once (the epilogue reads them every row)
 };
 
-constexpr int kSmemBytes = kRegionBytes + 1024;  // + alignment slack (the barriers are static)
+// The GEMM epilogue's staging: one head's 128 x 128 bf16 outputs as two 64-column boxes of the output's
+// tensor map (128-B swizzle), stored by TMA.
+constexpr int kStagingBytes = kTileM * kHeadDim * 2;
+// No alignment slack: with the static barriers and queue (3 KiB) this is the SM's 227 KiB exactly; the
+// kernel checks that the dynamic base is 1024-B aligned (the swizzle needs it).
+constexpr int kSmemBytes = kRegionBytes + kStagingBytes;
 
 #if TW_SM90_ENABLED
 using namespace sm90;
@@ -147,7 +156,7 @@ __device__ __forceinline__ void run_producer(uint8_t* region, Shared& sh, const 
       const CUtensorMap* b_map = kind == kQkvTile ? &maps.w_qkv : &maps.w_o;
       const int n = p.k_stages, a_row = t.tm * kTileM, b_row = t.tn * kTileN;
       auto issue_b = [&](uint32_t s, int j) {
-        tma_load_2d(region + s * kStageBytes + kOperandBytes, b_map, j * kStageK, b_row, &sh.full[s], pol_gemm);
+        tma_load_2d(region + s * kStageBytes + kABytes, b_map, j * kStageK, b_row, &sh.full[s], pol_gemm);
       };
       auto issue_a = [&](uint32_t s, int j) {
         tma_load_2d(region + s * kStageBytes, a_map, j * kStageK, a_row, &sh.full[s], pol_gemm);
@@ -193,17 +202,17 @@ __device__ __forceinline__ void run_producer(uint8_t* region, Shared& sh, const 
   }
 }
 
-// One warpgroup's 64 rows of a GEMM tile: acc += A[64 rows][K] B[128 rows][K]^T over the op's stages
+// One warpgroup's 64 rows of a GEMM tile: acc += A[64 rows][K] B[kTileN rows][K]^T over the op's stages
 // (acc zeroed by the caller: a scale-d operand that varies with the stage, beside the attention's
 // wgmmas in one kernel, made ptxas serialise every wgmma and spill 336 B).
 __device__ __forceinline__ void gemm_mainloop(uint8_t* region, Shared& sh, int cw, int n, uint32_t& g_it,
-                                              float (&acc)[64]) {
+                                              float (&acc)[kAcc]) {
   const bool release_lane = threadIdx.x % 32 == 0;
   for (int j = 0; j < n; ++j, ++g_it) {
     const uint32_t s = g_it % kStages;
     mbar_wait(&sh.full[s], (g_it / kStages) & 1, "gemm full");
     const uint8_t* st = region + s * kStageBytes;
-    const uint64_t a = make_desc_sw128(st + cw * 64 * 128), b = make_desc_sw128(st + kOperandBytes);
+    const uint64_t a = make_desc_sw128(st + cw * 64 * 128), b = make_desc_sw128(st + kABytes);
     fence_operands(acc);
     wgmma_fence();
 #pragma unroll
@@ -226,79 +235,119 @@ __device__ __forceinline__ float quad_sum(float v) {
 }
 
 // The epilogue of a GEMM tile. Accumulator 4i + 2h + e of a thread is row 16 warp + lane / 4 + 8h of
-// its warpgroup's 64, column 8i + 2 (lane % 4) + e: the four threads of a quad hold a row's 128
-// columns, and columns c and c + 64 (i and i + 8) sit in one thread, as do 2j and 2j + 1 (e = 0, 1).
-__device__ __forceinline__ void gemm_epilogue(const Params& p, const DeviceTile& t, int cw, int ct, float (&acc)[64]) {
+// its warpgroup's 64, column 8i + 2 (lane % 4) + e: the four threads of a quad hold a row's columns,
+// head `half` in i = 16 half .. 16 half + 15; within a head, columns c and c + 64 (i and i + 8) sit in
+// one thread, as do 2j and 2j + 1 (e = 0, 1).
+// Measured (H200, Qwen-Image's width at L = 4608, tile timelines): with the pairs stored from registers
+// (4- or 16-byte stores alike) and the norm weights and RoPE rows read as scalars from global memory, a
+// QKV tile's epilogue took 12.8 us of its 51.7 (the output projection's 8.1 of 53.8): the stores and
+// the release behind them ~7 us, the norm and RoPE ~5. A head's outputs now go through shared memory
+// and leave by TMA; the norm weights come from shared memory, the RoPE rows as float2 from the
+// read-only path.
+__device__ __forceinline__ void gemm_epilogue(const Params& p, const Maps& maps, const Shared& sh, uint8_t* staging,
+                                              const DeviceTile& t, int cw, int ct, float (&acc)[kAcc]) {
   const int lane = ct % 32, warp = (ct / 32) % 4, tq = lane % 4;
   const int W = p.heads * kHeadDim;
   const bool qkv = t.op == kQkvTile;
-  const int which = qkv ? t.tn / p.heads : 2;  // 0 q, 1 k, 2 v (and the output projection)
-  const int col0 = t.tn * kTileN;
+  const int heads = qkv ? 3 * p.heads : p.heads;  // head columns of the output
   const bf16* bias = qkv ? p.qkv_bias : p.o_bias;
-  if (bias) {
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(bias + col0 + 8 * i + 2 * tq));
-#pragma unroll
-      for (int h = 0; h < 2; ++h) acc[4 * i + 2 * h] += b.x, acc[4 * i + 2 * h + 1] += b.y;
-    }
-  }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = t.tm * kTileM + cw * 64 + warp * 16 + lane / 4 + 8 * h;
-    if (which < 2) {
-      // RMSNorm over the head's 128 columns (the quad's), then RoPE. Rows past L hold zeros: harmless.
-      float ss = 0.f;
-#pragma unroll
-      for (int i = 0; i < 16; ++i) ss += acc[4 * i + 2 * h] * acc[4 * i + 2 * h] + acc[4 * i + 2 * h + 1] * acc[4 * i + 2 * h + 1];
-      const float rstd = rsqrtf(quad_sum(ss) * (1.f / kHeadDim) + p.eps);
-      const bf16* g = which == 0 ? p.q_norm : p.k_norm;
+  for (int half = 0; half < kHeadsPerTile; ++half) {
+    const int hc = t.tn * kHeadsPerTile + half;  // the head column: q 0 .. H - 1, k H .., v 2H ..
+    if (hc >= heads) break;                      // the last tile's empty half
+    const int which = qkv ? hc / p.heads : 2;    // 0 q, 1 k, 2 v (and the output projection)
+    const int col0 = hc * kHeadDim;
+    float* a = acc + half * (kAcc / kHeadsPerTile);  // this head's 64 accumulators
+    if (bias) {
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
-        const float2 w = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(g + 8 * i + 2 * tq));
-        acc[4 * i + 2 * h] *= rstd * w.x;
-        acc[4 * i + 2 * h + 1] *= rstd * w.y;
+        const float2 b = __bfloat1622float2(__ldg(reinterpret_cast<const __nv_bfloat162*>(bias + col0 + 8 * i + 2 * tq)));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) a[4 * i + 2 * h] += b.x, a[4 * i + 2 * h + 1] += b.y;
       }
-      if (row < p.tokens) {
-        const float* cs = p.rope + int64_t(row) * kHeadDim;  // cos of the D/2 frequencies, then sin
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = t.tm * kTileM + cw * 64 + warp * 16 + lane / 4 + 8 * h;
+      if (which < 2) {
+        // The token's RoPE row (rows past L read row L - 1): D/2 cosines, then sines.
+        const float* cs = p.rope + int64_t(min(row, p.tokens - 1)) * kHeadDim;
+        // RMSNorm over the head's 128 columns (the quad's).
+        float ss = 0.f;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) ss += a[4 * i + 2 * h] * a[4 * i + 2 * h] + a[4 * i + 2 * h + 1] * a[4 * i + 2 * h + 1];
+        const float rstd = rsqrtf(quad_sum(ss) * (1.f / kHeadDim) + p.eps);
+        const float* g = sh.norm[which];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          const float2 w = *reinterpret_cast<const float2*>(g + 8 * i + 2 * tq);
+          a[4 * i + 2 * h] *= rstd * w.x;
+          a[4 * i + 2 * h + 1] *= rstd * w.y;
+        }
         if (p.rope_interleaved) {
 #pragma unroll
           for (int i = 0; i < 16; ++i) {  // pair (2j, 2j + 1), j = 4i + tq
             const int j = 4 * i + tq;
-            const float c = cs[j], s = cs[kHeadDim / 2 + j];
-            const float a = acc[4 * i + 2 * h], b = acc[4 * i + 2 * h + 1];
-            acc[4 * i + 2 * h] = a * c - b * s;
-            acc[4 * i + 2 * h + 1] = b * c + a * s;
+            const float c = __ldg(cs + j), s = __ldg(cs + kHeadDim / 2 + j);
+            const float x = a[4 * i + 2 * h], y = a[4 * i + 2 * h + 1];
+            a[4 * i + 2 * h] = x * c - y * s;
+            a[4 * i + 2 * h + 1] = y * c + x * s;
           }
         } else {
 #pragma unroll
-          for (int i = 0; i < 8; ++i)  // pair (c, c + 64), frequency c
+          for (int i = 0; i < 8; ++i) {  // pair (c, c + 64), frequency c = 8i + 2tq + e
+            const float2 co = __ldg(reinterpret_cast<const float2*>(cs + 8 * i + 2 * tq));
+            const float2 si = __ldg(reinterpret_cast<const float2*>(cs + kHeadDim / 2 + 8 * i + 2 * tq));
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              const int c0 = 8 * i + 2 * tq + e;
-              const float c = cs[c0], s = cs[kHeadDim / 2 + c0];
-              const float a = acc[4 * i + 2 * h + e], b = acc[4 * (i + 8) + 2 * h + e];
-              acc[4 * i + 2 * h + e] = a * c - b * s;
-              acc[4 * (i + 8) + 2 * h + e] = b * c + a * s;
+              const float c = e ? co.y : co.x, s = e ? si.y : si.x;
+              const float x = a[4 * i + 2 * h + e], y = a[4 * (i + 8) + 2 * h + e];
+              a[4 * i + 2 * h + e] = x * c - y * s;
+              a[4 * (i + 8) + 2 * h + e] = y * c + x * s;
             }
+          }
         }
       }
     }
-    if (row >= p.tokens) continue;
-    bf16* dst = qkv ? p.qkv + int64_t(row) * 3 * W + col0 + 2 * tq : p.y + int64_t(row) * W + col0 + 2 * tq;
+    // The head's 128 x 128 into the staging (two boxes of 64 columns, 128-B swizzle: 16-byte chunk j of
+    // row r at j ^ (r % 8); a warp's stores of one i cover 8 rows' distinct chunks: no bank conflicts),
+    // then one thread stores them by TMA. The staging is free once the previous head's store has read it.
+    if (half > 0) {
+      if (ct == 0) bulk_wait_read<0>();
+      named_bar_sync(kConsumerBar, kConsumers);
+    }
 #pragma unroll
-    for (int i = 0; i < 16; ++i)
-      *reinterpret_cast<__nv_bfloat162*>(dst + 8 * i) = __floats2bfloat162_rn(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+    for (int h = 0; h < 2; ++h) {
+      const int r = cw * 64 + warp * 16 + lane / 4 + 8 * h;  // row in the tile
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        uint8_t* dst = staging + (i / 8) * (kStagingBytes / 2) + r * 128 + (((i % 8) ^ (r % 8)) * 16) + tq * 4;
+        *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(a[4 * i + 2 * h], a[4 * i + 2 * h + 1]);
+      }
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // our staging writes, before the TMA reads them
+    named_bar_sync(kConsumerBar, kConsumers);
+    if (ct == 0) {
+      const CUtensorMap* map = qkv ? &maps.qkv_out : &maps.y_out;
+      tma_store_2d(map, col0, t.tm * kTileM, staging);
+      tma_store_2d(map, col0 + 64, t.tm * kTileM, staging + kStagingBytes / 2);
+      bulk_commit();
+    }
   }
+  if (ct == 0) bulk_wait<0>();  // the outputs are written (the release that follows publishes them)
 }
 
-__device__ __forceinline__ void run_consumers(uint8_t* region, Shared& sh, const AttnSmem& as, const Params& p,
-                              const runtime::BlockSlots& slots) {
+__device__ __forceinline__ void run_consumers(uint8_t* region, Shared& sh, const AttnSmem& as, const Maps& maps,
+                                              const Params& p, const runtime::BlockSlots& slots) {
+  uint8_t* staging = region + kRegionBytes;
   const int cw = threadIdx.x / 128 - 1, ct = threadIdx.x - 128;
   uint32_t g_it = 0, k_it = 0, v_it = 0, q_count = 0;
   int qs = 0;
   uint32_t qphase = 0;
   const uint32_t my_turn = 1 + cw, other_turn = 1 + (cw + 1) % AttnCfg::kWGs;
+  for (int i = ct; i < 2 * kHeadDim; i += kConsumers)
+    sh.norm[i / kHeadDim][i % kHeadDim] = __bfloat162float((i < kHeadDim ? p.q_norm : p.k_norm)[i % kHeadDim]);
+  named_bar_sync(kConsumerBar, kConsumers);
   if (AttnCfg::kTurns && cw == AttnCfg::kWGs - 1) named_bar_arrive(1, kConsumers);  // prefill_sm90.cuh's turns
   for (;;) {
     mbar_wait(&sh.queue_full[qs], qphase, "queue full");
@@ -315,12 +364,12 @@ __device__ __forceinline__ void run_consumers(uint8_t* region, Shared& sh, const
       kernels::prefill_attend_item<AttnCfg>(as, p.attn, item_of(p, t), cw, my_turn, other_turn, k_it, v_it);
       if (ct == 0) runtime::trace_mark(p.ep, id, runtime::kTraceComputed);
     } else {
-      float acc[64];
+      float acc[kAcc];
 #pragma unroll
-      for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+      for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
       gemm_mainloop(region, sh, cw, p.k_stages, g_it, acc);
       if (ct == 0) runtime::trace_mark(p.ep, id, runtime::kTraceComputed);
-      gemm_epilogue(p, t, cw, ct, acc);
+      gemm_epilogue(p, maps, sh, staging, t, cw, ct, acc);
     }
     ptx::fence_proxy_async(ptx::space_global);  // our stores, before a TMA elsewhere reads them
     named_bar_sync(kConsumerBar, kConsumers);
@@ -339,7 +388,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   __shared__ Shared sh;
   __shared__ runtime::BlockSlots slots;
-  uint8_t* region = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* region = smem_raw;
+  if (reinterpret_cast<uintptr_t>(region) % 1024) __trap();  // see kSmemBytes
   const AttnSmem as(region, sh.attn_bars);
   if (threadIdx.x == 0) {
     as.init();
@@ -352,7 +402,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(&sh.queue_empty[i], kConsumers / 32);
     }
     ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
-    for (const CUtensorMap* m : {&maps.x, &maps.w_qkv, &maps.attn, &maps.w_o, &maps.q, &maps.k, &maps.v})
+    for (const CUtensorMap* m : {&maps.x, &maps.w_qkv, &maps.attn, &maps.w_o, &maps.q, &maps.k, &maps.v, &maps.qkv_out, &maps.y_out})
       tma_prefetch_desc(m);
     runtime::begin_launch(p.ep, slots);
   }
@@ -363,7 +413,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (warp == 0) run_producer(region, sh, as, maps, p, slots);
   } else {
     setmaxnreg_inc<AttnCfg::kConsumerRegs>();
-    run_consumers(region, sh, as, p, slots);
+    run_consumers(region, sh, as, maps, p, slots);
   }
   runtime::end_launch(p.ep, slots);
 #elif defined(__CUDA_ARCH__)
@@ -438,6 +488,7 @@ double DitAttentionChain::flops() const {
 }
 
 uint32_t DitAttentionChain::error() const { return plan_->error(); }
+void DitAttentionChain::enable_trace() { plan_->enable_trace(); }
 
 void DitAttentionChain::run(const DitChainTensors& t, cudaStream_t stream) const {
   using namespace dit_chain;
@@ -452,12 +503,14 @@ void DitAttentionChain::run(const DitChainTensors& t, cudaStream_t stream) const
   const int64_t L = shape_.tokens, W = int64_t(shape_.heads) * kHeadDim;
   Maps m;
   m.x = sm90::make_tensor_map_bf16(t.x, uint64_t(L), uint64_t(W), kTileM, true);
-  m.w_qkv = sm90::make_tensor_map_bf16(t.w_qkv, uint64_t(3 * W), uint64_t(W), kTileN, true);
+  m.w_qkv = sm90::make_tensor_map_bf16(t.w_qkv, uint64_t(3 * W), uint64_t(W), kTileN, true);  // rows past 3W: zeros
   m.attn = sm90::make_tensor_map_bf16(attn_, uint64_t(L), uint64_t(W), kTileM, true);
   m.w_o = sm90::make_tensor_map_bf16(t.w_o, uint64_t(W), uint64_t(W), kTileN, true);
   m.q = head_map(qkv_, L, shape_.heads, AttnCfg::kBM, "q");
   m.k = head_map(qkv_ + W, L, shape_.heads, AttnCfg::kBN, "k");
   m.v = head_map(qkv_ + 2 * W, L, shape_.heads, AttnCfg::kBN, "v");
+  m.qkv_out = sm90::make_tensor_map_bf16(qkv_, uint64_t(L), uint64_t(3 * W), kTileM, false);
+  m.y_out = sm90::make_tensor_map_bf16(t.y, uint64_t(L), uint64_t(W), kTileM, false);
   Params p{};
   p.ep = plan_->params(opt_.spin_limit);
   p.attn.cu_q = p.attn.cu_k = d_cu_;

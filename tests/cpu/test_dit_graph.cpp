@@ -26,13 +26,13 @@ TEST(DitGraph, TilesAndDependencies) {
   const Op& att = G.op(g.op_attention);
   const Op& out = G.op(g.op_o_proj);
   EXPECT_EQ(qkv.grid_m, 8);
-  EXPECT_EQ(qkv.grid_n, 12);  // q, k, v of 4 heads: a column tile per head
+  EXPECT_EQ(qkv.grid_n, 6);  // q, k, v of 4 heads: a column tile per two heads
   EXPECT_EQ(att.kind, OpKind::PrefillAttention);
   EXPECT_EQ(att.num_tiles, 8 * 4);  // 128-row items x heads
-  EXPECT_EQ(out.num_tiles, 8 * 4);  // 1000 x 512 in 128 x 128
+  EXPECT_EQ(out.num_tiles, 8 * 2);  // 1000 x 512 in 128 x 256
   for (int id = qkv.first_tile; id < qkv.first_tile + qkv.num_tiles; ++id) {
     const Tile& t = G.tile(id);
-    const bool norm_rope = t.tn < 2 * s.heads;  // q and k heads read the norm weights and RoPE rows
+    const bool norm_rope = t.tn < s.heads;  // tiles of q and k heads read the norm weights and RoPE rows
     const auto reads_tensor = [&](int tensor) {
       return std::any_of(t.reads.begin(), t.reads.end(), [&](const Region& r) { return r.tensor == tensor; });
     };
@@ -56,8 +56,8 @@ TEST(DitGraph, TilesAndDependencies) {
     for (int d : t.deps) EXPECT_EQ(G.tile(d).op, g.op_qkv);
     int q = 0, k = 0, v = 0;
     for (int d : t.deps) {
-      const int64_t col = G.tile(d).tn;
-      q += col == t.tm, k += col == s.heads + t.tm, v += col == 2 * s.heads + t.tm;
+      const int64_t col = G.tile(d).tn;  // two heads a tile
+      q += col == t.tm / 2, k += col == (s.heads + t.tm) / 2, v += col == (2 * s.heads + t.tm) / 2;
     }
     EXPECT_EQ(q, 1);
     EXPECT_EQ(k, 8);
@@ -101,29 +101,41 @@ TEST(DitGraph, ExecutorTables) {
 }
 
 // The executor's default order: every tile once, after its producers (validate), the QKV tiles head
-// by head, each head's attention items after the next head's QKV tiles, the output projection last.
+// by head (two heads a column tile), each head's attention items after the next column group's QKV
+// tiles, the output projection last. An odd head count too (a tile holding q of one head and k of
+// another, a last tile half empty).
 TEST(DitGraph, ChainOrderHeadByHead) {
-  DitAttentionShape s;
-  s.tokens = 1000;
-  s.heads = 4;
-  const DitAttentionGraph g = build_dit_attention_graph(s, 132);
-  const TileGraph& G = g.graph;
-  const Schedule o = dit_chain_order(g);
-  ASSERT_EQ(o.order.size(), size_t(G.num_tiles()));
-  std::vector<int> pos(G.num_tiles(), -1);
-  for (size_t i = 0; i < o.order.size(); ++i) pos[o.order[i]] = int(i);
-  const int64_t rows = G.op(g.op_qkv).grid_m, items = G.op(g.op_attention).grid_n;
-  auto qkv = [&](int64_t which, int64_t h, int64_t tm) { return pos[G.tile_id(g.op_qkv, tm, which * s.heads + h, 0)]; };
-  auto att = [&](int64_t h, int64_t i) { return pos[G.tile_id(g.op_attention, h, i, 0)]; };
-  EXPECT_EQ(qkv(0, 0, 0), 0);
-  EXPECT_EQ(qkv(2, 0, rows - 1), 3 * rows - 1);  // head 0's q, k and v first
-  EXPECT_EQ(qkv(0, 1, 0), 3 * rows);
-  EXPECT_EQ(att(0, 0), 6 * rows);                 // after head 1's QKV tiles
-  EXPECT_EQ(att(0, items - 1), 6 * rows + items - 1);
-  EXPECT_EQ(qkv(0, 2, 0), 6 * rows + items);
-  EXPECT_EQ(att(3, items - 1), int(G.op(g.op_qkv).num_tiles + G.op(g.op_attention).num_tiles) - 1);
-  EXPECT_EQ(pos[G.tile_id(g.op_o_proj, 0, 0, 0)], att(3, items - 1) + 1);
-  EXPECT_NO_THROW(make_exec_plan(G, o));
+  for (int heads : {4, 3}) {
+    SCOPED_TRACE(heads);
+    DitAttentionShape s;
+    s.tokens = 1000;
+    s.heads = heads;
+    const DitAttentionGraph g = build_dit_attention_graph(s, 132);
+    const TileGraph& G = g.graph;
+    const Schedule o = dit_chain_order(g);
+    ASSERT_EQ(o.order.size(), size_t(G.num_tiles()));
+    std::vector<int> pos(G.num_tiles(), -1);
+    for (size_t i = 0; i < o.order.size(); ++i) pos[o.order[i]] = int(i);
+    const Op& qkv = G.op(g.op_qkv);
+    const int64_t rows = qkv.grid_m, items = G.op(g.op_attention).grid_n;
+    EXPECT_EQ(qkv.grid_n, (3 * heads + 1) / 2);
+    auto qkv_pos = [&](int64_t col, int64_t tm) { return pos[G.tile_id(g.op_qkv, tm, col / 2, 0)]; };
+    auto att = [&](int64_t h, int64_t i) { return pos[G.tile_id(g.op_attention, h, i, 0)]; };
+    EXPECT_EQ(qkv_pos(0, 0), 0);  // head 0's q tile first
+    for (int64_t h = 0; h < heads; ++h) {
+      int last_producer = -1, next_group = -1;
+      for (int64_t which = 0; which < 3; ++which)
+        for (int64_t tm = 0; tm < rows; ++tm) {
+          last_producer = std::max(last_producer, qkv_pos(which * heads + h, tm));
+          if (h + 2 < heads) next_group = std::max(next_group, qkv_pos(which * heads + h + 2, tm));
+        }
+      EXPECT_GT(att(h, 0), last_producer);
+      EXPECT_GT(att(h, 0), next_group);  // a column group later
+      for (int64_t i = 1; i < items; ++i) EXPECT_EQ(att(h, i), att(h, 0) + i);  // a head's items together
+    }
+    EXPECT_EQ(pos[G.tile_id(g.op_o_proj, 0, 0, 0)], int(qkv.num_tiles + G.op(g.op_attention).num_tiles));
+    EXPECT_NO_THROW(make_exec_plan(G, o));
+  }
 }
 
 TEST(DitGraph, CausalItemsReadTheirKeyPrefix) {

@@ -2,10 +2,10 @@
 // side): x [L, W] -> QKV projection, whose epilogue normalizes q and k per head (RMSNorm over the
 // head dim) and rotates them (RoPE from a table of the tokens' frequencies, so the 2-D / 3-D
 // variants of image and video models fit) -> attention -> output projection [L, W]. A QKV column
-// tile is one head of q, k or v (bn = head dim), so the epilogue's per-head norm and rotation stay
-// inside the tile that computes the head: K is normalized and rotated once, by its producer, not
+// tile holds whole heads of q|k|v, so the epilogue's per-head norm and rotation stay inside the tile
+// that computes the head: K is normalized and rotated once, by its producer, not
 // once per consumer. The traffic model replays it (`tileweave sim --dit HxL`, `tileweave graph --dit
-// HxL` for the fusion report); the GPU executor is to run the same graph.
+// HxL` for the fusion report); DitAttentionChain (ops/dit_attention_chain.hpp) runs the same graph.
 #pragma once
 
 #include <cstdint>
@@ -30,16 +30,18 @@ struct DitAttentionGraph {
   PrefillAttentionShape attention;  // the attention op's shape
 };
 
-// GEMM tiles 128 x head_dim x 64 for the QKV projection and 128 x 128 x 64 for the output one; the
-// attention's items as the op plans them on `sms` SMs (prefill_block_m / prefill_block_n).
+// GEMM tiles of 128 rows x kDitHeadsPerTile heads (K steps of 64) for both projections (the last
+// column tile may be half empty); the attention's items as the op plans them on `sms` SMs
+// (prefill_block_m / prefill_block_n).
+constexpr int kDitHeadsPerTile = 2;
 // InvalidArgument names a bad size.
 DitAttentionGraph build_dit_attention_graph(const DitAttentionShape& s, int sms);
 
-// The chain's default order on the executor ("dit_chain"): the QKV tiles head by head (a head's q, k
-// and v columns, each over its row tiles), the attention items of head h right after the QKV tiles of
-// head h + 1 (a wave of QKV tiles later their producers are done, so an item rarely waits holding its
-// SM), head by head (the items running together share one head's K and V in L2), then the output
-// projection row by row, which needs every head of its rows.
+// The chain's default order on the executor ("dit_chain"): the QKV tiles head by head (the column
+// tiles holding a head's q, k and v, each over its row tiles), the attention items of head h right
+// after the QKV tiles of the next column group (head h + kDitHeadsPerTile: by then their producers are
+// done, so an item rarely waits holding its SM), head by head (the items running together share one
+// head's K and V in L2), then the output projection row by row, which needs every head of its rows.
 Schedule dit_chain_order(const DitAttentionGraph& g);
 
 }  // namespace tw

@@ -68,6 +68,9 @@ class DitAttentionChain {
   const __nv_bfloat16* qkv() const { return qkv_; }
   const __nv_bfloat16* attention_out() const { return attn_; }
   double flops() const;  // the two GEMMs' and the attention's (4 L^2 D H)
+  // Tile timelines (DevicePlan::enable_trace): each later launch records every tile's; plan().read_trace().
+  void enable_trace();
+  const runtime::DevicePlan& plan() const { return *plan_; }
   uint32_t error() const;  // synchronises; nonzero if a bounded wait expired (spin_limit)
 
  private:
