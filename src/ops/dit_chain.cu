@@ -109,7 +109,13 @@ __device__ __forceinline__ kernels::PrefillItem item_of(const Params& p, const D
 __device__ __forceinline__ void run_producer(uint8_t* region, Shared& sh, const AttnSmem& as, const Maps& maps, const Params& p,
                              runtime::BlockSlots& slots) {
   const int lane = threadIdx.x;
-  const uint64_t pol_gemm = l2_evict_normal(), pol_q = l2_evict_first(), pol_kv = l2_evict_last();
+  // L2 policies. The QKV projection re-reads x for every column tile over the whole op, and a column
+  // tile's weight rows only while its row tiles run (dit_chain_order takes them together): x
+  // evict_last, W_qkv evict_first (H200, A/B in one call, two rounds: L = 4608 1119 -> 1097 us,
+  // 8704 2915 -> 2802 against both normal; W evict_first alone: no clear change). K and V are read by
+  // every item of the head (evict_last), Q by one (evict_first).
+  const uint64_t pol_x = l2_evict_last(), pol_w = l2_evict_first(), pol_gemm = l2_evict_normal();
+  const uint64_t pol_q = l2_evict_first(), pol_kv = l2_evict_last();
   uint32_t g_it = 0;                         // GEMM stages issued
   uint32_t k_it = 0, v_it = 0, q_count = 0;  // attention: K / V tiles loaded, items' Q loaded
   int body = -1;                             // the body whose stages the region holds: 0 GEMM, 1 attention
@@ -156,10 +162,10 @@ __device__ __forceinline__ void run_producer(uint8_t* region, Shared& sh, const 
       const CUtensorMap* b_map = kind == kQkvTile ? &maps.w_qkv : &maps.w_o;
       const int n = p.k_stages, a_row = t.tm * kTileM, b_row = t.tn * kTileN;
       auto issue_b = [&](uint32_t s, int j) {
-        tma_load_2d(region + s * kStageBytes + kABytes, b_map, j * kStageK, b_row, &sh.full[s], pol_gemm);
+        tma_load_2d(region + s * kStageBytes + kABytes, b_map, j * kStageK, b_row, &sh.full[s], kind == kQkvTile ? pol_w : pol_gemm);
       };
       auto issue_a = [&](uint32_t s, int j) {
-        tma_load_2d(region + s * kStageBytes, a_map, j * kStageK, a_row, &sh.full[s], pol_gemm);
+        tma_load_2d(region + s * kStageBytes, a_map, j * kStageK, a_row, &sh.full[s], kind == kQkvTile ? pol_x : pol_gemm);
       };
       // Weights depend on nothing: while the tile's producers are not done, a ring's worth of them
       // goes out before the wait, their activations after it.
@@ -247,7 +253,6 @@ __device__ __forceinline__ float quad_sum(float v) {
 __device__ __forceinline__ void gemm_epilogue(const Params& p, const Maps& maps, const Shared& sh, uint8_t* staging,
                                               const DeviceTile& t, int cw, int ct, float (&acc)[kAcc]) {
   const int lane = ct % 32, warp = (ct / 32) % 4, tq = lane % 4;
-  const int W = p.heads * kHeadDim;
   const bool qkv = t.op == kQkvTile;
   const int heads = qkv ? 3 * p.heads : p.heads;  // head columns of the output
   const bf16* bias = qkv ? p.qkv_bias : p.o_bias;
