@@ -262,12 +262,7 @@ int main(int argc, char** argv) {
   // dit_attention_torch.py, whose speedup is recomputed against the new time), other cases stay.
   std::filesystem::create_directories(out_dir);
   const std::filesystem::path path = std::filesystem::path(out_dir) / "dit_attention.json";
-  json doc = json::object();
-  if (std::ifstream in(path); in) {
-    doc = json::parse(in, nullptr, false);
-    if (!doc.is_object()) doc = json::object();
-  }
-  if (!doc.contains("cases") || !doc["cases"].is_array()) doc["cases"] = json::array();
+  json doc = read_result_doc(path);
   doc["gpu"] = gpu.prop.name;
   doc["date"] = utc_now();
   doc["gemm_peak_tflops"] = peak;

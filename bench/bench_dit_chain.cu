@@ -155,12 +155,7 @@ int main(int argc, char** argv) {
   // Merge into dit_attention.json: this op's cases replaced, every other row kept.
   std::filesystem::create_directories(out_dir);
   const std::filesystem::path path = std::filesystem::path(out_dir) / "dit_attention.json";
-  json doc = json::object();
-  if (std::ifstream in(path); in) {
-    doc = json::parse(in, nullptr, false);
-    if (!doc.is_object()) doc = json::object();
-  }
-  if (!doc.contains("cases") || !doc["cases"].is_array()) doc["cases"] = json::array();
+  json doc = read_result_doc(path);
   doc["chain_gpu"] = gpu.prop.name;
   doc["chain_date"] = utc_now();
   doc["chain_gemm_peak_tflops"] = peak;

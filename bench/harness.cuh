@@ -310,6 +310,18 @@ inline std::vector<int> parse_counts(const std::string& s, const char* what) {
   return out;
 }
 
+// A result file to merge this run's cases into: its JSON object, with a "cases" array (an empty one
+// where the file is missing or holds no object).
+inline nlohmann::ordered_json read_result_doc(const std::filesystem::path& path) {
+  nlohmann::ordered_json doc = nlohmann::ordered_json::object();
+  if (std::ifstream in(path); in) {
+    doc = nlohmann::ordered_json::parse(in, nullptr, false);
+    if (!doc.is_object()) doc = nlohmann::ordered_json::object();
+  }
+  if (!doc.contains("cases") || !doc["cases"].is_array()) doc["cases"] = nlohmann::ordered_json::array();
+  return doc;
+}
+
 inline std::string utc_now() {
   std::time_t t = std::time(nullptr);
   char buf[32];

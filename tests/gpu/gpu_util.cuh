@@ -28,6 +28,21 @@ inline bool have_gpu() {
     if (!::tw::test::have_gpu()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU test skipped"; \
   } while (0)
 
+// Compute capability 9.0 exactly (sm_90a: wgmma, setmaxnreg), not merely a GPU.
+inline bool have_sm90a() {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  TW_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  TW_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  return major == 9 && minor == 0;
+}
+// Skips a test of an sm_90a-only op (`what`) elsewhere.
+#define TW_REQUIRE_SM90A(what)                                                                            \
+  do {                                                                                                    \
+    TW_REQUIRE_GPU();                                                                                     \
+    if (!::tw::test::have_sm90a()) GTEST_SKIP() << what << " is sm_90a only: not a compute capability 9.0 GPU"; \
+  } while (0)
+
 // A fresh seed per call (from the test's random device) unless TW_TEST_SEED pins one.
 inline uint64_t fresh_seed() {
   if (const char* s = std::getenv("TW_TEST_SEED")) return std::strtoull(s, nullptr, 10);

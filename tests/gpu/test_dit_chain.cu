@@ -23,19 +23,6 @@ using tw::test::DeviceBuffer;
 using tw::test::HostBf16;
 using bf16 = __nv_bfloat16;
 
-bool have_sm90a() {
-  int dev = 0, major = 0, minor = 0;
-  TW_CUDA_CHECK(cudaGetDevice(&dev));
-  TW_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  TW_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  return major == 9 && minor == 0;
-}
-#define TW_REQUIRE_SM90A()                                                                            \
-  do {                                                                                                \
-    TW_REQUIRE_GPU();                                                                                 \
-    if (!have_sm90a()) GTEST_SKIP() << "the DiT chain is sm_90a only: not a compute capability 9.0 GPU"; \
-  } while (0)
-
 constexpr int kD = 128;
 double round_bf16(double v) { return double(__bfloat162float(__float2bfloat16(float(v)))); }
 
@@ -188,18 +175,18 @@ void run_case(const ChainCase& c, uint64_t seed) {
 }
 
 TEST(DitChain, MatchesReferenceOddLength) {
-  TW_REQUIRE_SM90A();
+  TW_REQUIRE_SM90A("the DiT chain");
   run_case({333, 3}, tw::test::fresh_seed());  // 3 row tiles, the last of 77 rows; 3 key tiles, the last of 13
 }
 
 TEST(DitChain, MatchesReferenceInterleavedRopeNoBias) {
-  TW_REQUIRE_SM90A();
+  TW_REQUIRE_SM90A("the DiT chain");
   ChainCase c{1000, 4, true, false};
   run_case(c, tw::test::fresh_seed());
 }
 
 TEST(DitChain, MatchesReferenceShortAndAnotherOrder) {
-  TW_REQUIRE_SM90A();
+  TW_REQUIRE_SM90A("the DiT chain");
   run_case({77, 2}, tw::test::fresh_seed());  // fewer tokens than one tile
   ChainCase c{300, 2};
   c.order = "row_major";  // op by op: every topological order runs
@@ -207,7 +194,7 @@ TEST(DitChain, MatchesReferenceShortAndAnotherOrder) {
 }
 
 TEST(DitChain, BadInputIsRefused) {
-  TW_REQUIRE_SM90A();
+  TW_REQUIRE_SM90A("the DiT chain");
   DitAttentionShape s;
   s.tokens = 256;
   s.heads = 2;

@@ -25,18 +25,6 @@ using namespace tw;
 using tw::test::DeviceBuffer;
 using bf16 = __nv_bfloat16;
 
-bool have_sm90a() {
-  int dev = 0, major = 0, minor = 0;
-  TW_CUDA_CHECK(cudaGetDevice(&dev));
-  TW_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  TW_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  return major == 9 && minor == 0;
-}
-#define TW_REQUIRE_SM90A()                                                                                \
-  do {                                                                                                    \
-    TW_REQUIRE_GPU();                                                                                     \
-    if (!have_sm90a()) GTEST_SKIP() << "prefill attention is sm_90a only: not a compute capability 9.0 GPU"; \
-  } while (0)
 
 __device__ inline uint64_t mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -262,7 +250,7 @@ TEST_P(PrefillAttentionTest, MatchesReference) {
   if (c.mainloop == "sm80") {
     TW_REQUIRE_GPU();
   } else {
-    TW_REQUIRE_SM90A();
+    TW_REQUIRE_SM90A("prefill attention");
   }
   const uint64_t seed = tw::test::fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed) + " (TW_TEST_SEED reruns it)");
@@ -359,12 +347,12 @@ void check_graph_matches_stream(const Case& c) {
 }
 
 TEST(PrefillAttention, CudaGraphMatchesStream) {
-  TW_REQUIRE_SM90A();
+  TW_REQUIRE_SM90A("prefill attention");
   check_graph_matches_stream({"Graph", {1, 200, 777, 130}, {}, 64, 8, 2, true});
 }
 
 TEST(PrefillAttention, Fp8CudaGraphMatchesStream) {
-  TW_REQUIRE_SM90A();
+  TW_REQUIRE_SM90A("prefill attention");
   Case c{"Fp8Graph", {1, 200, 777, 130}, {}, 128, 8, 2, true};
   c.fp8 = true;
   c.outlier = 4.f;
@@ -392,7 +380,7 @@ TEST(PrefillAttention, BadInputThrowsBeforeLaunch) {
     EXPECT_THROW(PrefillAttention(m, {0, 128}), InvalidArgument);
   }
 
-  TW_REQUIRE_SM90A();
+  TW_REQUIRE_SM90A("prefill attention");
   const PrefillAttention op(s, {0, 128});
   const size_t n = size_t(128) * s.num_q_heads * s.head_dim;
   DeviceBuffer<bf16> q(n), k(n), v(n), out(n);
