@@ -9,7 +9,8 @@
 //     attention's output, B: rows of the weight; wgmma m64n256k16, both K-major). The QKV epilogue
 //     adds the bias, then on q and k heads the head's RMSNorm (a quad of threads holds a row's
 //     columns: one shuffle pair sums a head's squares) and RoPE (both elements of every rotation pair
-//     sit in one thread, for the rotate-half and the interleaved form alike), and stores bf16.
+//     sit in one thread, for the rotate-half and the interleaved form alike); the bf16 outputs leave
+//     through a staging buffer by TMA stores.
 //   - Attention items: the prefill kernel's tile body (prefill_load_item / prefill_attend_item): Q
 //     once, K and V tiles of 160 keys through their own rings, the online softmax of one key tile
 //     under the PV GEMM of the one before.
