@@ -73,8 +73,6 @@ struct Maps {
 struct Params {
   runtime::ExecParams ep;
   kernels::PrefillParams attn;  // the attention's items; out = the attention's output [L, W]
-  bf16* qkv;                    // [L, 3W]
-  bf16* y;                      // [L, W]
   const bf16 *qkv_bias, *o_bias, *q_norm, *k_norm;
   const float* rope;  // [L, D]
   int32_t tokens, heads, k_stages;
@@ -122,22 +120,25 @@ __device__ __forceinline__ void run_producer(uint8_t* region, Shared& sh, const 
   int body = -1;                             // the body whose stages the region holds: 0 GEMM, 1 attention
   int qs = 0;
   uint32_t qphase = 0;
-  auto acquire = [&]() -> uint32_t {  // the next GEMM slot, once its last use has been released
-    const uint32_t s = g_it % kStages;
-    if (g_it >= kStages) mbar_wait(&sh.empty[s], ((g_it / kStages) + 1) & 1, "gemm empty");
-    ++g_it;
-    return s;
+  // Use n of a ring of `stages` slots is slot n % stages; its release is phase n / stages of the
+  // slot's empty barrier.
+  auto released = [](uint64_t* empty, uint32_t n, uint32_t stages) {
+    mbar_wait(&empty[n % stages], (n / stages) & 1, "released");
   };
-  auto drain = [&](int old) {
+  auto acquire = [&]() -> uint32_t {  // the next GEMM slot, once its last use has been released
+    if (g_it >= kStages) released(sh.empty, g_it - kStages, kStages);
+    return g_it++ % kStages;
+  };
+  auto drain = [&](int old) {  // every slot's last use of the old body released
+    auto last_uses = [&](uint64_t* empty, uint32_t uses, uint32_t stages) {
+      for (uint32_t n = uses > stages ? uses - stages : 0; n < uses; ++n) released(empty, n, stages);
+    };
     if (old == 0) {
-      for (uint32_t n = g_it > kStages ? g_it - kStages : 0; n < g_it; ++n)
-        mbar_wait(&sh.empty[n % kStages], (n / kStages) & 1, "drain gemm");
+      last_uses(sh.empty, g_it, kStages);
     } else {
-      if (q_count > 0) mbar_wait(as.q_empty, (q_count - 1) & 1, "drain q");
-      for (uint32_t n = k_it > AttnCfg::kStages ? k_it - AttnCfg::kStages : 0; n < k_it; ++n)
-        mbar_wait(&as.k_empty[n % AttnCfg::kStages], (n / AttnCfg::kStages) & 1, "drain k");
-      for (uint32_t n = v_it > AttnCfg::kStages ? v_it - AttnCfg::kStages : 0; n < v_it; ++n)
-        mbar_wait(&as.v_empty[n % AttnCfg::kStages], (n / AttnCfg::kStages) & 1, "drain v");
+      last_uses(as.q_empty, q_count, 1);
+      last_uses(as.k_empty, k_it, AttnCfg::kStages);
+      last_uses(as.v_empty, v_it, AttnCfg::kStages);
     }
   };
   for (bool first = true;; first = false) {
@@ -195,7 +196,7 @@ __device__ __forceinline__ void run_producer(uint8_t* region, Shared& sh, const 
       if (lane == 0) {
         runtime::trace_mark(p.ep, id, runtime::kTraceReady);
         ptx::fence_proxy_async(ptx::space_global);  // q, k, v were written by other CTAs' stores
-        if (q_count > 0) mbar_wait(as.q_empty, (q_count - 1) & 1, "q_empty");
+        if (q_count > 0) released(as.q_empty, q_count - 1, 1);  // the previous item's Q
         ++q_count;
         const kernels::PrefillItem it = item_of(p, t);
         if (it.n_kv == 0)
@@ -234,11 +235,6 @@ __device__ __forceinline__ void gemm_mainloop(uint8_t* region, Shared& sh, int c
   wgmma_wait<0>();
   fence_operands(acc);
   if (n > 0 && release_lane) mbar_arrive(&sh.empty[(g_it - 1) % kStages]);
-}
-
-__device__ __forceinline__ float quad_sum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
 // The epilogue of a GEMM tile. Accumulator 4i + 2h + e of a thread is row 16 warp + lane / 4 + 8h of
@@ -282,7 +278,7 @@ __device__ __forceinline__ void gemm_epilogue(const Params& p, const Maps& maps,
         float ss = 0.f;
 #pragma unroll
         for (int i = 0; i < 16; ++i) ss += a[4 * i + 2 * h] * a[4 * i + 2 * h] + a[4 * i + 2 * h + 1] * a[4 * i + 2 * h + 1];
-        const float rstd = rsqrtf(quad_sum(ss) * (1.f / kHeadDim) + p.eps);
+        const float rstd = rsqrtf(kernels::prefill_detail::quad_sum(ss) * (1.f / kHeadDim) + p.eps);
         const float* g = sh.norm[which];
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
@@ -429,13 +425,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 [[noreturn]] void bad(const std::string& what) { throw InvalidArgument("dit attention chain: " + what); }
 
-// Heads of one of q, k, v in q|k|v [L][3W]: dims {D, heads, L}, rows 3W apart; boxes of box_rows rows.
-CUtensorMap head_map(const bf16* base, int64_t tokens, int heads, uint32_t box_rows, const char* what) {
-  const cuuint64_t dims[3] = {uint64_t(kHeadDim), uint64_t(heads), uint64_t(tokens)};
-  const cuuint64_t strides[2] = {uint64_t(kHeadDim) * 2, uint64_t(3 * heads * kHeadDim) * 2};
-  const cuuint32_t box[3] = {64, 1, box_rows};
-  return sm90::detail::encode_tiled(base, 3, dims, strides, box, true, std::string("dit chain ") + what);
-}
 
 }  // namespace
 }  // namespace dit_chain
@@ -512,9 +501,10 @@ void DitAttentionChain::run(const DitChainTensors& t, cudaStream_t stream) const
   m.w_qkv = sm90::make_tensor_map_bf16(t.w_qkv, uint64_t(3 * W), uint64_t(W), kTileN, true);  // rows past 3W: zeros
   m.attn = sm90::make_tensor_map_bf16(attn_, uint64_t(L), uint64_t(W), kTileM, true);
   m.w_o = sm90::make_tensor_map_bf16(t.w_o, uint64_t(W), uint64_t(W), kTileN, true);
-  m.q = head_map(qkv_, L, shape_.heads, AttnCfg::kBM, "q");
-  m.k = head_map(qkv_ + W, L, shape_.heads, AttnCfg::kBN, "k");
-  m.v = head_map(qkv_ + 2 * W, L, shape_.heads, AttnCfg::kBN, "v");
+  const uint64_t H = uint64_t(shape_.heads);  // q, k and v: heads of q|k|v [L][3W]
+  m.q = sm90::make_head_rows_map_bf16(qkv_, uint64_t(L), H, kHeadDim, AttnCfg::kBM, uint64_t(3 * W));
+  m.k = sm90::make_head_rows_map_bf16(qkv_ + W, uint64_t(L), H, kHeadDim, AttnCfg::kBN, uint64_t(3 * W));
+  m.v = sm90::make_head_rows_map_bf16(qkv_ + 2 * W, uint64_t(L), H, kHeadDim, AttnCfg::kBN, uint64_t(3 * W));
   m.qkv_out = sm90::make_tensor_map_bf16(qkv_, uint64_t(L), uint64_t(3 * W), kTileM, false);
   m.y_out = sm90::make_tensor_map_bf16(t.y, uint64_t(L), uint64_t(W), kTileM, false);
   Params p{};
@@ -529,8 +519,6 @@ void DitAttentionChain::run(const DitChainTensors& t, cudaStream_t stream) const
   p.attn.total_q = int(L);
   p.attn.scale_log2 = 1.4426950408889634f / std::sqrt(float(kHeadDim));
   p.attn.out = attn_;
-  p.qkv = qkv_;
-  p.y = t.y;
   p.qkv_bias = t.qkv_bias;
   p.o_bias = t.o_bias;
   p.q_norm = t.q_norm;

@@ -168,11 +168,12 @@ inline CUtensorMap make_paired_rows_map_bf16(const void* base, uint64_t half_row
 // One head of packed activations [rows][heads][cols] bf16 (the "THD" layout of attention's q, k, v)
 // read in boxes of box_rows rows x 64 columns of one head (box coordinates {col, head, row}): each
 // box lands as box_rows rows of 128 B, like make_tensor_map_bf16's. Requires cols % 64 == 0 and a
-// 16-B aligned base; rows past `rows` are zero-filled.
+// 16-B aligned base; rows past `rows` are zero-filled. row_elems: the row stride in elements where
+// the heads are part of a wider row (q, k or v within a fused q|k|v [rows][3 heads][cols]); 0: heads * cols.
 inline CUtensorMap make_head_rows_map_bf16(const void* base, uint64_t rows, uint64_t heads, uint64_t cols,
-                                           uint32_t box_rows) {
+                                           uint32_t box_rows, uint64_t row_elems = 0) {
   const cuuint64_t dims[3] = {cols, heads, rows};
-  const cuuint64_t strides[2] = {cols * 2, heads * cols * 2};
+  const cuuint64_t strides[2] = {cols * 2, (row_elems ? row_elems : heads * cols) * 2};
   const cuuint32_t box[3] = {64, 1, box_rows};
   return detail::encode_tiled(base, 3, dims, strides, box, true,
                                    std::to_string(rows) + " rows x " + std::to_string(heads) + " heads x " +
