@@ -55,14 +55,16 @@ int main(int argc, char** argv) {
   int reps = 20;
   bool trace = false;
   std::string out_dir, cases_arg;
+  std::vector<int> lags;  // --lags: the chain again with other order lags (DitChainOptions::order_lag)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--cases" && i + 1 < argc) cases_arg = argv[++i];
     else if (a == "--reps" && i + 1 < argc) reps = parse_counts(argv[++i], "--reps")[0];
     else if (a == "--out" && i + 1 < argc) out_dir = argv[++i];
     else if (a == "--trace") trace = true;
+    else if (a == "--lags" && i + 1 < argc) lags = parse_counts(argv[++i], "--lags");
     else {
-      std::fprintf(stderr, "usage: bench_dit_chain [--cases H:L,...] [--reps N] [--out DIR] [--trace]\n");
+      std::fprintf(stderr, "usage: bench_dit_chain [--cases H:L,...] [--reps N] [--out DIR] [--trace] [--lags N,...]\n");
       return 2;
     }
   }
@@ -138,6 +140,15 @@ int main(int argc, char** argv) {
                 {"speedup_vs_parts", parts / us}};
     std::printf("%-4d %-6d %10.1f %8.0f %12.1f %12.1f %12.1f %9.3fx\n", c.H, c.L, us, chain.flops() / us * 1e-6, qkv_us,
                 att_us, o_us, parts / us);
+    row["order_lag"] = gpu.prop.multiProcessorCount;
+    for (int lag : lags) {
+      tw::DitChainOptions o;
+      o.order_lag = lag;
+      const tw::DitAttentionChain alt(s, o);
+      const double lag_us = steady([&](int, cudaStream_t st) { alt.run(t, st); });
+      row["lag_us"][std::to_string(lag)] = lag_us;
+      std::printf("     order lag %d tickets: %.1f us (%+.1f%% vs the default's)\n", lag, lag_us, 100 * (lag_us / us - 1));
+    }
     if (trace) {
       chain.enable_trace();
       chain.run(t, nullptr);

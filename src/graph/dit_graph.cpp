@@ -51,31 +51,40 @@ DitAttentionGraph build_dit_attention_graph(const DitAttentionShape& s, int sms)
   return g;
 }
 
-Schedule dit_chain_order(const DitAttentionGraph& g) {
+Schedule dit_chain_order(const DitAttentionGraph& g, int64_t lag) {
   const TileGraph& G = g.graph;
   const Op &qkv = G.op(g.op_qkv), &att = G.op(g.op_attention), &out = G.op(g.op_o_proj);
   const int64_t heads = att.grid_m, hpt = qkv.tiling.bn / att.tiling.bn;  // heads per QKV column tile
+  if (lag < 0) throw InvalidArgument("dit_chain_order: lag " + std::to_string(lag) + " tickets must be >= 0");
   Schedule s;
   s.name = "dit_chain";
   s.order.reserve(size_t(G.num_tiles()));
   std::vector<char> queued(size_t(qkv.grid_n), 0);
-  auto qkv_head = [&](int64_t h) {  // the column tiles holding head h's q, k and v not queued yet
-    for (int64_t which = 0; which < 3; ++which) {
-      const int64_t tn = (which * heads + h) / hpt;
-      if (queued[tn]) continue;
-      queued[tn] = 1;
-      for (int64_t tm = 0; tm < qkv.grid_m; ++tm) s.order.push_back(G.tile_id(g.op_qkv, tm, tn, 0));
-    }
+  // Head h's items may go once the QKV tiles of the next column group (head h + hpt) are queued and
+  // `lag` tickets have gone since its own last QKV tile.
+  std::vector<int64_t> due;  // per head queued: the ticket from which its items may go
+  int64_t next_items = 0;    // the next head whose items are not queued
+  auto items_due = [&](int64_t group_done) {  // heads < group_done have the next group queued
+    for (; next_items < std::min<int64_t>(group_done, int64_t(due.size())) &&
+           due[size_t(next_items)] <= int64_t(s.order.size());
+         ++next_items)
+      for (int64_t i = 0; i < att.grid_n; ++i) s.order.push_back(G.tile_id(g.op_attention, next_items, i, 0));
   };
-  auto attention_head = [&](int64_t h) {
-    for (int64_t i = 0; i < att.grid_n; ++i) s.order.push_back(G.tile_id(g.op_attention, h, i, 0));
-  };
-  // Head h's items follow the QKV tiles of the column group after its own (h + hpt).
   for (int64_t h = 0; h < heads; ++h) {
-    qkv_head(h);
-    if (h >= hpt) attention_head(h - hpt);
+    for (int64_t which = 0; which < 3; ++which) {  // the column tiles holding head h's q, k, v not queued yet
+      const int64_t tn = (which * heads + h) / hpt;
+      if (queued[size_t(tn)]) continue;
+      queued[size_t(tn)] = 1;
+      for (int64_t tm = 0; tm < qkv.grid_m; ++tm) {
+        items_due(std::max<int64_t>(0, h - hpt));  // head h's own tiles complete no group yet
+        s.order.push_back(G.tile_id(g.op_qkv, tm, tn, 0));
+      }
+    }
+    due.push_back(int64_t(s.order.size()) + lag);
+    items_due(h - hpt + 1);
   }
-  for (int64_t h = std::max<int64_t>(0, heads - hpt); h < heads; ++h) attention_head(h);
+  for (; next_items < heads; ++next_items)
+    for (int64_t i = 0; i < att.grid_n; ++i) s.order.push_back(G.tile_id(g.op_attention, next_items, i, 0));
   for (int64_t tm = 0; tm < out.grid_m; ++tm)
     for (int64_t tn = 0; tn < out.grid_n; ++tn) s.order.push_back(G.tile_id(g.op_o_proj, tm, tn, 0));
   validate(G, s);

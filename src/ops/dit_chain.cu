@@ -445,7 +445,9 @@ DitAttentionChain::DitAttentionChain(const DitAttentionShape& shape, const DitCh
                     std::to_string(minor));
   TW_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev));
   g_ = build_dit_attention_graph(shape_, sms_);  // validates tokens and heads
-  sched_ = opt_.order.empty() ? dit_chain_order(g_) : make_order(g_.graph, opt_.order);
+  if (opt_.order_lag < -1) bad("order_lag " + std::to_string(opt_.order_lag) + " must be >= 0 (or -1: one wave)");
+  sched_ = opt_.order.empty() ? dit_chain_order(g_, opt_.order_lag < 0 ? sms_ : opt_.order_lag)
+                              : make_order(g_.graph, opt_.order);
   const std::vector<int> cu = {0, int(shape_.tokens)};
   const std::vector<PrefillTile> tiles = plan_prefill_tiles(g_.attention, cu, {}, AttnCfg::kBN, AttnCfg::kBM);
   if (int64_t(tiles.size()) != g_.graph.op(g_.op_attention).grid_n || prefill_block_n(g_.attention) != AttnCfg::kBN)

@@ -101,41 +101,57 @@ TEST(DitGraph, ExecutorTables) {
 }
 
 // The executor's default order: every tile once, after its producers (validate), the QKV tiles head
-// by head (two heads a column tile), each head's attention items after the next column group's QKV
-// tiles, the output projection last. An odd head count too (a tile holding q of one head and k of
-// another, a last tile half empty).
+// by head (two heads a column tile), each head's attention items together, in head order, as soon as
+// both the next column group's QKV tiles are queued and `lag` tickets have gone since the head's own
+// last QKV tile (lag 0: right after the next group), the output projection last. An odd head count
+// too (a tile holding q of one head and k of another, a last tile half empty); a negative lag is
+// refused.
 TEST(DitGraph, ChainOrderHeadByHead) {
-  for (int heads : {4, 3}) {
-    SCOPED_TRACE(heads);
-    DitAttentionShape s;
-    s.tokens = 1000;
-    s.heads = heads;
-    const DitAttentionGraph g = build_dit_attention_graph(s, 132);
-    const TileGraph& G = g.graph;
-    const Schedule o = dit_chain_order(g);
-    ASSERT_EQ(o.order.size(), size_t(G.num_tiles()));
-    std::vector<int> pos(G.num_tiles(), -1);
-    for (size_t i = 0; i < o.order.size(); ++i) pos[o.order[i]] = int(i);
-    const Op& qkv = G.op(g.op_qkv);
-    const int64_t rows = qkv.grid_m, items = G.op(g.op_attention).grid_n;
-    EXPECT_EQ(qkv.grid_n, (3 * heads + 1) / 2);
-    auto qkv_pos = [&](int64_t col, int64_t tm) { return pos[G.tile_id(g.op_qkv, tm, col / 2, 0)]; };
-    auto att = [&](int64_t h, int64_t i) { return pos[G.tile_id(g.op_attention, h, i, 0)]; };
-    EXPECT_EQ(qkv_pos(0, 0), 0);  // head 0's q tile first
-    for (int64_t h = 0; h < heads; ++h) {
-      int last_producer = -1, next_group = -1;
-      for (int64_t which = 0; which < 3; ++which)
-        for (int64_t tm = 0; tm < rows; ++tm) {
-          last_producer = std::max(last_producer, qkv_pos(which * heads + h, tm));
-          if (h + 2 < heads) next_group = std::max(next_group, qkv_pos(which * heads + h + 2, tm));
-        }
-      EXPECT_GT(att(h, 0), last_producer);
-      EXPECT_GT(att(h, 0), next_group);  // a column group later
-      for (int64_t i = 1; i < items; ++i) EXPECT_EQ(att(h, i), att(h, 0) + i);  // a head's items together
+  for (int heads : {4, 3, 7})
+    for (int64_t lag : {0, 7, 40, 132}) {
+      SCOPED_TRACE(std::to_string(heads) + " heads, lag " + std::to_string(lag));
+      DitAttentionShape s;
+      s.tokens = 1000;
+      s.heads = heads;
+      const DitAttentionGraph g = build_dit_attention_graph(s, 132);
+      const TileGraph& G = g.graph;
+      const Schedule o = dit_chain_order(g, lag);
+      ASSERT_EQ(o.order.size(), size_t(G.num_tiles()));
+      std::vector<int> pos(G.num_tiles(), -1);
+      for (size_t i = 0; i < o.order.size(); ++i) pos[o.order[i]] = int(i);
+      const Op& qkv = G.op(g.op_qkv);
+      const int64_t rows = qkv.grid_m, items = G.op(g.op_attention).grid_n;
+      EXPECT_EQ(qkv.grid_n, (3 * heads + 1) / 2);
+      auto qkv_pos = [&](int64_t col, int64_t tm) { return pos[G.tile_id(g.op_qkv, tm, col / 2, 0)]; };
+      auto att = [&](int64_t h, int64_t i) { return pos[G.tile_id(g.op_attention, h, i, 0)]; };
+      auto last_of = [&](int64_t h) {  // head h's last QKV tile
+        int last = -1;
+        for (int64_t which = 0; which < 3; ++which)
+          for (int64_t tm = 0; tm < rows; ++tm) last = std::max(last, qkv_pos(which * heads + h, tm));
+        return last;
+      };
+      EXPECT_EQ(qkv_pos(0, 0), 0);  // head 0's q tile first
+      int last_qkv = -1;
+      for (int64_t tn = 0; tn < qkv.grid_n; ++tn)
+        for (int64_t tm = 0; tm < rows; ++tm) last_qkv = std::max(last_qkv, pos[G.tile_id(g.op_qkv, tm, tn, 0)]);
+      for (int64_t h = 0; h < heads; ++h) {
+        const int own = last_of(h), next_group = h + 2 < heads ? last_of(h + 2) : last_qkv;
+        EXPECT_GT(att(h, 0), next_group);  // after the next column group
+        if (att(h, 0) < last_qkv) EXPECT_GE(att(h, 0), own + 1 + lag);  // and `lag` tickets later
+        // ... and no later than both allow (or the head before's items end).
+        const int64_t earliest = std::max<int64_t>({int64_t(next_group) + 1, own + 1 + lag, h > 0 ? att(h - 1, items - 1) + 1 : 0});
+        if (earliest <= last_qkv) EXPECT_LE(att(h, 0), earliest + 0) << "head " << h;
+        if (lag == 0) EXPECT_EQ(att(h, 0), std::max<int64_t>(next_group + 1, h > 0 ? att(h - 1, items - 1) + 1 : 0));
+        if (h > 0) EXPECT_GT(att(h, 0), att(h - 1, items - 1));  // heads in order
+        for (int64_t i = 1; i < items; ++i) EXPECT_EQ(att(h, i), att(h, 0) + i);  // a head's items together
+      }
+      EXPECT_EQ(pos[G.tile_id(g.op_o_proj, 0, 0, 0)], int(qkv.num_tiles + G.op(g.op_attention).num_tiles));
+      EXPECT_NO_THROW(make_exec_plan(G, o));
     }
-    EXPECT_EQ(pos[G.tile_id(g.op_o_proj, 0, 0, 0)], int(qkv.num_tiles + G.op(g.op_attention).num_tiles));
-    EXPECT_NO_THROW(make_exec_plan(G, o));
-  }
+  DitAttentionShape s;
+  s.tokens = 300;
+  s.heads = 2;
+  EXPECT_THROW(dit_chain_order(build_dit_attention_graph(s, 132), -1), InvalidArgument);
 }
 
 TEST(DitGraph, CausalItemsReadTheirKeyPrefix) {

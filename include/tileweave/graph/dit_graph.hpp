@@ -38,10 +38,14 @@ constexpr int kDitHeadsPerTile = 2;
 DitAttentionGraph build_dit_attention_graph(const DitAttentionShape& s, int sms);
 
 // The chain's default order on the executor ("dit_chain"): the QKV tiles head by head (the column
-// tiles holding a head's q, k and v, each over its row tiles), the attention items of head h right
-// after the QKV tiles of the next column group (head h + kDitHeadsPerTile: by then their producers are
-// done, so an item rarely waits holding its SM), head by head (the items running together share one
-// head's K and V in L2), then the output projection row by row, which needs every head of its rows.
-Schedule dit_chain_order(const DitAttentionGraph& g);
+// tiles holding a head's q, k and v, each over its row tiles); the attention items of head h, head by
+// head (the items running together share one head's K and V in L2), as soon as both the QKV tiles
+// of the next column group (head h + kDitHeadsPerTile) are queued and `lag` more tickets have gone
+// since head h's own last QKV tile; then the output projection row by row, which needs every head
+// of its rows. Either way an item is taken about a tile time after its producers started, so it
+// rarely waits holding its SM: the column group is the longer wait at long sequences, the lag (one
+// wave, DitAttentionChain's default) at short ones, where a group is a few dozen tickets (at
+// L = 1024 items waited ~36 us each behind a group alone).
+Schedule dit_chain_order(const DitAttentionGraph& g, int64_t lag);
 
 }  // namespace tw

@@ -32,6 +32,7 @@ struct DitChainOptions {
   // holds the cosines of its D/2 frequencies, then their sines.
   bool rope_interleaved = false;
   std::string order;              // a make_order spec; empty: dit_chain_order (graph/dit_graph.hpp)
+  int order_lag = -1;             // dit_chain_order's lag in tickets; -1: one wave (the SMs)
   uint32_t spin_limit = 0;        // > 0: a dependency wait gives up after this many polls (tests)
 };
 
