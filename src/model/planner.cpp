@@ -121,7 +121,7 @@ TileGraph plan_graph(const PlanRequest& r, const PlanKnobs& k, int sms, const Gp
 
 FfnSplits choose_ffn_splits(const FfnShape& s, const GpuPreset& preset) {
   FfnSplits best;
-  if (s.m > kFfnModelSplitMaxM) return best;
+  if (s.m > kFfnModelSplitWideM) return best;
   const int sms = preset.sms;
   const CacheConfig cache = validation_cache_config(preset, sms, false);
   const TimeParams tp = time_params(preset, sms);
@@ -150,8 +150,11 @@ FfnSplits choose_ffn_splits(const FfnShape& s, const GpuPreset& preset) {
     const double us = predict(t);
     if (us < fastest) fastest = us, best.split_gate_up = sg, best.split_down = sd;
   };
-  for (int sg : {1, 2, 3, 4, 6, 8}) consider(sg, 0);
-  for (int sd : {1, 2, 4, 8}) consider(0, sd);
+  const bool wide = s.m > kFfnModelSplitMaxM;  // then only gate/up splits finer than the rules' (ffn_splits.hpp)
+  for (int sg : {1, 2, 3, 4, 6, 8})
+    if (!wide || sg > rules.gate_up.split_k) consider(sg, 0);
+  if (!wide)
+    for (int sd : {1, 2, 4, 8}) consider(0, sd);
   if (fastest <= (1 - kFfnModelSplitGain) * best.rules_us) {
     best.us = fastest;
   } else {

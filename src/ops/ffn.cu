@@ -250,7 +250,7 @@ FfnTiling sm90_tiling(const FfnShape& s, const FfnOptions& opt, const GpuPreset*
   }
   FfnSplits sp{opt.split_gate_up, opt.split_down};
   if (opt.splits != "rules" && !sp.split_gate_up && !sp.split_down && opt.down_slices == "tail:1" &&
-      s.m <= kFfnModelSplitMaxM && rows == sm90::fit_act_rows(s.m))  // (the device query only where the model chooses)
+      s.m <= kFfnModelSplitWideM && rows == sm90::fit_act_rows(s.m))  // (the device query only where the model chooses)
     sp = choose_ffn_splits(s, named ? *named : device_preset(sms));
   return sm90_ffn_tiling(s, sms, sp.split_gate_up, sp.split_down, opt.down_slices, rows);
 }

@@ -165,9 +165,34 @@ TEST(Planner, FfnSplitsFromTheModel) {
   EXPECT_EQ(llama.split_gate_up, 0);
   EXPECT_EQ(llama.split_down, 0);
   EXPECT_GT(llama.rules_us, 0);
-  const FfnSplits prefill = choose_ffn_splits({128, 9856, 4992, true}, h200);  // above kFfnModelSplitMaxM
+  const FfnSplits prefill = choose_ffn_splits({1024, 9856, 4992, true}, h200);  // above kFfnModelSplitWideM
   EXPECT_EQ(prefill.split_gate_up + prefill.split_down, 0);
   EXPECT_EQ(prefill.rules_us, 0);
+}
+
+// Between kFfnModelSplitMaxM and kFfnModelSplitWideM the model only splits the gate/up GEMM finer than
+// the rules: a plain MLP with d = 15232, F = 6016 at M = 100 has 47 gate/up output tiles (6016 / 128),
+// which the rules cut in 3 slices (141 tiles: a second wave of 9); measured on the H200 (2026-11-27,
+// sweep_mid_m_splits_ab.json) 139.2 us so, 118.4 in the model's 8 slices (376 tiles). Coarser splits
+// than the rules' (the replay's pick for small shapes) and the down GEMM's are not taken there: on
+// d = 1408, F = 16384, M = 256 its 4 down slices ran 16% slower than the rules' 15.
+TEST(Planner, FfnSplitsAtMidM) {
+  const GpuPreset h200 = find_gpu_preset("h200");
+  const FfnSplits plain = choose_ffn_splits({100, 15232, 6016, false}, h200);
+  EXPECT_GT(plain.split_gate_up, 3);
+  EXPECT_EQ(plain.split_down, 0);
+  EXPECT_LE(plain.us, (1 - kFfnModelSplitGain) * plain.rules_us);
+  const FfnSplits narrow = choose_ffn_splits({256, 1408, 16384, true}, h200);
+  EXPECT_EQ(narrow.split_down, 0);
+  EXPECT_GT(narrow.rules_us, 0);
+  for (int64_t m : {65, 128, 200, 512})  // never a down split, never a gate/up split coarser than the rules'
+    for (const FfnShape& s : {FfnShape{m, 2304, 10240, false}, FfnShape{m, 1408, 16384, true}, FfnShape{m, 2048, 2816, true},
+                              FfnShape{m, 1024, 4096, false}, FfnShape{m, 10880, 5888, false}}) {
+      SCOPED_TRACE(std::to_string(m) + " " + std::to_string(s.d) + " " + std::to_string(s.f));
+      const FfnSplits sp = choose_ffn_splits(s, h200);
+      EXPECT_EQ(sp.split_down, 0);
+      if (sp.split_gate_up) EXPECT_GT(sp.split_gate_up, sm90_ffn_tiling(s, 132).gate_up.split_k);
+    }
 }
 
 // On shapes no test names (TW_SHAPE_SEED picks another grid): the model's K slices are always a
