@@ -155,7 +155,8 @@ void trace_case(const Gpu& gpu, const Floor& floor, const Model& md, int64_t m, 
                 g.op(int(i)).name.c_str(), o.n, o.busy / std::max(o.n, 1), o.epilogue / std::max(o.n, 1),
                 o.wait / std::max(o.n, 1), o.max_wait, o.waited, o.first, o.last);
   }
-  nlohmann::json doc = {{"benchmark", "ffn_trace"}, {"gpu", gpu.prop.name}, {"model", md.name}, {"m", m},
+  nlohmann::json doc = {{"benchmark", "ffn_trace"}, {"gpu", gpu.prop.name}, {"model", md.name}, {"d", md.d}, {"f", md.f},
+                        {"gated", md.gated}, {"m", m},
                         {"variant", spec}, {"grid", ffn.grid()}, {"launch_us", launch_ms * 1e3}, {"span_us", span},
                         {"floor_read_tbps", floor.tbps()}, {"floor_us", floor_us},
                         {"ops", nlohmann::json::array()}, {"tiles", tiles}, {"date_utc", utc_now()}};

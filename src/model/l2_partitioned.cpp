@@ -11,6 +11,8 @@
 #include <cmath>
 #include <limits>
 #include <queue>
+#include <string>
+#include <tuple>
 
 #include "tileweave/model/l2_model.hpp"
 
@@ -276,6 +278,90 @@ class PartitionedCache {
 
 int64_t rounded(double x) { return std::llround(x); }
 
+// The final flush, then the report.
+TrafficReport report(const TileGraph& g, const Schedule& s, PartitionedCache& cache, std::vector<TraceStep> trace) {
+  cache.flush(writer_ops(g));
+  TrafficReport r;
+  r.order = s.name;
+  const auto& tot = cache.total();
+  r.dram_read = rounded(tot.read);
+  r.dram_write = rounded(tot.write);
+  r.hit_bytes = rounded(tot.hit);
+  r.requested_bytes = rounded(tot.requested);
+  for (size_t t = 0; t < g.tensors().size(); ++t) {
+    const Counters& x = cache.per_tensor()[t];
+    r.per_tensor.push_back({g.tensor(static_cast<int>(t)).name, g.tensor(static_cast<int>(t)).role, rounded(x.read),
+                            rounded(x.write), rounded(x.hit), rounded(x.requested)});
+  }
+  r.per_op = empty_op_traffic(g);
+  for (size_t op = 0; op < r.per_op.size(); ++op) {
+    const Counters& x = cache.per_op()[op];
+    r.per_op[op].dram_read = rounded(x.read);
+    r.per_op[op].dram_write = rounded(x.write);
+    r.per_op[op].hit_bytes = rounded(x.hit);
+    r.per_op[op].requested_bytes = rounded(x.requested);
+  }
+  r.trace = std::move(trace);
+  return r;
+}
+
+// The replay of a recorded timeline (L2Params::timeline): every K-step and every tile's writes as
+// events at their recorded times, in time order (a step before a write at the same time). A split
+// tile's slices reduce in the order they were done; the last one takes the sums.
+void replay_timeline(const TileGraph& g, const Schedule& s, const CacheConfig& c, PartitionedCache& cache,
+                     std::vector<TraceStep>* trace) {
+  const std::vector<TileSpan>& tl = *c.part.timeline;
+  const int n = g.num_tiles();
+  if (int64_t(tl.size()) != n)
+    throw InvalidArgument("timeline: " + std::to_string(tl.size()) + " tile spans for a graph of " + std::to_string(n) +
+                          " tiles");
+  if (!s.units.empty()) throw InvalidArgument("timeline: schedules of several tiles a ticket are not replayed");
+  const CacheModel& blocks = cache.blocks();
+  struct Event {
+    double t;
+    int kind, tile, step;  // kind 0: a K-step's reads, 1: the tile's writes
+    bool operator>(const Event& o) const { return std::tie(t, kind, tile, step) > std::tie(o.t, o.kind, o.tile, o.step); }
+  };
+  std::vector<Event> ev;
+  for (int id = 0; id < n; ++id) {
+    const TileSpan& sp = tl[size_t(id)];
+    if (sp.sm < 0 || !(sp.end >= sp.begin) || !(sp.done >= sp.end))
+      throw InvalidArgument("timeline: tile " + std::to_string(id) + " has no valid span (sm " + std::to_string(sp.sm) +
+                            ", begin " + std::to_string(sp.begin) + ", end " + std::to_string(sp.end) + ", done " +
+                            std::to_string(sp.done) + ")");
+    const int steps = blocks.num_steps(id);
+    for (int k = 0; k < steps; ++k) ev.push_back({sp.begin + (sp.end - sp.begin) * (k + 0.5) / steps, 0, id, k});
+    ev.push_back({sp.done, 1, id, 0});
+  }
+  std::sort(ev.begin(), ev.end(), [](const Event& a, const Event& b) { return b > a; });
+  std::vector<int> arrivals(size_t(n), 0);
+  std::vector<CacheModel::Access> acc;
+  for (const Event& e : ev) {
+    const Tile& tile = g.tile(e.tile);
+    const Op& op = g.op(tile.op);
+    const int near = tl[size_t(e.tile)].sm % c.part.partitions;
+    acc.clear();
+    if (e.kind == 0) {
+      blocks.step_accesses(e.tile, e.step, acc);
+      for (const auto& a : acc) cache.read(a.block, near, false, tile.op);
+      continue;
+    }
+    bool reduces = false;
+    if (op.workspace >= 0) reduces = ++arrivals[size_t(g.tile_id(tile.op, tile.tm, tile.tn, 0))] == op.tiling.split_k;
+    blocks.finish_accesses(e.tile, reduces, acc, op.tiling.split_k <= 1);
+    for (const auto& a : acc) {
+      if (a.write)
+        cache.write(a.block, tile.op);
+      else
+        cache.read(a.block, near, blocks.block_tensor(a.block) == op.workspace, tile.op);
+    }
+    if (trace) {
+      const auto& tot = cache.total();
+      trace->push_back({e.tile, std::llround(tot.read), std::llround(tot.write), std::llround(tot.hit), {}});
+    }
+  }
+}
+
 }  // namespace
 
 // The replay: P slots (slot i on SM i, near partition i % partitions). Events are (time, slot): a
@@ -290,6 +376,11 @@ TrafficReport simulate_partitioned(const TileGraph& g, const Schedule& s, const 
   PartitionedCache cache(g, c);
   const CacheModel& blocks = cache.blocks();
   const int n = g.num_tiles();
+  if (c.part.timeline) {
+    std::vector<TraceStep> trace;
+    replay_timeline(g, s, c, cache, c.trace ? &trace : nullptr);
+    return report(g, s, cache, std::move(trace));
+  }
   const int slots = std::min(c.in_flight, std::max(n, 1));
   struct Slot {
     int tile = -1, step = 0, steps = 0, pending = 0;
@@ -375,29 +466,7 @@ TrafficReport simulate_partitioned(const TileGraph& g, const Schedule& s, const 
     start(i, end);
   }
 
-  cache.flush(writer_ops(g));
-  TrafficReport r;
-  r.order = s.name;
-  const auto& tot = cache.total();
-  r.dram_read = rounded(tot.read);
-  r.dram_write = rounded(tot.write);
-  r.hit_bytes = rounded(tot.hit);
-  r.requested_bytes = rounded(tot.requested);
-  for (size_t t = 0; t < g.tensors().size(); ++t) {
-    const Counters& x = cache.per_tensor()[t];
-    r.per_tensor.push_back({g.tensor(static_cast<int>(t)).name, g.tensor(static_cast<int>(t)).role, rounded(x.read),
-                            rounded(x.write), rounded(x.hit), rounded(x.requested)});
-  }
-  r.per_op = empty_op_traffic(g);
-  for (size_t op = 0; op < r.per_op.size(); ++op) {
-    const Counters& x = cache.per_op()[op];
-    r.per_op[op].dram_read = rounded(x.read);
-    r.per_op[op].dram_write = rounded(x.write);
-    r.per_op[op].hit_bytes = rounded(x.hit);
-    r.per_op[op].requested_bytes = rounded(x.requested);
-  }
-  r.trace = std::move(trace);
-  return r;
+  return report(g, s, cache, std::move(trace));
 }
 
 }  // namespace tw

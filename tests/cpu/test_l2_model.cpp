@@ -151,6 +151,33 @@ TEST(L2Model, DriftingTilesLoseSharedOperands) {
   EXPECT_GT(simulate(g.graph, s, c).dram_read, lockstep + 40 * kBlock);
 }
 
+// A recorded timeline (L2Params::timeline) is replayed as it happened. The two tiles above share A
+// over 64 K-steps: in lockstep A is read once ((64 + 128) blocks); one after the other, twice
+// ((128 + 128)). Tile 1 one K-step behind tile 0: between tile 0's read of A.k and tile 1's come
+// tile 1's step k-1 (A.k-1, B1.k-1), B0.k and tile 0's step k+1 (A.k+1, B0.k+1), 5 blocks: with
+// its own block A.k survives in 7 blocks of cache and not in 3 (steps at (k + 0.5) of the span's
+// K-steps; at equal times tile 0 first). Drawn jitter is not used. A timeline of the wrong size or
+// with a span ending before it begins is refused.
+TEST(L2Model, RecordedTimelineIsReplayedAsItHappened) {
+  const GemmGraph g = build_gemm_graph(16, 32, 16 * 64, {16, 16, 16, 1});
+  const Schedule s = make_order(g.graph, "row_major");
+  CacheConfig c = partitioned(3, 2, 1);
+  c.part.step_jitter = 0.5;  // ignored with a timeline
+  std::vector<TileSpan> t = {{0, 0, 64, 64}, {1, 0, 64, 64}};
+  c.part.timeline = &t;
+  EXPECT_EQ(simulate(g.graph, s, c).dram_read, (64 + 128) * kBlock);
+  t = {{0, 0, 64, 64}, {0, 64, 128, 128}};
+  EXPECT_EQ(simulate(g.graph, s, c).dram_read, (128 + 128) * kBlock);
+  t = {{0, 0, 64, 64}, {1, 1, 65, 65}};
+  EXPECT_EQ(simulate(g.graph, s, c).dram_read, (128 + 128) * kBlock);
+  c.capacity_bytes = 7 * kBlock;
+  EXPECT_EQ(simulate(g.graph, s, c).dram_read, (64 + 128) * kBlock);
+  t.pop_back();
+  EXPECT_THROW(simulate(g.graph, s, c), InvalidArgument);
+  t = {{0, 0, 64, 64}, {1, 10, 5, 64}};
+  EXPECT_THROW(simulate(g.graph, s, c), InvalidArgument);
+}
+
 // With a cache that never fills, every model reads and writes exactly the compulsory bytes, however
 // the tiles drift and wherever they run: copies cost space, never DRAM. The FFN chain makes down
 // tiles wait for gate/up tiles in the event replay.

@@ -25,6 +25,13 @@ const char* to_string(L2Kind k);
 L2Kind parse_l2_kind(const std::string& name);  // "simple" | "partitioned"; else InvalidArgument
 
 // Parameters of the partitioned model (the GPU presets carry them; docs/model.md explains each).
+// One tile's recorded progress (the executor's tile timeline, e.g. bench_ffn --trace): the SM it ran
+// on, when its K-steps began (its producers ready) and ended (computed), and when it was done.
+struct TileSpan {
+  int sm = -1;
+  double begin = 0, end = 0, done = 0;  // any one clock (us)
+};
+
 struct L2Params {
   int partitions = 2;         // 1 or 2 halves of the L2, each capacity / partitions
   bool far_copies = true;     // a line read by an SM whose near half is not the line's home is also held
@@ -43,6 +50,11 @@ struct L2Params {
   // that still count in its reuse distance (0: weights never push other lines out, strict priority;
   // 1: plain LRU, as if there were no policy).
   double weight_push = 0.0;
+  // Recorded tile progress, by tile id (every tile of the graph): the replay then takes the tickets,
+  // waits and drift as they happened -- tile t's K-steps evenly over [begin, end) on SM `sm` (near
+  // partition sm % partitions), its writes at `done` -- instead of drawing them (jitter and skew are
+  // unused). Schedules of one tile a ticket only.
+  const std::vector<TileSpan>* timeline = nullptr;
 };
 
 struct CacheConfig {
