@@ -210,6 +210,9 @@ TEST(DitChain, BadInputIsRefused) {
   DitChainOptions o;
   o.order = "no_such_order";
   EXPECT_THROW((DitAttentionChain{s, o}), InvalidArgument);
+  o.order.clear();
+  o.order_lag = -2;  // -1 is the default (a wave), 0.. a ticket count
+  EXPECT_THROW((DitAttentionChain{s, o}), InvalidArgument);
   DitAttentionChain chain(s);
   DitChainTensors t;  // every pointer null
   EXPECT_THROW(chain.run(t, nullptr), InvalidArgument);
