@@ -151,14 +151,14 @@ void run_validate(const ValidateOptions& o) {
       ++skipped;
       continue;
     }
-    const ValidationCase vc = make_validation_case(find_validation_shape(r.shape), r.m, r.schedule, preset.sms);
+    const ValidationShape& vs = find_validation_shape(r.shape);
+    const ValidationCase vc = make_validation_case(vs, r.m, r.schedule, preset.sms);
     const ValidationModel vm = model_validation_case(vc.graph, vc.schedule, vc.grid, preset, o.time_from == "simple");
     r.simple_read = vm.simple.dram_read;
     r.part_read = vm.partitioned.dram_read;
     r.part_write = vm.partitioned.dram_write;
     r.model_us = vm.time.fused_us;
     r.part = vm.partitioned;
-    const ValidationShape& vs = find_validation_shape(r.shape);
     if (auto it = timelines.find({vs.d, vs.f, r.m, r.schedule}); r.op == "ffn" && it != timelines.end()) {
       const RecordedTimeline& t = it->second;
       const TileGraph& g = vc.graph;
