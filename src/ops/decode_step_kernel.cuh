@@ -600,14 +600,26 @@ __device__ __forceinline__ void prepare_rows(const StepParams& p, StepShared& sh
   consumer_sync();
 }
 
-// RoPE (rotate-half) on dimensions (i, i + D/2) at position pos. The angle in float as transformers
-// computes it, reduced to [-pi, pi] in double, then the hardware sine and cosine (sincosf's
-// large-argument path would put an array in local memory).
-__device__ __forceinline__ void rotate(const StepParams& p, int pos, int i, float& a, float& b) {
-  const double angle = double(float(pos) * p.inv_freq[i]);
-  float sn, cs;
-  __sincosf(float(angle - rint(angle * 0.15915494309189535) * 6.283185307179586), &sn, &cs);
-  const float a2 = a * cs - b * sn, b2 = b * cs + a * sn;
+// RoPE (rotate-half) at position pos: the cosine and sine of dimensions i and i + 1 (each rotated
+// with its partner half a head away). The angle in float as transformers computes it, reduced to
+// [-pi, pi] in double, then the hardware sine and cosine (sincosf's large-argument path would put an
+// array in local memory). They depend on the position only, so the attention's consumers compute
+// them before they wait for the QKV tiles (the loads of inv_freq and the reduction were ~0.25-0.5 us of
+// every attention tile's critical path on the H200).
+struct RopePair {
+  float cs[2], sn[2];
+};
+__device__ __forceinline__ RopePair rope_pair(const StepParams& p, int pos, int i) {
+  RopePair r;
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const double angle = double(float(pos) * p.inv_freq[i + e]);
+    __sincosf(float(angle - rint(angle * 0.15915494309189535) * 6.283185307179586), &r.sn[e], &r.cs[e]);
+  }
+  return r;
+}
+__device__ __forceinline__ void rotate(const RopePair& r, int e, float& a, float& b) {
+  const float a2 = a * r.cs[e] - b * r.sn[e], b2 = b * r.cs[e] + a * r.sn[e];
   a = a2, b = b2;
 }
 
@@ -871,6 +883,10 @@ __device__ void finish_qkv_tile(const StepParams& p, StepShared& sh, const StepO
 // segment with u % 8 == w, keeping its own online softmax; at a segment's end the warps combine in
 // shared memory and the result is the output (a whole pair) or a partial (normalised output + LSE,
 // slot 2 tile + which). The last tile to finish a pair merges its partials (no tile waits for another).
+// The float4 slot of combine_segment's row of head g where its logical float4 q lies (a permutation
+// of each row's float4s that leaves bit 3 of q in place, so it is its own inverse).
+__device__ __forceinline__ int combine_slot(int g, int q) { return q ^ ((g & 3) | ((q >> 1) & 4)); }
+
 template <int D>
 __device__ void combine_segment(const StepParams& p, float* scratch, float* stage, const AttnChunk& c, int tile,
                                 float (&o)[D / 8][4], float m, float l, int ct, const StepOpArgs& op) {
@@ -892,17 +908,23 @@ __device__ void combine_segment(const StepParams& p, float* scratch, float* stag
   // thread sums 8 warps' values of its float4s. (The sums had gone through a [2][G][D] scratch in
   // four rounds of read-modify-write, one warp per warpgroup a round: each element a load, a branch
   // and a store in a chain, ~2 us at D = 64 and ~3.3 us at D = 128 per segment on the H200.)
+  // Accumulators o[4jb .. 4jb + 3][e] are dimensions 4q .. 4q + 3 of the row, q = 4 tq + 16 (jb / 2) +
+  // jb % 2 + 2e: one float4 store each. A warp's lanes of one store differ in g and tq, which leave
+  // the float4's slot in its 128-byte bank line (q % 8) two values; combine_slot XORs the slot with
+  // g and bit 3 of q, so that they take all eight (2 wavefronts for 16 lanes instead of 8-way
+  // conflicted scalar stores: 0.5 us at D = 64 and 1.1 us at D = 128 of every segment's end, H200).
   if (g < G) {
     float mx, sum;
     row_max_sum(g, mx, sum);
     const float f = __fdividef(exp2f(m - mx), sum);  // 0 for a warp with no unit in the segment
-    float* row = stage + (warp * G + g) * D;
+    float4* row = reinterpret_cast<float4*>(stage + (warp * G + g) * D);
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      const int d = 8 * (2 * tq + 8 * (j / 8)) + j % 8;
-      row[d] = f * o[j][0];
-      row[d + 8] = f * o[j][1];
-    }
+    for (int jb = 0; jb < D / 32; ++jb)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int q = 4 * tq + 16 * (jb / 2) + jb % 2 + 2 * e;
+        row[combine_slot(g, q)] = make_float4(f * o[4 * jb][e], f * o[4 * jb + 1][e], f * o[4 * jb + 2][e], f * o[4 * jb + 3][e]);
+      }
   }
   consumer_sync();
   const int b = c.pair / p.num_kv_heads, h = c.pair - b * p.num_kv_heads;
@@ -912,7 +934,7 @@ __device__ void combine_segment(const StepParams& p, float* scratch, float* stag
     const int gg = i / (D / 4), d = 4 * (i % (D / 4));
     float4 x[8];
 #pragma unroll
-    for (int w = 0; w < 8; ++w) x[w] = *reinterpret_cast<const float4*>(stage + (w * G + gg) * D + d);
+    for (int w = 0; w < 8; ++w) x[w] = reinterpret_cast<const float4*>(stage + (w * G + gg) * D)[combine_slot(gg, d / 4)];
     float4 v = x[0];
 #pragma unroll
     for (int w = 1; w < 8; ++w) v = make_float4(v.x + x[w].x, v.y + x[w].y, v.z + x[w].z, v.w + x[w].w);
@@ -996,9 +1018,15 @@ __device__ void merge_pair(const StepParams& p, float* scratch, const AttnChunk&
 // bf16 where the math reads them -- q into the stage's q rows, k and v into its last row and into the
 // caches. An item is two adjacent dimensions and their partners half a head away (both halves of two
 // rotations). All consumers, after the tile's `ready`; a consumer barrier must follow.
+// Every item of thread ct has the same dimensions j, j + 1 (items per head divide kConsumers): the
+// RoPE pair of rope_dims.
+template <int D>
+__device__ __forceinline__ int rope_dims(int ct) { return 2 * (ct % (D / 4)); }
+static_assert(kConsumers % (64 / 4) == 0 && kConsumers % (128 / 4) == 0, "a thread's items share their dimensions");
+
 template <int D>
 __device__ void finish_qkv(const StepParams& p, const StepOpArgs& op, const AttnChunk& c, bf16* ks, bf16* vs,
-                           bf16* qs, int ct) {
+                           bf16* qs, int ct, const RopePair& rp) {
   constexpr int kHalf = D / 2, kItems = D / 4;  // items per head
   const int b = c.pair / p.num_kv_heads, h = c.pair - b * p.num_kv_heads, G = p.group, pos = c.len - 1;
   const int nq = (c.flags & kSegFirst) ? G * kItems : 0, n = nq + (holds_new_row(c) ? 2 * kItems : 0);
@@ -1029,7 +1057,7 @@ __device__ void finish_qkv(const StepParams& p, const StepOpArgs& op, const Attn
       const float2 bb = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(op.bias + col + j + kHalf));
       a0 += ba.x, a1 += ba.y, b0 += bb.x, b1 += bb.y;
     }
-    if (rope) rotate(p, pos, j, a0, b0), rotate(p, pos, j + 1, a1, b1);
+    if (rope) rotate(rp, 0, a0, b0), rotate(rp, 1, a1, b1);
     const __nv_bfloat162 lo2 = __floats2bfloat162_rn(a0, a1), hi2 = __floats2bfloat162_rn(b0, b1);
     *reinterpret_cast<__nv_bfloat162*>(dst + j) = lo2;
     *reinterpret_cast<__nv_bfloat162*>(dst + j + kHalf) = hi2;
@@ -1064,8 +1092,9 @@ __device__ bool attention_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, StepSh
     bf16* vs = ks + kStageTokens * D;
     bf16* qs = vs + kStageTokens * D;
     if ((c.flags & kSegFirst) || holds_new_row(c)) {
+      const RopePair rp = rope_pair(p, c.len - 1, rope_dims<D>(ct));
       mbar_wait(ready, ready_phase, "ready");  // the QKV tiles' sums are complete
-      finish_qkv<D>(p, op, c, ks, vs, qs, ct);
+      finish_qkv<D>(p, op, c, ks, vs, qs, ct, rp);
       consumer_sync();
       wrote |= holds_new_row(c);
     }
