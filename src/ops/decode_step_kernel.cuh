@@ -680,6 +680,59 @@ __device__ void weight_epilogue(const StepParams& p, StepShared& sh, const StepO
 // too, from writer x_in's), fire-and-forget; slice 0 also zeroes its columns of buffer x_out + 2.
 // Loads go out in batches, never between stores (a store between two loads serialises them: measured
 // as ~4 us of a split tile's tail in the step timelines).
+// add_to_residual's reductions as float4s at R >= 64 (B > 16). A
+// thread's accumulators of one output column are rows 8j + 2 (lane % 4) + e; the four lanes q = 4a ..
+// 4a + 3 (lane = 4q + lane % 4) hold four consecutive columns. A 4 x 4 transpose among those lanes over
+// four row blocks j gives each lane one row's four columns: one red.global.add.v4.f32 instead of four
+// scalar reductions (each an L2 atomic: at B = 64 a tile's 8192 of them took ~10 us to complete).
+// Slice 0 adds the stream's x as float4 loads after the transpose. A/B on the H200 (one call,
+// decode_step_residual_v4_ab.json): Llama-3.2-1B B = 64 -16%, B = 32 -4.9%, Llama-3-8B B = 32 -3.6%,
+// B = 64 -2.6%; at R = 32 (B = 16) -0.4% / +0.4%, so smaller R keep the scalar reductions.
+template <class Cfg>
+constexpr bool kResidualV4 = Cfg::kMPad >= 64;
+template <class Cfg>
+__device__ __forceinline__ void add_to_residual_v4(const StepParams& p, const StepOpArgs& o, const DeviceTile& t,
+                                                   const float (&acc)[Cfg::kAcc], int ct, uint32_t epoch, float* y) {
+  static_assert(Cfg::kAcc % 16 == 0, "four row blocks per transpose");
+  const int lane = ct % 32, warp = ct / 32, k = (lane >> 2) & 3, a = lane >> 4, pq = lane & 3;
+  const float* x = (t.ks == 0 && p.add_residual) ? residual_buffer(p, epoch, o.x_in) : nullptr;
+  auto pick = [](const float (&v)[4], int i) { return i == 0 ? v[0] : i == 1 ? v[1] : i == 2 ? v[2] : v[3]; };
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+#pragma unroll
+      for (int jb = 0; jb < Cfg::kAcc / 16; ++jb) {
+        float v[4], w[4];
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) v[jj] = acc[4 * (4 * jb + jj) + 2 * h + e];
+        // Round r: lane k takes column (k + r) & 3 of its row from the lane holding that column, which
+        // sends its value of row block (its k - r) & 3.
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int src = (k + r) & 3;
+          const float got = __shfl_sync(0xffffffffu, pick(v, (k - r) & 3), lane + 4 * (src - k));
+          w[0] = src == 0 ? got : w[0];
+          w[1] = src == 1 ? got : w[1];
+          w[2] = src == 2 ? got : w[2];
+          w[3] = src == 3 ? got : w[3];
+        }
+        const int m = 8 * (4 * jb + k) + 2 * pq + e, col = t.tn * kTileRows + warp * 16 + 4 * a + 8 * h;
+        if (m >= p.batch || col >= o.n) continue;
+        const int at = residual_at(p, m, col);
+        if (x) {
+          const float4 r = __ldcg(reinterpret_cast<const float4*>(x + at));
+          w[0] += r.x, w[1] += r.y, w[2] += r.z, w[3] += r.w;
+        }
+        for (int q = 0; q < (p.push ? p.ranks : 1); ++q) {  // every rank's stream (collectives in the launch)
+          float* yq = p.push ? on_rank(p, q, y) : y;
+          asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(yq + at), "f"(w[0]), "f"(w[1]), "f"(w[2]),
+                       "f"(w[3])
+                       : "memory");
+        }
+      }
+}
+
 template <class Cfg>
 __device__ __forceinline__ void add_to_residual(const StepParams& p, const StepOpArgs& o, const DeviceTile& t,
                                                 float (&acc)[Cfg::kAcc], int ct, uint32_t epoch) {
@@ -694,7 +747,7 @@ __device__ __forceinline__ void add_to_residual(const StepParams& p, const StepO
     const int col = r0 + 8 * ((i & 3) >> 1);
     return m < p.batch && col < o.n ? residual_at(p, m, col) : -1;
   };
-  if (t.ks == 0 && p.add_residual) {
+  if (!kResidualV4<Cfg> && t.ks == 0 && p.add_residual) {  // (the vector path adds x itself)
     const float* x = residual_buffer(p, epoch, o.x_in);
     constexpr int kBatch = Cfg::kAcc < 16 ? Cfg::kAcc : 16;
 #pragma unroll
@@ -710,12 +763,16 @@ __device__ __forceinline__ void add_to_residual(const StepParams& p, const StepO
     }
   }
   float* y = residual_buffer(p, epoch, o.x_out);
-  for (int q = 0; q < (p.push ? p.ranks : 1); ++q) {  // every rank's stream (collectives in the launch)
-    float* yq = p.push ? on_rank(p, q, y) : y;
+  if constexpr (kResidualV4<Cfg>) {
+    add_to_residual_v4<Cfg>(p, o, t, acc, ct, epoch, y);
+  } else {
+    for (int q = 0; q < (p.push ? p.ranks : 1); ++q) {  // every rank's stream (collectives in the launch)
+      float* yq = p.push ? on_rank(p, q, y) : y;
 #pragma unroll
-    for (int i = 0; i < Cfg::kAcc; ++i) {
-      const int e = at(i);
-      if (e >= 0) asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(yq + e), "f"(acc[i]) : "memory");
+      for (int i = 0; i < Cfg::kAcc; ++i) {
+        const int e = at(i);
+        if (e >= 0) asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(yq + e), "f"(acc[i]) : "memory");
+      }
     }
   }
   if (t.ks == 0) {
