@@ -78,12 +78,12 @@ DecodeAttentionShape DecodeStepShape::attention(const ModelConfig& c) const {
   return a;
 }
 
-StepTiling plan_step_tiling(const ModelConfig& c, int batch, int sms, int max_split) {
+StepTiling plan_step_tiling(const ModelConfig& c, int batch, int sms, int max_split, int tp) {
   c.validate();
   if (batch < 1 || batch > kMaxStepBatch)
     bad("batch " + std::to_string(batch) + " is outside [1, " + std::to_string(kMaxStepBatch) + "]");
   if (sms < 1) bad("the GPU's SM count " + std::to_string(sms) + " must be >= 1");
-  const int rows = step_act_rows(batch);
+  const int rows = step_act_rows(batch, tp);
   const int64_t d = c.hidden_size, f = c.intermediate_size, qkv = c.q_dim() + 2 * c.kv_dim();
   StepTiling t;
   // qkv, o_proj and down add their slices into a buffer (the QKV sums, the residual stream): up to

@@ -83,6 +83,10 @@ struct DecodeStep::Buffers {
   std::vector<Layer> layers;
   float* xres = nullptr;  // the residual stream's buffers (decode_step_sm90.hpp)
   int64_t xres_elems = 0;
+  bf16* xa = nullptr;  // batches above 32: the stream's bf16 copies and their sums of squares (StepParams::xa)
+  int64_t xa_stride = 0;
+  float* xss = nullptr;
+  int32_t x_atoms = 0;
   float* qkv_acc = nullptr;  // [B][q|k|v] sums, then [B][4] sums of squares (StepParams::qkv_acc)
   int64_t qkv_acc_elems = 0;
   bf16 *embed = nullptr, *w_lm = nullptr;
@@ -137,7 +141,7 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : mod
 
   // The plan's graph: every cache full, so the attention gets its most tiles (P); the executor's
   // tables do not depend on the lengths (one counter per op: step_sync_policy).
-  tiling_ = plan_step_tiling(cfg_, opt.batch, sms, opt.max_split);
+  tiling_ = plan_step_tiling(cfg_, opt.batch, sms, opt.max_split, opt.tp);
   const int pps = shape_.pages_per_seq(), pool = shape_.pool_pages();
   std::vector<int> table;
   if (opt.layout == KvLayout::Paged) {
@@ -149,7 +153,7 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : mod
   const bool in_launch = opt.tp > 1 && opt.collectives_in_launch;
   segs_ = in_launch ? std::vector<StepSegment>{{0, g_.graph.num_tiles(), -1}} : step_segments(g_, sched_);
   const ExecPlan plan = make_exec_plan(g_.graph, sched_, step_sync_policy(g_));
-  act_rows_ = step_act_rows(opt.batch);
+  act_rows_ = step_act_rows(opt.batch, opt.tp);
   // Sets the kernel's shared-memory attribute and checks that one CTA fits an SM.
   if (cfg_.head_dim == 64) step::prepare_kernel_d64(act_rows_);
   else step::prepare_kernel_d128(act_rows_);
@@ -169,6 +173,12 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : mod
   b.xres_elems = step::kResidualBuffers * int64_t(x_blocks) * B * x_cols;
   // Collectives in the launch: the stream lives in the exchange region (below) instead.
   if (!(opt.tp > 1 && opt.collectives_in_launch)) b.xres = b.alloc<float>(b.xres_elems);
+  if (step_bf16_stream(B, opt.tp)) {
+    b.xa_stride = act_elems(R, d);
+    b.xa = b.alloc<bf16>(step::kResidualBuffers * b.xa_stride);  // zero: the columns past d stay zero
+    b.x_atoms = int32_t(ffn_sm90::packed_atoms(d));
+    b.xss = b.alloc<float>(int64_t(step::kResidualBuffers) * b.x_atoms * B);
+  }
   b.qkv_acc_elems = int64_t(B) * (qkv + 4);
   b.qkv_acc = b.alloc<float>(b.qkv_acc_elems);
   for (int l = 0; l < L; ++l) {
@@ -334,6 +344,11 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : mod
   p.x_cols = x_cols;
   p.x_blocks = x_blocks;
   p.writers = 2 * L + 1;
+  p.bf16_stream = b.xa != nullptr;
+  p.xa = b.xa;
+  p.xa_stride = b.xa_stride;
+  p.xss = b.xss;
+  p.x_atoms = b.x_atoms;
   p.qkv_acc = b.qkv_acc;
   p.qkv_ss = b.qkv_acc + int64_t(B) * qkv;
   p.qkv_cols = int32_t(qkv);

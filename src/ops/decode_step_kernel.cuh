@@ -127,9 +127,24 @@ __device__ __forceinline__ int stages_of(const StepOpArgs& o, const DeviceTile& 
 // Norm consumers stage their activations themselves, from the fp32 residual stream.
 __device__ __forceinline__ bool stages_residual(int kind) { return kind == kQkv || kind == kGateUp || kind == kLmHead; }
 // The residual-stream buffer of writer w (decode_step_sm90.hpp); w may run past this launch's writers.
+__device__ __forceinline__ uint32_t stream_slot(const StepParams& p, uint32_t epoch, int w) {
+  return (epoch * uint32_t(p.writers) + uint32_t(w)) % kResidualBuffers;  // mod 2^32, a multiple of 4
+}
 __device__ __forceinline__ float* residual_buffer(const StepParams& p, uint32_t epoch, int w) {
-  const uint32_t g = epoch * uint32_t(p.writers) + uint32_t(w);  // mod 2^32, a multiple of 4
-  return p.xres + int64_t(g % kResidualBuffers) * p.x_blocks * p.batch * p.x_cols;
+  return p.xres + int64_t(stream_slot(p, epoch, w)) * p.x_blocks * p.batch * p.x_cols;
+}
+// Batches above 32 (step_bf16_stream: R >= 64, so smaller tiles compile without it).
+template <class Cfg>
+__device__ __forceinline__ bool bf16_stream(const StepParams& p) {
+  if constexpr (Cfg::kMPad >= 64) return p.bf16_stream != 0;
+  else return false;
+}
+// Batches above 32: writer w's bf16 copy (act layout) and its rows' sums of squares per atom.
+__device__ __forceinline__ bf16* stream_bf16(const StepParams& p, uint32_t epoch, int w) {
+  return p.xa + int64_t(stream_slot(p, epoch, w)) * p.xa_stride;
+}
+__device__ __forceinline__ float* stream_sums(const StepParams& p, uint32_t epoch, int w) {
+  return p.xss + int64_t(stream_slot(p, epoch, w)) * p.x_atoms * p.batch;
 }
 // Rank q's copy of `local`, an address in this rank's exchange region (collectives in the launch).
 template <class T>
@@ -368,11 +383,14 @@ __device__ __forceinline__ void issue_weights(const Ring<Cfg>& ring, int s, cons
   const bf16* src = o.w + (int64_t(tn) * o.packed_atoms + kst * Cfg::kKAtoms) * (kTileRows * 64);
   bulk_load(ring.w_atom(s, 0), src, Cfg::kKAtoms * Cfg::kWAtomBytes, &ring.full[s], policy);
 }
+// The activations of stage kst: o.act, or for a norm consumer above 16 rows its input's bf16 copy.
 template <class Cfg>
-__device__ __forceinline__ void issue_acts(const Ring<Cfg>& ring, int s, const StepOpArgs& o, int kst, uint64_t policy) {
+__device__ __forceinline__ void issue_acts(const StepParams& p, const Ring<Cfg>& ring, int s, const StepOpArgs& o,
+                                           uint32_t epoch, int kst, uint64_t policy) {
+  const bf16* act = bf16_stream<Cfg>(p) && stages_residual(o.kind) ? stream_bf16(p, epoch, o.x_in) : o.act;
 #pragma unroll
   for (int a = 0; a < Cfg::kKAtoms; ++a)
-    bulk_load(ring.x_atom(s, a), o.act + int64_t(kst * Cfg::kKAtoms + a) * Cfg::kMPad * 64, Cfg::kXAtomBytes,
+    bulk_load(ring.x_atom(s, a), act + int64_t(kst * Cfg::kKAtoms + a) * Cfg::kMPad * 64, Cfg::kXAtomBytes,
               &ring.full[s], policy);
 }
 // An attention stage: K at the stage's start, V after `stage_tokens` rows of K, then the q rows of
@@ -436,7 +454,7 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
     const StepOpArgs& o = p.ops[id >= 0 ? t.op : 0];
     const int kind = id >= 0 ? o.kind : -1;
     const bool weights = kind == kQkv || kind == kResidual || kind == kGateUp || kind == kLmHead;
-    const bool staged = stages_residual(kind);  // activations: rows of the fp32 residual stream
+    const bool staged = stages_residual(kind) && !bf16_stream<Cfg>(p);  // activations: rows of the fp32 residual stream
     auto stage_bytes = [&](int kst) {
       return staged ? uint32_t(Cfg::kKAtoms * Cfg::kWAtomBytes) + residual_stage_bytes<Cfg>(p) : uint32_t(Cfg::kStageBytes);
     };
@@ -519,14 +537,14 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
         ptx::fence_proxy_async(ptx::space_global);  // produced activations, read by the async proxy
         for (int j = 0, s = s0; j < pre; ++j, s = (s + 1 == ps.count ? 0 : s + 1)) {
           if (staged) issue_residual_block(p, ring, s, xres, kst0 + j, x_policy);
-          else issue_acts(ring, s, o, kst0 + j, x_policy);
+          else issue_acts(p, ring, s, o, sh.slots.epoch, kst0 + j, x_policy);
         }
         for (int j = pre; j < n; ++j) {
           const int s = acquire_stage(ring, ps);
           arm_stage(ring, s, stage_bytes(kst0 + j));
           issue_weights(ring, s, o, t.tn, kst0 + j, w_policy);
           if (staged) issue_residual_block(p, ring, s, xres, kst0 + j, x_policy);
-          else issue_acts(ring, s, o, kst0 + j, x_policy);
+          else issue_acts(p, ring, s, o, sh.slots.epoch, kst0 + j, x_policy);
         }
       }
     } else if (kind == kAttention) {
@@ -680,22 +698,20 @@ __device__ void weight_epilogue(const StepParams& p, StepShared& sh, const StepO
 // too, from writer x_in's), fire-and-forget; slice 0 also zeroes its columns of buffer x_out + 2.
 // Loads go out in batches, never between stores (a store between two loads serialises them: measured
 // as ~4 us of a split tile's tail in the step timelines).
-// add_to_residual's reductions as float4s at R >= 64 (B > 16). A
-// thread's accumulators of one output column are rows 8j + 2 (lane % 4) + e; the four lanes q = 4a ..
-// 4a + 3 (lane = 4q + lane % 4) hold four consecutive columns. A 4 x 4 transpose among those lanes over
-// four row blocks j gives each lane one row's four columns: one red.global.add.v4.f32 instead of four
-// scalar reductions (each an L2 atomic: at B = 64 a tile's 8192 of them took ~10 us to complete).
-// Slice 0 adds the stream's x as float4 loads after the transpose. A/B on the H200 (one call,
+// The reductions of a tile's accumulators as float4s at R >= 64 (B > 16). A thread's accumulators of
+// one output column are rows 8j + 2 (lane % 4) + e; the four lanes q = 4a .. 4a + 3 (lane = 4q +
+// lane % 4) hold four consecutive columns. A 4 x 4 transpose among those lanes over four row blocks j
+// gives each lane one row's four columns: f(row, first column, values) then issues one
+// red.global.add.v4.f32 instead of four scalar reductions (each an L2 atomic: at B = 64 a tile's 8192
+// of them took ~10 us to complete). A/B on the H200 for o_proj and down (one call,
 // decode_step_residual_v4_ab.json): Llama-3.2-1B B = 64 -16%, B = 32 -4.9%, Llama-3-8B B = 32 -3.6%,
 // B = 64 -2.6%; at R = 32 (B = 16) -0.4% / +0.4%, so smaller R keep the scalar reductions.
 template <class Cfg>
-constexpr bool kResidualV4 = Cfg::kMPad >= 64;
-template <class Cfg>
-__device__ __forceinline__ void add_to_residual_v4(const StepParams& p, const StepOpArgs& o, const DeviceTile& t,
-                                                   const float (&acc)[Cfg::kAcc], int ct, uint32_t epoch, float* y) {
+constexpr bool kVectorReductions = Cfg::kMPad >= 64;
+template <class Cfg, class F>
+__device__ __forceinline__ void for_each_row_quad(const float (&acc)[Cfg::kAcc], int ct, int tn, F&& f) {
   static_assert(Cfg::kAcc % 16 == 0, "four row blocks per transpose");
   const int lane = ct % 32, warp = ct / 32, k = (lane >> 2) & 3, a = lane >> 4, pq = lane & 3;
-  const float* x = (t.ks == 0 && p.add_residual) ? residual_buffer(p, epoch, o.x_in) : nullptr;
   auto pick = [](const float (&v)[4], int i) { return i == 0 ? v[0] : i == 1 ? v[1] : i == 2 ? v[2] : v[3]; };
 #pragma unroll
   for (int h = 0; h < 2; ++h)
@@ -717,20 +733,12 @@ __device__ __forceinline__ void add_to_residual_v4(const StepParams& p, const St
           w[2] = src == 2 ? got : w[2];
           w[3] = src == 3 ? got : w[3];
         }
-        const int m = 8 * (4 * jb + k) + 2 * pq + e, col = t.tn * kTileRows + warp * 16 + 4 * a + 8 * h;
-        if (m >= p.batch || col >= o.n) continue;
-        const int at = residual_at(p, m, col);
-        if (x) {
-          const float4 r = __ldcg(reinterpret_cast<const float4*>(x + at));
-          w[0] += r.x, w[1] += r.y, w[2] += r.z, w[3] += r.w;
-        }
-        for (int q = 0; q < (p.push ? p.ranks : 1); ++q) {  // every rank's stream (collectives in the launch)
-          float* yq = p.push ? on_rank(p, q, y) : y;
-          asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(yq + at), "f"(w[0]), "f"(w[1]), "f"(w[2]),
-                       "f"(w[3])
-                       : "memory");
-        }
+        f(8 * (4 * jb + k) + 2 * pq + e, tn * kTileRows + warp * 16 + 4 * a + 8 * h, w);
       }
+}
+__device__ __forceinline__ void red_add_v4(float* dst, const float (&w)[4]) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(w[0]), "f"(w[1]), "f"(w[2]), "f"(w[3])
+               : "memory");
 }
 
 template <class Cfg>
@@ -747,7 +755,7 @@ __device__ __forceinline__ void add_to_residual(const StepParams& p, const StepO
     const int col = r0 + 8 * ((i & 3) >> 1);
     return m < p.batch && col < o.n ? residual_at(p, m, col) : -1;
   };
-  if (!kResidualV4<Cfg> && t.ks == 0 && p.add_residual) {  // (the vector path adds x itself)
+  if (!kVectorReductions<Cfg> && t.ks == 0 && p.add_residual) {  // (the vector path adds x itself)
     const float* x = residual_buffer(p, epoch, o.x_in);
     constexpr int kBatch = Cfg::kAcc < 16 ? Cfg::kAcc : 16;
 #pragma unroll
@@ -763,8 +771,18 @@ __device__ __forceinline__ void add_to_residual(const StepParams& p, const StepO
     }
   }
   float* y = residual_buffer(p, epoch, o.x_out);
-  if constexpr (kResidualV4<Cfg>) {
-    add_to_residual_v4<Cfg>(p, o, t, acc, ct, epoch, y);
+  if constexpr (kVectorReductions<Cfg>) {
+    // Slice 0 adds the stream's x as float4 loads after the transpose.
+    const float* x = (t.ks == 0 && p.add_residual) ? residual_buffer(p, epoch, o.x_in) : nullptr;
+    for_each_row_quad<Cfg>(acc, ct, t.tn, [&](int m, int col, float (&w)[4]) {
+      if (m >= p.batch || col >= o.n) return;
+      const int at = residual_at(p, m, col);
+      if (x) {
+        const float4 r = __ldcg(reinterpret_cast<const float4*>(x + at));
+        w[0] += r.x, w[1] += r.y, w[2] += r.z, w[3] += r.w;
+      }
+      for (int q = 0; q < (p.push ? p.ranks : 1); ++q) red_add_v4((p.push ? on_rank(p, q, y) : y) + at, w);
+    });
   } else {
     for (int q = 0; q < (p.push ? p.ranks : 1); ++q) {  // every rank's stream (collectives in the launch)
       float* yq = p.push ? on_rank(p, q, y) : y;
@@ -872,7 +890,7 @@ __device__ void consume_weight_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, S
 #pragma unroll
     for (int off = 1; off < S::kF4; off *= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
     const int i = ct + kConsumers * k;
-    if (i % S::kF4 == 0 && i / S::kF4 < B) sh.rstd[i / S::kF4] = v;
+    if (staged && i % S::kF4 == 0 && i / S::kF4 < B) sh.rstd[i / S::kF4] = v;
   }
   wgmma_wait<0>();
   fence_operands(acc);
@@ -924,14 +942,26 @@ __device__ void finish_qkv_tile(const StepParams& p, StepShared& sh, const StepO
     consumer_sync();  // the slice's sums of squares (consume_weight_tile) are in sh.rstd
     if (ct < B) asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(p.qkv_ss + 4 * ct), "f"(sh.rstd[ct]) : "memory");
   }
-  const int r0 = t.tn * kTileRows + (ct / 32) * 16 + lane / 4;
+  // As float4s only with the stream's bf16 copy (measured there, decode_step_bf16_stream_ab.json; at
+  // R = 64 with B <= 32 Llama-3-8B B = 32 read 6.6% slower in a later call, not A/B'd).
+  if constexpr (kVectorReductions<Cfg>) {
+    if (bf16_stream<Cfg>(p)) {
+      for_each_row_quad<Cfg>(acc, ct, t.tn, [&](int m, int col, const float (&w)[4]) {
+        if (m < B && col < o.n) red_add_v4(p.qkv_acc + m * p.qkv_cols + col, w);
+      });
+      return finish_tile(p, t, id, ct, false);  // read with ordinary loads (finish_qkv)
+    }
+  }
+  {
+    const int r0 = t.tn * kTileRows + (ct / 32) * 16 + lane / 4;
 #pragma unroll
-  for (int i = 0; i < Cfg::kAcc; ++i) {
-    int m;  // through an opaque move, as in add_to_residual: not every address up front
-    asm volatile("mov.b32 %0, %1;\n" : "=r"(m) : "r"(8 * (i / 4) + 2 * (lane % 4) + (i & 1)));
-    const int col = r0 + 8 * ((i & 3) >> 1);
-    if (m < B && col < o.n)
-      asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(p.qkv_acc + m * p.qkv_cols + col), "f"(acc[i]) : "memory");
+    for (int i = 0; i < Cfg::kAcc; ++i) {
+      int m;  // through an opaque move, as in add_to_residual: not every address up front
+      asm volatile("mov.b32 %0, %1;\n" : "=r"(m) : "r"(8 * (i / 4) + 2 * (lane % 4) + (i & 1)));
+      const int col = r0 + 8 * ((i & 3) >> 1);
+      if (m < B && col < o.n)
+        asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(p.qkv_acc + m * p.qkv_cols + col), "f"(acc[i]) : "memory");
+    }
   }
   finish_tile(p, t, id, ct, false);  // read with ordinary loads (finish_qkv)
 }
@@ -1210,7 +1240,9 @@ __device__ bool attention_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, StepSh
 
 // Embedding rows of the input tokens, columns [tn cols, (tn + 1) cols), into the residual stream
 // (writer 0); the same columns of buffer 2 zeroed (see add_to_residual).
+template <class Cfg>
 __device__ void embed_tile(const StepParams& p, const StepOpArgs& o, const DeviceTile& t, int ct, uint32_t epoch) {
+  const bool bf16 = bf16_stream<Cfg>(p);
   const int c0 = t.tn * o.cols, cols = min(o.cols, o.n - c0), vecs = cols / 8;
   float* x = residual_buffer(p, epoch, o.x_out);
   float* z = residual_buffer(p, epoch, o.x_out + 2);
@@ -1226,6 +1258,21 @@ __device__ void embed_tile(const StepParams& p, const StepOpArgs& o, const Devic
     *reinterpret_cast<float4*>(x + at + 4) = make_float4(c.x, c.y, d.x, d.y);
     *reinterpret_cast<float4*>(z + at) = make_float4(0.f, 0.f, 0.f, 0.f);
     *reinterpret_cast<float4*>(z + at + 4) = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (bf16) *reinterpret_cast<uint4*>(stream_bf16(p, epoch, o.x_out) + ActLayout{p.act_rows}.index(m, col)) = v;
+  }
+  if (bf16) {  // the rows' sums of squares of the tile's atoms
+    float* ss = stream_sums(p, epoch, o.x_out);
+    const int a0 = c0 / 64, na = (cols + 63) / 64;
+    for (int i = ct; i < p.batch * na; i += kConsumers) {
+      const int m = i / na, a = a0 + i % na, tok = min(max(__ldcg(&p.tokens[m]), 0), p.embed_vocab - 1);
+      const __nv_bfloat162* row = reinterpret_cast<const __nv_bfloat162*>(p.embed + int64_t(tok) * p.hidden);
+      float sum = 0.f;
+      for (int c = 64 * a; c < min(64 * a + 64, o.n); c += 2) {
+        const float2 f = __bfloat1622float2(row[c / 2]);
+        sum += f.x * f.x + f.y * f.y;
+      }
+      ss[int64_t(a) * p.batch + m] = sum;
+    }
   }
 }
 
@@ -1277,6 +1324,56 @@ __device__ void all_reduce_tile(const StepParams& p, const StepOpArgs& o, const 
     }
 }
 
+// Batches above 32 (step_bf16_stream): after an o_proj or down tile's reductions, the last of its K
+// slices to arrive (acquire: the others' reductions are in) reads its 128 columns of the stream back
+// and writes them as bf16 in the act layout, and each row's sums of squares per 64-column atom -- what
+// the norm consumers then copy like any activations and sum. Thread ct's items i = ct + 256 k: row
+// i / 32, columns 4 (i % 32) of the block, so a warp's lanes 0-15 and 16-31 each hold one atom's row.
+__device__ void stream_block_to_bf16(const StepParams& p, StepShared& sh, const StepOpArgs& o, const DeviceTile& t, int ct,
+                                     uint32_t epoch) {
+  consumer_sync();  // every thread's reductions are issued
+  if (ct == 0) {
+    if (o.split > 1) {
+      sh.flag = runtime::arrive_last(p.ep, epoch, t, o.split);
+    } else {
+      __threadfence();
+      sh.flag = 1;
+    }
+  }
+  consumer_sync();
+  if (!sh.flag) return;
+  const float* y = residual_buffer(p, epoch, o.x_out);
+  bf16* xa = stream_bf16(p, epoch, o.x_out);
+  float* ss = stream_sums(p, epoch, o.x_out);
+  const ActLayout act{p.act_rows};
+  const int c0 = t.tn * kTileRows;
+  for (int i = ct; i < p.batch * (kTileRows / 4); i += kConsumers) {  // whole warps: 32 items a row
+    const int m = i / (kTileRows / 4), col = c0 + 4 * (i % (kTileRows / 4));
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (col < o.n) {
+      v = __ldcg(reinterpret_cast<const float4*>(y + residual_at(p, m, col)));
+      store_bf16x4(xa + act.index(m, col), v.x, v.y, v.z, v.w);
+    }
+    float sum = v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+#pragma unroll
+    for (int off = 1; off < 16; off *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (i % 16 == 0 && (col >> 6) < p.x_atoms) ss[int64_t(col >> 6) * p.batch + m] = sum;
+  }
+}
+
+// Batches above 32: a norm consumer's K slice's sums of squares per row (sh.rstd, as the staged
+// mainloop leaves them), from its input's sums per atom. After `ready`.
+template <class Cfg>
+__device__ __forceinline__ void slice_sums_of_squares(const StepParams& p, StepShared& sh, const StepOpArgs& o,
+                                                      const DeviceTile& t, int ct, uint32_t epoch) {
+  if (ct >= p.batch) return;
+  const int a0 = o.slice_start[t.ks] * Cfg::kKAtoms, a1 = min(o.slice_start[t.ks + 1] * Cfg::kKAtoms, p.x_atoms);
+  const float* ss = stream_sums(p, epoch, o.x_in) + ct;
+  float v = 0.f;
+  for (int a = a0; a < a1; ++a) v += __ldcg(ss + int64_t(a) * p.batch);
+  sh.rstd[ct] = v;
+}
+
 template <class Cfg, int D>
 __device__ void run_consumer(const Ring<Cfg>& ring, StepShared& sh, float* scratch, const StepParams& p) {
   const int ct = threadIdx.x - 128;
@@ -1297,12 +1394,15 @@ __device__ void run_consumer(const Ring<Cfg>& ring, StepShared& sh, float* scrat
       case kGateUp:
       case kLmHead: {
         float acc[Cfg::kAcc];  // scoped here: not live in the other kinds' code
-        consume_weight_tile<Cfg>(ring, ps, sh, p, o, t, ct, acc, o.kind != kResidual);
+        const bool bf16 = bf16_stream<Cfg>(p);
+        consume_weight_tile<Cfg>(ring, ps, sh, p, o, t, ct, acc, o.kind != kResidual && !bf16);
         if (ct == 0) runtime::trace_mark(p.ep, id, runtime::kTraceComputed);
         mbar_wait(&sh.ready[qs], qphase, "ready");
+        if (o.kind != kResidual && bf16) slice_sums_of_squares<Cfg>(p, sh, o, t, ct, epoch);
         if (o.kind == kResidual) {
           add_to_residual<Cfg>(p, o, t, acc, ct, epoch);
-          finish_tile(p, t, id, ct, false);  // the stream is read with ordinary loads
+          if (bf16) stream_block_to_bf16(p, sh, o, t, ct, epoch);
+          finish_tile(p, t, id, ct, bf16);  // the stream is read with ordinary loads, its copy by bulk copies
         } else if (o.kind == kQkv) {
           finish_qkv_tile<Cfg>(p, sh, o, t, id, acc, ct);
         } else {
@@ -1320,8 +1420,8 @@ __device__ void run_consumer(const Ring<Cfg>& ring, StepShared& sh, float* scrat
       }
       case kEmbed:
         mbar_wait(&sh.ready[qs], qphase, "ready");
-        embed_tile(p, o, t, ct, epoch);
-        finish_tile(p, t, id, ct, false);
+        embed_tile<Cfg>(p, o, t, ct, epoch);
+        finish_tile(p, t, id, ct, bf16_stream<Cfg>(p));
         break;
       case kAllReduce:
         mbar_wait(&sh.ready[qs], qphase, "ready");

@@ -144,6 +144,15 @@ struct StepParams {
   float* xres;                    // kResidualBuffers x [x_blocks][B][x_cols] fp32 residual stream
   int32_t x_cols, x_blocks;       // the stream's column blocks: a norm consumer's stage columns
   int32_t writers;                // residual-stream writers per launch (2L + 1)
+  // Batches above 32 (step_bf16_stream): each residual buffer's bf16 copy in the act layout (R rows),
+  // written by the last K slice of each writer tile (the embedding's tiles: theirs), and its rows' sums
+  // of squares per 64-column atom: xa [4][xa_stride], xss [4][x_atoms][B]. The norm consumers copy xa
+  // like any activations and sum their K slice's atoms of xss.
+  int32_t bf16_stream;
+  __nv_bfloat16* xa;
+  int64_t xa_stride;
+  float* xss;
+  int32_t x_atoms;
   // q|k|v of the layer as the QKV tiles' K slices add them (red.add): [B][qkv_cols] fp32 sums of x Wᵀ
   // before the norm's scale, the bias and RoPE, which the attention applies (a rotation and a scale are
   // linear, but the scale needs every slice's sums of squares, so no QKV tile can finish a row: there is

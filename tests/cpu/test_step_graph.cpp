@@ -87,10 +87,17 @@ TEST(StepGraph, PlannerFillsTheGpu) {
   EXPECT_EQ(plan_step_tiling(c, 1, 132, 2).qkv.split_k, 2);  // an explicit cap
   EXPECT_EQ(t.attention_tiles, 132);
   for (const Tiling* x : {&t.qkv, &t.o_proj, &t.gate_up, &t.down}) EXPECT_EQ(x->bm, 8);
-  // A batch of 100 takes 256-row tiles (R >= 2B) and fewer, longer slices; 128 is the largest batch.
+  // Up to 32 rows the tiles hold R >= 2B rows (the norm consumers' fp32 rows); above, the stream's bf16
+  // copy (step_bf16_stream): R >= B. A batch of 100 takes 128-row tiles and fewer, longer slices; a
+  // tensor-parallel rank keeps R >= 2B; 128 is the largest batch.
+  EXPECT_EQ(plan_step_tiling(c, 32, 132).qkv.bm, 64);
+  EXPECT_EQ(plan_step_tiling(c, 33, 132).qkv.bm, 64);
   const StepTiling big = plan_step_tiling(c, 100, 132);
-  EXPECT_EQ(big.qkv.bm, 256);
-  EXPECT_EQ(plan_step_tiling(c, 33, 132).qkv.bm, 128);
+  EXPECT_EQ(big.qkv.bm, 128);
+  EXPECT_EQ(plan_step_tiling(c, 100, 132, 0, 2).qkv.bm, 256);
+  EXPECT_FALSE(step_bf16_stream(32));
+  EXPECT_TRUE(step_bf16_stream(33));
+  EXPECT_FALSE(step_bf16_stream(33, 2));
   EXPECT_NE(error_of([&] { plan_step_tiling(c, 129, 132); }).find("batch 129"), std::string::npos);
   EXPECT_LE(big.qkv.split_k, t.qkv.split_k);
 }

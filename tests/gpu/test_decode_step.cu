@@ -277,8 +277,10 @@ TEST(DecodeStep, GateUpBeyondOneWave) {
   }
 }
 
-// Odd batch sizes on the activation-row configurations the other tests leave out (R >= 2B: 16, 64,
-// 128 and 256 rows per tile), up to the largest batch.
+// Odd batch sizes on the activation-row configurations the other tests leave out, up to the largest
+// batch: R >= 2B up to 32 rows (6, 20: 16, 64 rows), and above 32 the stream's bf16 copy written by
+// the writers' last slices (step_bf16_stream; 33, 100, 128: 64, 128, 128 rows), at head dims 64
+// (tiny Qwen2, hidden 320: a partial stage) and 128.
 TEST(DecodeStep, BatchSizesAcrossTileHeights) {
   TW_REQUIRE_SM90();
   for (int batch : {6, 20, 33, 100, 128}) {
@@ -287,6 +289,10 @@ TEST(DecodeStep, BatchSizesAcrossTileHeights) {
     k.generate = 2;
     run_against_reference(k, fresh_seed());
   }
+  StepCase k{tiny_d128(), 40, KvLayout::Paged, 16};
+  k.max_prompt = 5;
+  k.generate = 2;
+  run_against_reference(k, fresh_seed());
 }
 
 // Model shapes drawn from a seed, as the attention and FFN grids draw theirs: Llama (with or without

@@ -44,7 +44,7 @@ void run_step(const StepOptions& o) {
   if (s.layout == KvLayout::Paged)
     for (int i = 0; i < s.batch * s.pages_per_seq(); ++i) table.push_back(i);
   const std::vector<int> lens(o.batch, o.kv - 1);
-  const StepTiling t = plan_step_tiling(c, o.batch, gpu.sms);
+  const StepTiling t = plan_step_tiling(c, o.batch, gpu.sms, 0, o.tp);
   const auto t0 = std::chrono::steady_clock::now();
   const StepGraph g = build_step_graph(c, s, lens, table, t);
   CacheConfig cc;

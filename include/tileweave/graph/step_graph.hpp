@@ -41,11 +41,22 @@ struct DecodeStepShape {
   DecodeAttentionShape attention(const ModelConfig& c) const;
 };
 
-// The step's largest batch and its weight tiles' activation rows R: a norm consumer's stage (qkv,
-// gate/up, LM head) receives the fp32 rows of the residual stream in its activation bytes (R rows of
-// bf16) and converts them in place, so R >= 2B.
+// How a norm consumer (qkv, gate/up, LM head) gets its activations, and the weight tiles' activation
+// rows R. Up to 32 rows: its stage receives the fp32 rows of the residual stream in its activation
+// bytes (R rows of bf16) and converts them in place, so R >= 2B -- no hop between the stream's writers
+// and its readers. Above 32 rows (one GPU): the last K slice of each writer tile converts its columns
+// of the stream to bf16 in the act layout with the rows' partial sums of squares (bf16 stream), and the
+// consumers copy those like any activations, R >= B: at B = 64, R = 2B had halved a stage's weights
+// and K columns, doubled the wgmma's N and put a conversion between two barriers in every stage.
+// Measured on the H200 (decode_step_bf16_stream_ab.json): Llama-3-8B B = 64 -30%, Qwen2-7B B = 100
+// -53%, Llama-3.2-1B B = 64 -9.5%; at B = 32 the writers' extra hop cost Llama-3.2-1B 3.6% (8B
+// -0.6%), hence the threshold. (Tensor parallelism keeps R = 2B: a rank's writer sees only its part
+// before the all-reduce.)
 constexpr int kMaxStepBatch = sm90::kMaxActRows / 2;
-constexpr int step_act_rows(int batch) { return sm90::act_rows_for(2 * int64_t(batch)); }
+constexpr bool step_bf16_stream(int batch, int tp = 1) { return batch > 32 && tp == 1; }
+constexpr int step_act_rows(int batch, int tp = 1) {
+  return sm90::act_rows_for((step_bf16_stream(batch, tp) ? 1 : 2) * int64_t(batch));
+}
 
 // The tilings of the step's ops, the same in every layer.
 struct StepTiling {
@@ -60,7 +71,7 @@ struct StepTiling {
 // qkv, o_proj, down: step_graph.cpp says why), one attention tile per SM (the
 // kernel uses fewer at short contexts: DecodeStepOptions::attention_min_tile_bytes).
 // max_split > 0 caps every op's K slices (an experiment's knob; 0: the planner's).
-StepTiling plan_step_tiling(const ModelConfig& c, int batch, int sms, int max_split = 0);
+StepTiling plan_step_tiling(const ModelConfig& c, int batch, int sms, int max_split = 0, int tp = 1);
 
 struct StepGraph {
   TileGraph graph;
