@@ -124,7 +124,8 @@ __device__ __forceinline__ void consumer_sync() { named_bar_sync(1, kConsumers);
 __device__ __forceinline__ int stages_of(const StepOpArgs& o, const DeviceTile& t) {
   return o.slice_start[t.ks + 1] - o.slice_start[t.ks];
 }
-// Norm consumers stage their activations themselves, from the fp32 residual stream.
+// Norm consumers stage their activations themselves, from the fp32 residual stream (up to 32 rows:
+// step_bf16_stream).
 __device__ __forceinline__ bool stages_residual(int kind) { return kind == kQkv || kind == kGateUp || kind == kLmHead; }
 // The residual-stream buffer of writer w (decode_step_sm90.hpp); w may run past this launch's writers.
 __device__ __forceinline__ uint32_t stream_slot(const StepParams& p, uint32_t epoch, int w) {
@@ -383,7 +384,7 @@ __device__ __forceinline__ void issue_weights(const Ring<Cfg>& ring, int s, cons
   const bf16* src = o.w + (int64_t(tn) * o.packed_atoms + kst * Cfg::kKAtoms) * (kTileRows * 64);
   bulk_load(ring.w_atom(s, 0), src, Cfg::kKAtoms * Cfg::kWAtomBytes, &ring.full[s], policy);
 }
-// The activations of stage kst: o.act, or for a norm consumer above 16 rows its input's bf16 copy.
+// The activations of stage kst: o.act, or for a norm consumer above 32 rows its input's bf16 copy.
 template <class Cfg>
 __device__ __forceinline__ void issue_acts(const StepParams& p, const Ring<Cfg>& ring, int s, const StepOpArgs& o,
                                            uint32_t epoch, int kst, uint64_t policy) {
