@@ -695,10 +695,6 @@ __device__ void weight_epilogue(const StepParams& p, StepShared& sh, const StepO
       atomicMax((p.push ? on_rank(p, q, p.maxima) : p.maxima) + (epoch & 1) * B + ct, sh.red[ct]);
 }
 
-// o_proj / down: the K slice's part of x' = x + a W^T added into writer x_out's buffer (slice 0 adds x
-// too, from writer x_in's), fire-and-forget; slice 0 also zeroes its columns of buffer x_out + 2.
-// Loads go out in batches, never between stores (a store between two loads serialises them: measured
-// as ~4 us of a split tile's tail in the step timelines).
 // The reductions of a tile's accumulators as float4s at R >= 64 (B > 16). A thread's accumulators of
 // one output column are rows 8j + 2 (lane % 4) + e; the four lanes q = 4a .. 4a + 3 (lane = 4q +
 // lane % 4) hold four consecutive columns. A 4 x 4 transpose among those lanes over four row blocks j
@@ -742,6 +738,10 @@ __device__ __forceinline__ void red_add_v4(float* dst, const float (&w)[4]) {
                : "memory");
 }
 
+// o_proj / down: the K slice's part of x' = x + a W^T added into writer x_out's buffer (slice 0 adds x
+// too, from writer x_in's), fire-and-forget; slice 0 also zeroes its columns of buffer x_out + 2.
+// Loads go out in batches, never between stores (a store between two loads serialises them: measured
+// as ~4 us of a split tile's tail in the step timelines).
 template <class Cfg>
 __device__ __forceinline__ void add_to_residual(const StepParams& p, const StepOpArgs& o, const DeviceTile& t,
                                                 float (&acc)[Cfg::kAcc], int ct, uint32_t epoch) {
@@ -953,28 +953,26 @@ __device__ void finish_qkv_tile(const StepParams& p, StepShared& sh, const StepO
       return finish_tile(p, t, id, ct, false);  // read with ordinary loads (finish_qkv)
     }
   }
-  {
-    const int r0 = t.tn * kTileRows + (ct / 32) * 16 + lane / 4;
+  const int r0 = t.tn * kTileRows + (ct / 32) * 16 + lane / 4;
 #pragma unroll
-    for (int i = 0; i < Cfg::kAcc; ++i) {
-      int m;  // through an opaque move, as in add_to_residual: not every address up front
-      asm volatile("mov.b32 %0, %1;\n" : "=r"(m) : "r"(8 * (i / 4) + 2 * (lane % 4) + (i & 1)));
-      const int col = r0 + 8 * ((i & 3) >> 1);
-      if (m < B && col < o.n)
-        asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(p.qkv_acc + m * p.qkv_cols + col), "f"(acc[i]) : "memory");
-    }
+  for (int i = 0; i < Cfg::kAcc; ++i) {
+    int m;  // through an opaque move, as in add_to_residual: not every address up front
+    asm volatile("mov.b32 %0, %1;\n" : "=r"(m) : "r"(8 * (i / 4) + 2 * (lane % 4) + (i & 1)));
+    const int col = r0 + 8 * ((i & 3) >> 1);
+    if (m < B && col < o.n)
+      asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(p.qkv_acc + m * p.qkv_cols + col), "f"(acc[i]) : "memory");
   }
   finish_tile(p, t, id, ct, false);  // read with ordinary loads (finish_qkv)
 }
+
+// The float4 slot of combine_segment's row of head g where its logical float4 q lies (a permutation
+// of each row's float4s that leaves bit 3 of q in place, so it is its own inverse).
+__device__ __forceinline__ int combine_slot(int g, int q) { return q ^ ((g & 3) | ((q >> 1) & 4)); }
 
 // Attention tile: count stages of K/V through the ring. Warp w of 8 takes the 16-token units u of a
 // segment with u % 8 == w, keeping its own online softmax; at a segment's end the warps combine in
 // shared memory and the result is the output (a whole pair) or a partial (normalised output + LSE,
 // slot 2 tile + which). The last tile to finish a pair merges its partials (no tile waits for another).
-// The float4 slot of combine_segment's row of head g where its logical float4 q lies (a permutation
-// of each row's float4s that leaves bit 3 of q in place, so it is its own inverse).
-__device__ __forceinline__ int combine_slot(int g, int q) { return q ^ ((g & 3) | ((q >> 1) & 4)); }
-
 template <int D>
 __device__ void combine_segment(const StepParams& p, float* scratch, float* stage, const AttnChunk& c, int tile,
                                 float (&o)[D / 8][4], float m, float l, int ct, const StepOpArgs& op) {
@@ -1101,17 +1099,17 @@ __device__ void merge_pair(const StepParams& p, float* scratch, const AttnChunk&
   consumer_sync();
 }
 
+// The dimensions j, j + 1 of every item of finish_qkv's thread ct (items per head divide kConsumers):
+// the pair rope_pair computes before the wait.
+template <int D>
+__device__ __forceinline__ int rope_dims(int ct) { return 2 * (ct % (D / 4)); }
+static_assert(kConsumers % (64 / 4) == 0 && kConsumers % (128 / 4) == 0, "a thread's items share their dimensions");
+
 // q of the pair's group (at a segment's first stage) and the pair's new k and v (at the stage holding
 // the new row) from the QKV tiles' sums in qkv_acc: the norm's scale, the bias and RoPE, rounded to
 // bf16 where the math reads them -- q into the stage's q rows, k and v into its last row and into the
 // caches. An item is two adjacent dimensions and their partners half a head away (both halves of two
 // rotations). All consumers, after the tile's `ready`; a consumer barrier must follow.
-// Every item of thread ct has the same dimensions j, j + 1 (items per head divide kConsumers): the
-// RoPE pair of rope_dims.
-template <int D>
-__device__ __forceinline__ int rope_dims(int ct) { return 2 * (ct % (D / 4)); }
-static_assert(kConsumers % (64 / 4) == 0 && kConsumers % (128 / 4) == 0, "a thread's items share their dimensions");
-
 template <int D>
 __device__ void finish_qkv(const StepParams& p, const StepOpArgs& op, const AttnChunk& c, bf16* ks, bf16* vs,
                            bf16* qs, int ct, const RopePair& rp) {

@@ -6,9 +6,10 @@
 // cases whose tile timeline was recorded (bench_ffn --trace) replay it instead of drawn drift.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <array>
 #include <cmath>
-#include <fmt/format.h>
 #include <filesystem>
+#include <fmt/format.h>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -16,7 +17,6 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <tuple>
-#include <array>
 
 #include "cli_commands.hpp"
 #include "tileweave/model/validation.hpp"
