@@ -7,14 +7,19 @@
 // numbers into the JSON; scripts/hf_check.py the error against transformers.
 //   bench_decode_step [--cases llama-3.2-1b:1:1024,...] [--layout paged] [--no-model] [--trace] [--max-split 0,2] [--attn-kib 0,64]
 //                     [--ragged]   (--ragged: each sequence's cache holds a length drawn from [kv_len / 2, kv_len], fixed seed)
+//                     [--config-json [NAME=]PATH ...]   (a transformers config.json or its folder, usable in --cases as
+//                     NAME: the folder's name or the file's stem by default; bench/configs holds some no test names)
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "harness.cuh"
 #include "step_bench.cuh"
+#include "tileweave/llm/config.hpp"
 #include "tileweave/model/cache_model.hpp"
 #include "tileweave/order/orders.hpp"
 #include "tileweave/ops/decode_step.hpp"
@@ -36,6 +41,21 @@ std::vector<Case> parse_cases(const std::string& s) {
   return out;
 }
 
+// --config-json [NAME=]PATH, named as bench/decode_step_torch.py names it (so that --merge matches).
+std::pair<std::string, tw::ModelConfig> load_config_arg(const std::string& arg) {
+  const size_t eq = arg.find('=');
+  const std::string path = eq == std::string::npos ? arg : arg.substr(eq + 1);
+  std::string name = eq == std::string::npos ? "" : arg.substr(0, eq);
+  if (name.empty()) {
+    std::filesystem::path p = std::filesystem::path(path).lexically_normal();
+    if (p.filename().empty()) p = p.parent_path();  // a trailing slash
+    name = (p.filename() == "config.json" ? std::filesystem::absolute(p).parent_path().filename()
+            : p.extension() == ".json"    ? p.stem()
+                                          : p.filename()).string();
+  }
+  return {name, tw::load_hf_config(path)};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -44,8 +64,10 @@ int main(int argc, char** argv) {
   tw::KvLayout layout = tw::KvLayout::Contiguous;
   bool model = true, trace = false, ragged = false;
   std::vector<int> split_variants{0}, attn_kib_variants{0};
+  std::map<std::string, tw::ModelConfig> configs;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--cases") && i + 1 < argc) cases_arg = argv[++i];
+    else if (!std::strcmp(argv[i], "--config-json") && i + 1 < argc) configs.insert(load_config_arg(argv[++i]));
     else if (!std::strcmp(argv[i], "--layout") && i + 1 < argc) layout = std::string(argv[++i]) == "paged" ? tw::KvLayout::Paged : tw::KvLayout::Contiguous;
     else if (!std::strcmp(argv[i], "--no-model")) model = false;
     else if (!std::strcmp(argv[i], "--trace")) trace = true;
@@ -58,7 +80,7 @@ int main(int argc, char** argv) {
       for (const auto& v : tw::bench::split_list(argv[++i])) attn_kib_variants.push_back(std::stoi(v));
     }
     else {
-      std::fprintf(stderr, "usage: bench_decode_step [--cases model:batch:kv,...] [--layout contiguous|paged] [--no-model] [--trace] [--max-split N,...] [--attn-kib N,...] [--ragged]\n");
+      std::fprintf(stderr, "usage: bench_decode_step [--cases model:batch:kv,...] [--layout contiguous|paged] [--no-model] [--trace] [--max-split N,...] [--attn-kib N,...] [--ragged] [--config-json [NAME=]PATH ...]\n");
       return 2;
     }
   }
@@ -73,7 +95,8 @@ int main(int argc, char** argv) {
   for (const Case& c : cases)
   for (int max_split : split_variants)
   for (int attn_kib : attn_kib_variants) {
-    const tw::ModelConfig cfg = tw::named_config(c.model);
+    const auto named = configs.find(c.model);
+    const tw::ModelConfig cfg = named != configs.end() ? named->second : tw::named_config(c.model);
     tw::DecodeStepOptions opt;
     opt.batch = c.batch;
     opt.max_seq_len = c.kv_len;
@@ -109,7 +132,8 @@ int main(int argc, char** argv) {
                      {"max_split", max_split},
                      {"attention_min_tile_kib", attn_kib},
                      {"splits", {{"qkv", st.tiling().qkv.split_k}, {"o_proj", st.tiling().o_proj.split_k},
-                                 {"gate_up", st.tiling().gate_up.split_k}, {"down", st.tiling().down.split_k}}}};
+                                 {"gate_up", st.tiling().gate_up.split_k}, {"down", st.tiling().down.split_k},
+                                 {"lm_head", st.tiling().lm_head.split_k}}}};
     if (model) {
       // The traffic model on the step's graph at this case's lengths: the DRAM bytes it predicts.
       tw::DecodeStepShape shape = st.shape();
