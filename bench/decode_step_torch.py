@@ -156,10 +156,13 @@ def parse_hf_config(d, name):
     """A transformers config.json (4.x: rope_theta + rope_scaling; 5.x: rope_parameters) as a ModelCfg."""
     mt = d.get("model_type") or ""
     archs = d.get("architectures") or []
+    if mt not in ("llama", "mistral", "qwen2"):
+        mt = ("qwen2" if any("Qwen2" in a for a in archs) else "mistral" if any("Mistral" in a for a in archs)
+              else "llama" if any("Llama" in a for a in archs) else mt)
+    if mt == "mistral":  # the Llama computation; a sliding window changes nothing within it (tileweave's step
+        mt = "llama"     # refuses caches longer than the window)
     if mt not in ("llama", "qwen2"):
-        mt = "qwen2" if any("Qwen2" in a for a in archs) else "llama" if any("Llama" in a for a in archs) else mt
-    if mt not in ("llama", "qwen2"):
-        raise ValueError(f"{name}: model_type {d.get('model_type')!r} is not llama or qwen2")
+        raise ValueError(f"{name}: model_type {d.get('model_type')!r} is not llama, mistral or qwen2")
     if d.get("hidden_act", "silu") != "silu":
         raise ValueError(f"{name}: hidden_act {d.get('hidden_act')!r} is not silu")
     if d.get("mlp_bias"):

@@ -123,8 +123,8 @@ def load_source_config(args):
 
 def check_supported(cfg):
     mt = cfg.get("model_type")
-    if mt not in ("llama", "qwen2"):
-        log(f"warning: model_type {mt!r}: tileweave models llama and qwen2")
+    if mt not in ("llama", "mistral", "qwen2"):
+        log(f"warning: model_type {mt!r}: tileweave models llama, mistral and qwen2")
     if mt == "qwen2" and cfg.get("use_sliding_window"):
         log("warning: use_sliding_window is set: transformers will use sliding-window attention")
 

@@ -104,6 +104,11 @@ StepGraph build_step_graph(const ModelConfig& c, const DecodeStepShape& s, const
   if (s.batch < 1 || s.batch > kMaxStepBatch)
     bad("batch " + std::to_string(s.batch) + " is outside [1, " + std::to_string(kMaxStepBatch) + "]");
   if (s.tp < 1) bad("tensor-parallel ranks " + std::to_string(s.tp) + " must be >= 1");
+  // Within its window a sliding-window model attends to the whole cache, as the step does.
+  if (c.sliding_window > 0 && s.max_seq_len > c.sliding_window)
+    bad("max_seq_len " + std::to_string(s.max_seq_len) + " is over the model's sliding_window " +
+        std::to_string(c.sliding_window) + ": past it the model attends to the last " +
+        std::to_string(c.sliding_window) + " positions only, which the step does not model");
   if (int64_t(seq_lens.size()) != s.batch)
     bad("seq_lens has " + std::to_string(seq_lens.size()) + " entries for batch " + std::to_string(s.batch));
   std::vector<int> after(seq_lens);

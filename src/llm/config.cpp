@@ -81,21 +81,28 @@ struct Fields {
   }
 };
 
-ModelFamily parse_family(const Fields& f) {
+// Mistral is the Llama family's computation (no biases, silu, default RoPE) with an optional sliding window.
+struct Family {
+  ModelFamily family;
+  bool mistral;
+};
+Family parse_family(const Fields& f) {
   if (f.get("model_type")) {
     const std::string t = f.string("model_type", "");
-    if (t == "llama") return ModelFamily::Llama;
-    if (t == "qwen2") return ModelFamily::Qwen2;
-    f.fail("unsupported model_type '" + t + "' (supported: llama, qwen2)");
+    if (t == "llama") return {ModelFamily::Llama, false};
+    if (t == "mistral") return {ModelFamily::Llama, true};
+    if (t == "qwen2") return {ModelFamily::Qwen2, false};
+    f.fail("unsupported model_type '" + t + "' (supported: llama, mistral, qwen2)");
   }
   const json* a = f.get("architectures");
   if (!a) f.fail("field 'model_type' is missing (and there is no 'architectures' list)");
   if (!a->is_array() || a->empty() || !(*a)[0].is_string())
     f.fail("field 'architectures' must be a non-empty list of strings, got " + a->dump());
   const std::string arch = (*a)[0].get<std::string>();
-  if (arch == "LlamaForCausalLM") return ModelFamily::Llama;
-  if (arch == "Qwen2ForCausalLM") return ModelFamily::Qwen2;
-  f.fail("unsupported architecture '" + arch + "' (supported: LlamaForCausalLM, Qwen2ForCausalLM)");
+  if (arch == "LlamaForCausalLM") return {ModelFamily::Llama, false};
+  if (arch == "MistralForCausalLM") return {ModelFamily::Llama, true};
+  if (arch == "Qwen2ForCausalLM") return {ModelFamily::Qwen2, false};
+  f.fail("unsupported architecture '" + arch + "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)");
 }
 
 // rope_theta and the llama3 scaling. transformers 4.x writes rope_theta + rope_scaling; 5.x writes rope_parameters
@@ -222,6 +229,8 @@ void ModelConfig::validate() const {
   }
   if (family == ModelFamily::Llama && qkv_bias)
     fail("qkv_bias on a llama model is not supported (transformers' attention_bias also adds an o_proj bias)");
+  if (sliding_window < 0) fail("sliding_window must be positive (or 0 for none), got " + std::to_string(sliding_window));
+  if (sliding_window > 0 && family != ModelFamily::Llama) fail("a sliding window is read for mistral configs only");
 }
 
 ModelConfig parse_hf_config(const std::string& json_text, const std::string& origin) {
@@ -236,7 +245,8 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& ori
 
   ModelConfig c;
   c.name = origin;
-  c.family = parse_family(f);
+  const Family fam = parse_family(f);
+  c.family = fam.family;
   const std::string act = f.string("hidden_act", "silu");
   if (act != "silu") f.fail("hidden_act '" + act + "' is not supported (only silu)");
   if (f.boolean("mlp_bias", false)) f.fail("mlp_bias true is not supported");
@@ -258,6 +268,9 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& ori
   c.max_position_embeddings = f.integer("max_position_embeddings", c.family == ModelFamily::Qwen2 ? 32768 : 2048);
   c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
   c.qkv_bias = c.family == ModelFamily::Qwen2;
+  // Mistral v0.1 attends to the last 4096 positions only; later versions write null.
+  const json* window = fam.mistral ? f.get("sliding_window") : nullptr;
+  c.sliding_window = window && !window->is_null() ? f.integer(*window, "sliding_window") : 0;
   parse_rope(f, c);
   c.bos_token_id = f.integer("bos_token_id", -1);
   c.eos_token_ids = parse_eos(f);
@@ -388,8 +401,9 @@ std::string hf_config_json(const ModelConfig& c) {
   c.validate();
   const bool qwen = c.family == ModelFamily::Qwen2;
   ordered_json j;
-  j["architectures"] = ordered_json::array({qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM"});
-  j["model_type"] = to_string(c.family);
+  const bool mistral = c.sliding_window > 0;  // (the one Llama-family field llama configs lack)
+  j["architectures"] = ordered_json::array({qwen ? "Qwen2ForCausalLM" : mistral ? "MistralForCausalLM" : "LlamaForCausalLM"});
+  j["model_type"] = mistral ? "mistral" : to_string(c.family);
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
   j["intermediate_size"] = c.intermediate_size;
@@ -423,6 +437,8 @@ std::string hf_config_json(const ModelConfig& c) {
     j["use_sliding_window"] = false;
     j["sliding_window"] = nullptr;
     j["max_window_layers"] = c.num_layers;
+  } else if (mistral) {
+    j["sliding_window"] = c.sliding_window;
   } else {
     j["attention_bias"] = false;
     j["mlp_bias"] = false;

@@ -46,6 +46,30 @@ const char* kLlama32_1B = R"({
   "vocab_size": 128256
 })";
 
+// Mistral-7B-v0.1's: the Llama family's computation, attention limited to the last 4096 positions.
+const char* kMistral7B = R"({
+  "architectures": ["MistralForCausalLM"],
+  "bos_token_id": 1,
+  "eos_token_id": 2,
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 14336,
+  "max_position_embeddings": 32768,
+  "model_type": "mistral",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 32,
+  "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-05,
+  "rope_theta": 10000.0,
+  "sliding_window": 4096,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.34.0.dev0",
+  "use_cache": true,
+  "vocab_size": 32000
+})";
+
 // Qwen2-0.5B's: no head_dim (hidden / heads), a sliding window that is switched off.
 const char* kQwen2_05B = R"({
   "architectures": ["Qwen2ForCausalLM"],
@@ -93,6 +117,7 @@ void expect_same_model(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.max_position_embeddings, b.max_position_embeddings);
   EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings);
   EXPECT_EQ(a.qkv_bias, b.qkv_bias);
+  EXPECT_EQ(a.sliding_window, b.sliding_window);
   EXPECT_EQ(a.bos_token_id, b.bos_token_id);
   EXPECT_EQ(a.eos_token_ids, b.eos_token_ids);
 }
@@ -238,6 +263,30 @@ TEST(LlmConfig, ParsesTransformers5RopeParameters) {
   expect_same_model(parse_hf_config(plain, "v5"), named_config("qwen2-0.5b"));
 }
 
+TEST(LlmConfig, ParsesMistralAsLlamaWithItsWindow) {
+  auto edited = [](const std::string& from, const std::string& to) {
+    std::string t = kMistral7B;
+    return t.replace(t.find(from), from.size(), to);
+  };
+  const ModelConfig c = parse_hf_config(kMistral7B, "mistral-7b");
+  EXPECT_EQ(c.family, ModelFamily::Llama);
+  EXPECT_EQ(c.sliding_window, 4096);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.rope_theta, 10000.0);
+  EXPECT_EQ(c.rope_factor, 0.0);
+  // v0.2 and later: no window (null), the same as a Llama config.
+  EXPECT_EQ(parse_hf_config(edited("\"sliding_window\": 4096", "\"sliding_window\": null"), "v0.3").sliding_window, 0);
+  // Written back as a Mistral config, and read the same.
+  const std::string text = hf_config_json(c);
+  EXPECT_NE(text.find("MistralForCausalLM"), std::string::npos) << text;
+  expect_same_model(parse_hf_config(text, "round-trip"), c);
+  // Only Mistral configs carry a window: a Llama one's sliding_window field is not read.
+  EXPECT_EQ(parse_hf_config(edited("\"mistral\"", "\"llama\""), "llama-typed").sliding_window, 0);
+  const std::string e = error_of([&] { parse_hf_config(edited("\"sliding_window\": 4096", "\"sliding_window\": -3"), "bad"); });
+  EXPECT_NE(e.find("sliding_window"), std::string::npos) << e;
+}
+
 TEST(LlmConfig, BadConfigsNameTheField) {
   auto without = [](const std::string& key) {
     std::string t = kLlama32_1B;
@@ -265,7 +314,7 @@ TEST(LlmConfig, BadConfigsNameTheField) {
   expect_error(with("hidden_size", "\"2048\""), {"hidden_size", "integer"});
   expect_error(with("mlp_bias", "true"), {"mlp_bias"});
   expect_error(with("attention_bias", "true"), {"attention_bias"});
-  expect_error(with("model_type", "\"mistral\""), {"model_type", "mistral"});
+  expect_error(with("model_type", "\"gemma\""), {"model_type", "gemma"});
   expect_error(with("head_dim", "63"), {"head_dim", "63"});
   expect_error(with("rms_norm_eps", "0"), {"rms_norm_eps"});
   expect_error("{\"model_type\": ", {"JSON"});

@@ -209,6 +209,14 @@ TEST(StepGraph, BadInputNamesTheValue) {
   EXPECT_NE(error_of([&] { build_step_graph(c, s, {1, 32}, {}, t); }).find("max_seq_len 32"), std::string::npos);
   EXPECT_NE(error_of([&] { plan_step_tiling(c, 0, 132); }).find("batch 0"), std::string::npos);
   EXPECT_NE(error_of([&] { plan_step_tiling(c, 300, 132); }).find("batch 300"), std::string::npos);
+  ModelConfig window = c;  // a sliding-window model: caches up to the window only
+  window.sliding_window = 16;
+  const std::string e = error_of([&] { build_step_graph(window, s, {1, 2}, {}, t); });
+  EXPECT_NE(e.find("max_seq_len 32"), std::string::npos) << e;
+  EXPECT_NE(e.find("sliding_window 16"), std::string::npos) << e;
+  DecodeStepShape within = s;
+  within.max_seq_len = 16;
+  EXPECT_NO_THROW(build_step_graph(window, within, {1, 2}, {}, t));
   ModelConfig odd = c;
   odd.head_dim = 96;
   EXPECT_NE(error_of([&] { build_step_graph(odd, s, {1, 2}, {}, t); }).find("head_dim 96"), std::string::npos);

@@ -28,6 +28,9 @@ struct ModelConfig {
   // q/k/v projections carry biases. Qwen2 always; a Llama checkpoint with attention_bias also has an o_proj bias,
   // which this library does not model, so validate() refuses qkv_bias on the Llama family.
   bool qkv_bias = false;
+  // Attention to the last sliding_window positions only (Mistral v0.1: 4096); 0: none. The decode step runs
+  // caches that never outgrow it (max_seq_len <= sliding_window), where the window changes nothing.
+  int64_t sliding_window = 0;
   // Special tokens, only carried through config.json (-1 / empty: none). Llama-3.1 instruct lists several eos ids.
   int64_t bos_token_id = -1;
   std::vector<int64_t> eos_token_ids;
@@ -49,7 +52,8 @@ struct ModelConfig {
 };
 
 // A transformers config.json's text. `origin` names the source in errors (and becomes the config's name).
-// model_type "llama" | "qwen2" (or architectures LlamaForCausalLM / Qwen2ForCausalLM); hidden_act must be "silu";
+// model_type "llama" | "mistral" | "qwen2" (or architectures LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM;
+// Mistral is the Llama family with sliding_window, null or a position count); hidden_act must be "silu";
 // rope_scaling (or transformers 5's rope_parameters) null, "default" or "llama3". Fields transformers defaults
 // (num_key_value_heads, head_dim, rms_norm_eps, rope_theta, max_position_embeddings, tie_word_embeddings) take
 // transformers' defaults when absent; the shape fields are required.
