@@ -123,6 +123,8 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : mod
   if (opt.max_seq_len < 1) bad("max_seq_len " + std::to_string(opt.max_seq_len) + " must be >= 1");
   if (opt.history < 0) bad("history " + std::to_string(opt.history) + " must be >= 0");
   if (opt.sms < 0) bad("sms " + std::to_string(opt.sms) + " must be >= 0");
+  if (opt.attention_warp_segments < 0)
+    bad("attention_warp_segments " + std::to_string(opt.attention_warp_segments) + " must be >= 0");
   if (opt.collectives_in_launch && opt.tp > step::kMaxRanks)
     bad("tp " + std::to_string(opt.tp) + " with the collectives in the launch: at most " + std::to_string(step::kMaxRanks) + " ranks");
   shape_.batch = opt.batch;
@@ -326,6 +328,7 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : mod
                            ? int32_t(std::max<int64_t>(1, opt.attention_min_tile_bytes / unit_bytes))
                            : step::kMinAttentionUnits;
   }
+  p.attn_warp_segments = opt.attention_warp_segments;
   p.o_part = b.o_part;
   p.lse_part = b.lse_part;
   p.merge_count = b.merge_count;

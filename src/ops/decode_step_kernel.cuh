@@ -91,6 +91,29 @@ struct AttnChunk {
   int32_t first_tile, tiles;
 };
 constexpr int32_t kSegFirst = 1, kSegLast = 2, kWhole = 4, kWhich = 8, kShift = 16;
+// A stage of a tile run a segment per warp (StepParams::attn_warp_segments): kWarpSeg, and the owning
+// consumer warp in bits 8-10 (warp_of).
+constexpr int32_t kWarpSeg = 32;
+__host__ __device__ constexpr int warp_of(int32_t flags) { return (flags >> 8) & 7; }
+// Compiled only above 32 rows (B > 32, the batches with several pairs a tile): the path's registers
+// spilled into every tile height's attention code.
+template <class Cfg>
+constexpr bool kWarpSegments = Cfg::kMPad >= 64;
+
+// Walks one attention tile's stages (one thread): segment by segment (a segment is the tile's part
+// of one pair), each in stages of up to `stage_tokens` tokens.
+struct ChunkWalk {
+  int tile_u0, u_hi, total;  // the tile's units, all units
+  int tiles;                 // tiles that take units (StepShared::attn_tiles); the rest stay empty
+  int b, h;                  // the current pair
+  int pu0, pu1;              // its units
+  int seg_u0, seg_u1;        // the segment's units
+  int tok, tok_end;          // next token of the segment, its end
+  int seg_units;             // units of the segment already walked
+  int first_tile, ntiles;    // the tiles holding the pair's units (set at the segment's first stage)
+  bool shift;
+  bool per_pair;             // the tiles are cut pair by pair (seq_tiles): first_tile / ntiles set by walk_begin
+};
 
 struct StepShared {
   runtime::BlockSlots slots;
@@ -113,7 +136,9 @@ struct StepShared {
   float rstd[kMaxRows];
   unsigned long long red[kMaxRows];
   uint32_t flag, last[2];
-  AttnChunk part[2];  // an attention tile's partial segments: its first and its last
+  AttnChunk part[2];  // an attention tile's partial segments: its first and its last,
+  uint64_t part_tag[2];  // each valid for the tile whose tag (attention_tag) it holds
+  ChunkWalk lanes[8];  // the producer's walk of each consumer warp's segment (a segment per warp)
 };
 
 #if TW_SM90_ENABLED
@@ -256,20 +281,6 @@ __device__ __forceinline__ void load_lengths(const StepParams& p, StepShared& sh
   __syncwarp();
 }
 
-// Walks one attention tile's stages (one thread): segment by segment (a segment is the tile's part
-// of one pair), each in stages of up to `stage_tokens` tokens.
-struct ChunkWalk {
-  int tile_u0, u_hi, total;  // the tile's units, all units
-  int tiles;                 // tiles that take units (StepShared::attn_tiles); the rest stay empty
-  int b, h;                  // the current pair
-  int pu0, pu1;              // its units
-  int seg_u0, seg_u1;        // the segment's units
-  int tok, tok_end;          // next token of the segment, its end
-  int seg_units;             // units of the segment already walked
-  int first_tile, ntiles;    // the tiles holding the pair's units (set at the segment's first stage)
-  bool shift;
-  bool per_pair;             // the tiles are cut pair by pair (seq_tiles): first_tile / ntiles set by walk_begin
-};
 __device__ __forceinline__ void walk_segment(const StepShared& sh, ChunkWalk& w, int num_kv_heads) {
   const int units = kernels::decode_units(sh.seq_len[w.b] + 1);
   w.pu0 = sh.seq_units[w.b] + w.h * units;
@@ -317,13 +328,16 @@ __device__ __forceinline__ ChunkWalk walk_begin(const StepParams& p, const StepS
   walk_segment(sh, w, p.num_kv_heads);
   return w;
 }
+// To the tile's next segment; false when w's was its last.
+__device__ __forceinline__ bool walk_next_segment(const StepParams& p, const StepShared& sh, ChunkWalk& w) {
+  if (w.seg_u1 >= w.u_hi) return false;
+  if (++w.h == p.num_kv_heads) w.h = 0, ++w.b;
+  walk_segment(sh, w, p.num_kv_heads);
+  return true;
+}
 // The tile's next stage into c; false when the tile is done.
 __device__ __forceinline__ bool walk_next(const StepParams& p, const StepShared& sh, ChunkWalk& w, int stage_tokens, AttnChunk& c) {
-  if (w.tok >= w.tok_end) {
-    if (w.seg_u1 >= w.u_hi) return false;
-    if (++w.h == p.num_kv_heads) w.h = 0, ++w.b;
-    walk_segment(sh, w, p.num_kv_heads);
-  }
+  if (w.tok >= w.tok_end && !walk_next_segment(p, sh, w)) return false;
   if (w.seg_units == 0) {
     // Once per segment: the producer is one thread, and these 64-bit divisions per stage (with a
     // second walk of every stage to count them) held it to one attention stage per 1.3 us at B = 16
@@ -359,10 +373,56 @@ __device__ __forceinline__ bool walk_next(const StepParams& p, const StepShared&
 __device__ __forceinline__ int walk_count(const StepParams& p, const StepShared& sh, ChunkWalk w, int stage_tokens) {
   for (int n = 0;;) {
     if (w.tok_end > w.tok) n += (w.tok_end - w.tok + stage_tokens - 1) / stage_tokens;
-    if (w.seg_u1 >= w.u_hi) return n;
-    if (++w.h == p.num_kv_heads) w.h = 0, ++w.b;
-    walk_segment(sh, w, p.num_kv_heads);
+    if (!walk_next_segment(p, sh, w)) return n;
   }
+}
+// The tile's segments (0: no units).
+__device__ __forceinline__ int walk_segments(const StepParams& p, const StepShared& sh, ChunkWalk w) {
+  if (w.tok >= w.tok_end) return 0;
+  int n = 1;
+  while (walk_next_segment(p, sh, w)) ++n;
+  return n;
+}
+
+// A tile of at least attn_warp_segments segments runs a segment per consumer warp: its stages go out
+// round-robin over up to 8 of its segments at a time, each with its warp in the flags, and a warp's
+// next segment starts once its last stage is out (the ring is in order: the warp finishes one before
+// it starts the next). Each warp then works alone -- its q, all units of its stages, its output or
+// partial -- so a pair costs no consumer barrier and no combine across warps, and the ring's stages
+// feed as many warps as it holds. (The producer's walks live in shared memory: 8 of them would not
+// fit its registers.)
+struct SegmentRoundRobin {
+  ChunkWalk next;  // the tile's next segment no warp has had
+  bool more;       // next is one
+  uint32_t live;   // warps with a segment
+  int w;           // the next warp to serve
+};
+__device__ __forceinline__ void round_robin_begin(const StepParams& p, StepShared& sh, SegmentRoundRobin& r,
+                                                  const ChunkWalk& first) {
+  r.next = first, r.more = true, r.live = 0, r.w = 0;
+  for (int k = 0; k < 8 && r.more; ++k) {
+    sh.lanes[k] = r.next;
+    r.live |= 1u << k;
+    r.more = walk_next_segment(p, sh, r.next);
+  }
+}
+__device__ __forceinline__ bool round_robin_next(const StepParams& p, StepShared& sh, SegmentRoundRobin& r,
+                                                 int stage_tokens, AttnChunk& c) {
+  if (!r.live) return false;
+  while (!((r.live >> r.w) & 1u)) r.w = (r.w + 1) & 7;
+  const int w = r.w;
+  walk_next(p, sh, sh.lanes[w], stage_tokens, c);  // a live warp's segment has a stage left
+  c.flags |= kWarpSeg | (w << 8);
+  if (c.flags & kSegLast) {
+    if (r.more) {
+      sh.lanes[w] = r.next;
+      r.more = walk_next_segment(p, sh, r.next);
+    } else {
+      r.live &= ~(1u << w);
+    }
+  }
+  r.w = (w + 1) & 7;
+  return true;
 }
 
 // ---- producer (warp 0) ----
@@ -554,16 +614,26 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
       // while the producers are not done a ring's worth of stages goes out before the wait (no more:
       // the consumers free slots only past `ready`).
       AttnChunk c;
-      bool have = false;
+      bool have = false, by_warp = false;
+      SegmentRoundRobin rr;
+      auto next = [&] {
+        if constexpr (kWarpSegments<Cfg>)
+          if (by_warp) return round_robin_next(p, sh, rr, kStageTokens, c);
+        return walk_next(p, sh, walk, kStageTokens, c);
+      };
       auto issue = [&] {
         const int s = acquire_stage(ring, ps);
         sh.chunk[s] = c;
         arm_stage(ring, s, attention_stage_bytes<D>(c));
         issue_kv<Cfg, D>(p, ring, s, o, c, kStageTokens);
-        have = walk_next(p, sh, walk, kStageTokens, c);
+        have = next();
       };
       if (lane == 0) {
-        have = walk_next(p, sh, walk, kStageTokens, c);
+        if constexpr (kWarpSegments<Cfg>) {
+          by_warp = p.attn_warp_segments > 0 && walk_segments(p, sh, walk) >= p.attn_warp_segments;
+          if (by_warp) round_robin_begin(p, sh, rr, walk);
+        }
+        have = next();
         if (!ready)
           for (int pre = 0; have && pre < ps.count; ++pre) issue();
       }
@@ -1103,7 +1173,8 @@ __device__ void merge_pair(const StepParams& p, float* scratch, const AttnChunk&
 // the pair rope_pair computes before the wait.
 template <int D>
 __device__ __forceinline__ int rope_dims(int ct) { return 2 * (ct % (D / 4)); }
-static_assert(kConsumers % (64 / 4) == 0 && kConsumers % (128 / 4) == 0, "a thread's items share their dimensions");
+static_assert(kConsumers % (64 / 4) == 0 && kConsumers % (128 / 4) == 0 && 32 % (128 / 4) == 0,
+              "a thread's items share their dimensions (all consumers, or a warp)");
 
 // q of the pair's group (at a segment's first stage) and the pair's new k and v (at the stage holding
 // the new row) from the QKV tiles' sums in qkv_acc: the norm's scale, the bias and RoPE, rounded to
@@ -1112,14 +1183,14 @@ static_assert(kConsumers % (64 / 4) == 0 && kConsumers % (128 / 4) == 0, "a thre
 // rotations). All consumers, after the tile's `ready`; a consumer barrier must follow.
 template <int D>
 __device__ void finish_qkv(const StepParams& p, const StepOpArgs& op, const AttnChunk& c, bf16* ks, bf16* vs,
-                           bf16* qs, int ct, const RopePair& rp) {
+                           bf16* qs, int ct, int stride, const RopePair& rp) {
   constexpr int kHalf = D / 2, kItems = D / 4;  // items per head
   const int b = c.pair / p.num_kv_heads, h = c.pair - b * p.num_kv_heads, G = p.group, pos = c.len - 1;
   const int nq = (c.flags & kSegFirst) ? G * kItems : 0, n = nq + (holds_new_row(c) ? 2 * kItems : 0);
   if (ct >= n) return;
   const float* row = p.qkv_acc + int64_t(b) * p.qkv_cols;
   const float rstd = rsqrtf(__fdividef(__ldcg(p.qkv_ss + 4 * b), float(p.hidden)) + p.eps);
-  for (int it = ct; it < n; it += kConsumers) {
+  for (int it = ct; it < n; it += stride) {
     int col, j;  // the head's first column in q|k|v, the item's first dimension
     bf16* dst;   // the head's row in the stage
     bool rope = true;
@@ -1156,12 +1227,48 @@ __device__ void finish_qkv(const StepParams& p, const StepOpArgs& op, const Attn
   }
 }
 
+// A tile's partial segments are recorded with the tile's tag: warps of a tile run a segment each
+// (kWarpSeg) record theirs while others may still be on the tile before, so nothing resets them.
+__device__ __forceinline__ uint64_t attention_tag(uint32_t epoch, int32_t id) {
+  return (uint64_t(epoch) << 32) | uint32_t(id);
+}
+
+// A segment run by one warp (kWarpSeg), at its last stage: its output, or its partial (normalised, with
+// its log2-sum-exp, as combine_segment writes them). Accumulators o[4jb .. 4jb + 3][e] are dimensions
+// 4q .. 4q + 3 of row g, q = 4 tq + 16 (jb / 2) + jb % 2 + 2e; the quad's lanes hold parts of the row's sum.
+template <int D>
+__device__ void finish_segment_warp(const StepParams& p, StepShared& sh, const AttnChunk& c, int tile, uint64_t tag,
+                                    const float (&o)[D / 8][4], float m, float l, int lane, const StepOpArgs& op) {
+  const int G = p.group, g = lane / 4, tq = lane % 4;
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  const bool whole = (c.flags & kWhole) != 0;
+  const int which = (c.flags & kWhich) ? 1 : 0;
+  const int b = c.pair / p.num_kv_heads, h = c.pair - b * p.num_kv_heads;
+  const int64_t part = 2 * int64_t(tile) + which;
+  const ActLayout act{p.act_rows};
+  if (g < G) {
+    const float f = __fdividef(1.f, l);
+#pragma unroll
+    for (int jb = 0; jb < D / 32; ++jb)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int q = 4 * tq + 16 * (jb / 2) + jb % 2 + 2 * e;
+        const float4 v = make_float4(f * o[4 * jb][e], f * o[4 * jb + 1][e], f * o[4 * jb + 2][e], f * o[4 * jb + 3][e]);
+        if (whole) store_bf16x4(op.out + act.index(b, (h * G + g) * D + 4 * q), v.x, v.y, v.z, v.w);
+        else *reinterpret_cast<float4*>(&p.o_part[(part * G + g) * D + 4 * q]) = v;
+      }
+    if (!whole && tq == 0) p.lse_part[part * G + g] = m + log2f(l);
+  }
+  if (!whole && lane == 0) sh.part[which] = c, sh.part_tag[which] = tag;
+}
+
 // Returns whether the tile wrote what others read: attention outputs (a whole pair's, or a merge's),
 // which the o_proj tiles read, or a new row of the caches, which later launches read.
 template <class Cfg, int D>
 __device__ bool attention_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, StepShared& sh, float* scratch,
                                const StepParams& p, const StepOpArgs& op, const DeviceTile& t, int32_t id, int count,
-                               uint64_t* ready, uint32_t ready_phase, int ct) {
+                               uint64_t* ready, uint32_t ready_phase, int ct, uint32_t epoch) {
   constexpr int kStageTokens = attention_tokens(Cfg::kStageBytes, D);
   const int lane = ct % 32, warp = ct / 32, g = lane / 4, tq = lane % 4;
   kernels::decode_detail::QFrags<D, 1, false> qa;
@@ -1169,7 +1276,20 @@ __device__ bool attention_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, StepSh
   float m[1] = {-INFINITY}, l[1] = {0.f};  // one row block: the step's groups are at most 8 heads
   static_assert(Cfg::kStageBytes >= 8 * kMaxGroup * D * 4, "combine_segment's sums fit a stage");
   bool wrote = false;
-  if (ct == 0) sh.part[0].pair = sh.part[1].pair = -1;  // the tile's partial segments (first, last)
+  const uint64_t tag = attention_tag(epoch, id);
+  auto load_q = [&](const bf16* qs) {
+    // q as A fragments (rows: the group's heads; rows >= G zero). k-step s = 2j + h pairs with
+    // chunk t + 4j of a K row, half h (the permuted head dimension of attend_unit).
+#pragma unroll
+    for (int k = 0; k < D / 16; ++k) {
+      const int d = 8 * (tq + 4 * (k / 2)) + 4 * (k % 2);
+      qa.a[k][0] = g < p.group ? *reinterpret_cast<const uint32_t*>(qs + g * D + d) : 0u;
+      qa.a[k][1] = g < p.group ? *reinterpret_cast<const uint32_t*>(qs + g * D + d + 2) : 0u;
+    }
+#pragma unroll
+    for (int k = 0; k < D / 8; ++k) o[k][0] = o[k][1] = o[k][2] = o[k][3] = 0.f;
+    m[0] = -INFINITY, l[0] = 0.f;
+  };
   for (int j = 0; j < count; ++j) {
     const int s = ps.stage;
     mbar_wait(&ring.full[s], ps.phase, "full");
@@ -1177,26 +1297,35 @@ __device__ bool attention_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, StepSh
     bf16* ks = reinterpret_cast<bf16*>(ring.w_atom(s, 0));
     bf16* vs = ks + kStageTokens * D;
     bf16* qs = vs + kStageTokens * D;
+    if (kWarpSegments<Cfg> && (c.flags & kWarpSeg)) {  // one warp's segment (round_robin_next): the others pass it
+      wrote = true;  // (the same in every thread: finish_tile's release order is ct 0's)
+      if (warp == warp_of(c.flags)) {
+        if ((c.flags & kSegFirst) || holds_new_row(c)) {
+          const RopePair rp = rope_pair(p, c.len - 1, rope_dims<D>(lane));
+          mbar_wait(ready, ready_phase, "ready");
+          finish_qkv<D>(p, op, c, ks, vs, qs, lane, 32, rp);
+          __syncwarp();
+        }
+        if (c.flags & kSegFirst) load_q(qs);
+        constexpr int kT = kernels::kDecodeStageTokens;
+        for (int u = 0; u < kernels::decode_units(c.ntok); ++u)
+          kernels::decode_detail::attend_unit<D, true>(qa, ks + u * kT * D, vs + u * kT * D, min(kT, c.ntok - u * kT),
+                                                       p.scale_log2, o, m, l);
+        if (c.flags & kSegLast) finish_segment_warp<D>(p, sh, c, t.tn, tag, o, m[0], l[0], lane, op);
+      }
+      ps.advance();
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&ring.empty[s]);
+      continue;
+    }
     if ((c.flags & kSegFirst) || holds_new_row(c)) {
       const RopePair rp = rope_pair(p, c.len - 1, rope_dims<D>(ct));
       mbar_wait(ready, ready_phase, "ready");  // the QKV tiles' sums are complete
-      finish_qkv<D>(p, op, c, ks, vs, qs, ct, rp);
+      finish_qkv<D>(p, op, c, ks, vs, qs, ct, kConsumers, rp);
       consumer_sync();
       wrote |= holds_new_row(c);
     }
-    if (c.flags & kSegFirst) {
-      // q as A fragments (rows: the group's heads; rows >= G zero). k-step s = 2j + h pairs with
-      // chunk t + 4j of a K row, half h (the permuted head dimension of attend_unit).
-#pragma unroll
-      for (int k = 0; k < D / 16; ++k) {
-        const int d = 8 * (tq + 4 * (k / 2)) + 4 * (k % 2);
-        qa.a[k][0] = g < p.group ? *reinterpret_cast<const uint32_t*>(qs + g * D + d) : 0u;
-        qa.a[k][1] = g < p.group ? *reinterpret_cast<const uint32_t*>(qs + g * D + d + 2) : 0u;
-      }
-#pragma unroll
-      for (int k = 0; k < D / 8; ++k) o[k][0] = o[k][1] = o[k][2] = o[k][3] = 0.f;
-      m[0] = -INFINITY, l[0] = 0.f;
-    }
+    if (c.flags & kSegFirst) load_q(qs);
     const int units = kernels::decode_units(c.ntok);
     for (int u = (warp - c.unit0 % 8 + 8) % 8; u < units; u += 8) {
       const int valid = min(kernels::kDecodeStageTokens, c.ntok - u * kernels::kDecodeStageTokens);
@@ -1206,7 +1335,10 @@ __device__ bool attention_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, StepSh
     ps.advance();
     if (c.flags & kSegLast) {  // the stage holds the warps' sums before it is released
       combine_segment<D>(p, scratch, reinterpret_cast<float*>(ring.w_atom(s, 0)), c, t.tn, o, m[0], l[0], ct, op);
-      if (!(c.flags & kWhole) && ct == 0) sh.part[(c.flags & kWhich) ? 1 : 0] = c;
+      if (!(c.flags & kWhole) && ct == 0) {
+        const int which = (c.flags & kWhich) ? 1 : 0;
+        sh.part[which] = c, sh.part_tag[which] = tag;
+      }
       wrote |= (c.flags & kWhole) != 0;
     }
     __syncwarp();
@@ -1217,11 +1349,12 @@ __device__ bool attention_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, StepSh
   // orders every thread's partial writes before the counting thread's RMW; acquire, then the barrier,
   // before anyone reads the other tiles' partials.
   consumer_sync();
-  if (sh.part[0].pair >= 0 || sh.part[1].pair >= 0) {
+  const bool has[2] = {sh.part_tag[0] == tag, sh.part_tag[1] == tag};
+  if (has[0] || has[1]) {
     if (lane == 0 && warp < 2) {
       const AttnChunk pt = sh.part[warp];
       uint32_t last = 0;
-      if (pt.pair >= 0) {
+      if (has[warp]) {
         cuda::atomic_ref<int, cuda::thread_scope_device> cnt(p.merge_count[pt.pair]);
         last = cnt.fetch_add(1, cuda::memory_order_acq_rel) == pt.tiles - 1;
         // Ready for the next layer and launch: the merge's release of the tile orders it.
@@ -1411,7 +1544,7 @@ __device__ void run_consumer(const Ring<Cfg>& ring, StepShared& sh, float* scrat
       }
       case kAttention:
       {
-        const bool wrote = attention_tile<Cfg, D>(ring, ps, sh, scratch, p, o, t, id, count, &sh.ready[qs], qphase, ct);
+        const bool wrote = attention_tile<Cfg, D>(ring, ps, sh, scratch, p, o, t, id, count, &sh.ready[qs], qphase, ct, epoch);
         mbar_wait(&sh.ready[qs], qphase, "ready");
         // Partials only, or nothing: a relaxed count (finish_tile).
         finish_tile(p, t, id, ct, wrote, wrote ? cuda::memory_order_release : cuda::memory_order_relaxed);
@@ -1457,6 +1590,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
       mbar_init(&sh.ready[i], 1);
     }
     mbar_init(&sh.released, 1);
+    sh.part_tag[0] = sh.part_tag[1] = ~0ull;  // no tile's (a tag's low half is a ticket id, >= 0)
     ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
     runtime::first_ticket(p.ep, sh.slots);  // the epoch is read by the producer, after the grid wait
     // The next kernel in the stream (the next step) may start as soon as SMs free up: its blocks only

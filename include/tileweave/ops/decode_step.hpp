@@ -43,6 +43,9 @@ struct DecodeStepOptions {
   // 32 KiB at head_dim 64, 64 KiB at 128: measured best on the H200 at B = 1, KV 1024). Tests set 1 to
   // cut pairs over many tiles.
   int64_t attention_min_tile_bytes = 0;
+  // Attention tiles holding at least this many pairs' segments run one segment per consumer warp, up to
+  // 8 at a time, instead of every warp on each segment (0: never). An experiment's knob (large batches).
+  int attention_warp_segments = 0;
   int max_split = 0;                      // caps every op's K slices (0: the planner's)
   // Tensor parallelism: this object is rank `rank` of `tp` (tensor_parallel_shard: its heads, FFN
   // columns and vocabulary block; the embedding table whole). Its step runs as launches between the
