@@ -59,6 +59,7 @@ struct StepCase {
   int tp = 1;                            // > 1: tp ranks' steps on this GPU, the collectives local sums
   bool in_launch = false;                // tp > 1: the collectives as tiles of the ranks' launches (side by side)
   int sms = 0;                           // > 0: the step planned for and run on this many SMs
+  int warp_segments = 0;                 // DecodeStepOptions::attention_warp_segments
 };
 
 // The step under test: one DecodeStep, or every rank of a tensor-parallel step on this GPU.
@@ -126,6 +127,7 @@ Errors run_against_reference(const StepCase& k, uint64_t seed) {
   opt.attention_min_tile_bytes = k.attention_min_tile_bytes;
   opt.collectives_in_launch = k.in_launch;
   opt.sms = k.sms;
+  opt.attention_warp_segments = k.warp_segments;
   Stepper st(k.cfg, opt, k.tp);
   st.load_weights(w);
   if (k.layout == KvLayout::Paged) {  // every page of the pool, shuffled
@@ -293,6 +295,26 @@ TEST(DecodeStep, BatchSizesAcrossTileHeights) {
   k.max_prompt = 5;
   k.generate = 2;
   run_against_reference(k, fresh_seed());
+}
+
+// Above 32 rows, tiles of several pairs run a segment per consumer warp (attention_warp_segments):
+// whole pairs, pairs cut over tiles (partials, merges), ragged lengths, both head dims.
+TEST(DecodeStep, AttentionSegmentPerWarp) {
+  TW_REQUIRE_SM90();
+  for (int segments : {1, 2, 4}) {
+    for (int batch : {40, 100, 128}) {
+      StepCase k{named_config("tiny-qwen2"), batch};
+      k.max_prompt = 40;
+      k.generate = 3;
+      k.warp_segments = segments;
+      run_against_reference(k, fresh_seed());
+    }
+    StepCase k{tiny_d128(), 64, KvLayout::Paged, 16};
+    k.max_prompt = 60;
+    k.generate = 3;
+    k.warp_segments = segments;
+    run_against_reference(k, fresh_seed());
+  }
 }
 
 // Model shapes drawn from a seed, as the attention and FFN grids draw theirs: Llama (with or without
