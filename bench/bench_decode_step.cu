@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
                           "llama-3-8b:16:4096,qwen2-0.5b:1:1024,qwen2-7b:1:1024";
   tw::KvLayout layout = tw::KvLayout::Contiguous;
   bool model = true, trace = false, ragged = false;
-  std::vector<int> split_variants{0}, attn_kib_variants{0}, warp_seg_variants{0};
+  std::vector<int> split_variants{0}, attn_kib_variants{0}, warp_seg_variants{tw::DecodeStepOptions{}.attention_warp_segments};
   std::map<std::string, tw::ModelConfig> configs;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--cases") && i + 1 < argc) cases_arg = argv[++i];

@@ -95,10 +95,12 @@ constexpr int32_t kSegFirst = 1, kSegLast = 2, kWhole = 4, kWhich = 8, kShift = 
 // consumer warp in bits 8-10 (warp_of).
 constexpr int32_t kWarpSeg = 32;
 __host__ __device__ constexpr int warp_of(int32_t flags) { return (flags >> 8) & 7; }
-// Compiled only above 32 rows (B > 32, the batches with several pairs a tile): the path's registers
-// spilled into every tile height's attention code.
+// Compiled only at 128 rows (B > 64): the path's registers spill into the attention code of the tile
+// heights it is compiled for, and at 64 rows that cost more than it saved (Llama-3-8B B = 64 8236 ->
+// 9206-9457 us, Llama-3.2-1B 2079 -> 2429-2450; H200, session 25); at 128 rows the kernel spills as
+// much without it.
 template <class Cfg>
-constexpr bool kWarpSegments = Cfg::kMPad >= 64;
+constexpr bool kWarpSegments = Cfg::kMPad >= 128;
 
 // Walks one attention tile's stages (one thread): segment by segment (a segment is the tile's part
 // of one pair), each in stages of up to `stage_tokens` tokens.
@@ -1478,18 +1480,29 @@ __device__ void stream_block_to_bf16(const StepParams& p, StepShared& sh, const 
   bf16* xa = stream_bf16(p, epoch, o.x_out);
   float* ss = stream_sums(p, epoch, o.x_out);
   const ActLayout act{p.act_rows};
-  const int c0 = t.tn * kTileRows;
-  for (int i = ct; i < p.batch * (kTileRows / 4); i += kConsumers) {  // whole warps: 32 items a row
-    const int m = i / (kTileRows / 4), col = c0 + 4 * (i % (kTileRows / 4));
-    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (col < o.n) {
-      v = __ldcg(reinterpret_cast<const float4*>(y + residual_at(p, m, col)));
-      store_bf16x4(xa + act.index(m, col), v.x, v.y, v.z, v.w);
-    }
-    float sum = v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+  const int c0 = t.tn * kTileRows, items = p.batch * (kTileRows / 4);  // whole warps: 32 items a row
+  // kLoads loads in flight before the first store: a load after a store is not hoisted past it (the
+  // compiler cannot tell the bf16 copy from the stream), and alternating them cost B / 8 dependent L2
+  // round trips per thread, on the critical path of the next norm consumer.
+  constexpr int kLoads = 4;
+  for (int i0 = ct; i0 < items; i0 += kLoads * kConsumers) {
+    float4 v[kLoads];
 #pragma unroll
-    for (int off = 1; off < 16; off *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    if (i % 16 == 0 && (col >> 6) < p.x_atoms) ss[int64_t(col >> 6) * p.batch + m] = sum;
+    for (int j = 0; j < kLoads; ++j) {
+      const int i = i0 + j * kConsumers, m = i / (kTileRows / 4), col = c0 + 4 * (i % (kTileRows / 4));
+      v[j] = i < items && col < o.n ? __ldcg(reinterpret_cast<const float4*>(y + residual_at(p, m, col)))
+                                    : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+      const int i = i0 + j * kConsumers, m = i / (kTileRows / 4), col = c0 + 4 * (i % (kTileRows / 4));
+      if (i >= items) break;  // warp-uniform: items and kConsumers are multiples of 32
+      if (col < o.n) store_bf16x4(xa + act.index(m, col), v[j].x, v[j].y, v[j].z, v[j].w);
+      float sum = v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+#pragma unroll
+      for (int off = 1; off < 16; off *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+      if (i % 16 == 0 && (col >> 6) < p.x_atoms) ss[int64_t(col >> 6) * p.batch + m] = sum;
+    }
   }
 }
 
