@@ -310,7 +310,8 @@ TEST(DecodeStep, AttentionSegmentPerWarp) {
   }
   for (int segments : {1, 4}) {
     StepCase k{tiny_d128(), segments == 1 ? 128 : 72, KvLayout::Paged, 16};
-    k.max_prompt = segments == 1 ? 300 : 60;  // 300: pairs longer than a tile's share, cut over tiles
+    k.max_prompt = 60;
+    if (segments == 1) k.attention_min_tile_bytes = 1;  // pairs cut over tiles: partials and merges
     k.generate = 3;
     k.warp_segments = segments;
     run_against_reference(k, fresh_seed());
@@ -345,6 +346,7 @@ TEST(DecodeStep, RandomConfigGrid) {
     if (!qwen && rng() % 2) c.rope_factor = 0;  // plain RoPE; else the named config's Llama-3 scaling
     c.validate();
     StepCase k{c, 1 + int(rng() % 20)};
+    if (i == 4) k.batch = 65 + int(rng() % 64);  // 128-row tiles: a segment per warp in the attention
     if (i == 5) c.num_kv_heads = 4, c.num_q_heads = 4 * (1 + int(rng() % 4)), k = StepCase{c, 40};
     k.layout = rng() % 2 ? KvLayout::Paged : KvLayout::Contiguous;
     k.page_size = kPages[rng() % 3];
@@ -364,48 +366,53 @@ TEST(DecodeStep, StressRandomDelaysSameTokens) {
   const ModelConfig cfg = named_config("tiny-llama");
   const uint64_t seed = fresh_seed();
   const HostWeights w = random_weights(cfg, seed, 0.05f);
-  const int B = 3, steps = 1000, V = int(cfg.vocab_size);
-  std::mt19937_64 rng(seed);
-  std::vector<int32_t> inputs(size_t(steps) * B);
-  for (auto& t : inputs) t = int32_t(rng() % V);
-  std::vector<std::vector<float>> runs;
-  std::vector<std::vector<int32_t>> tokens;
-  for (uint32_t delay : {0u, 20000u}) {
-    DecodeStepOptions opt;
-    opt.batch = B;
-    opt.max_seq_len = steps + 1;
-    opt.keep_logits = true;
-    opt.spin_limit = 1u << 24;
-    opt.delay_ns = delay;
-    DecodeStep st(cfg, opt);
-    st.load_weights(w);
-    std::vector<float> all;
-    std::vector<int32_t> sampled;
-    for (int s = 0; s < steps; ++s) {
-      st.set_tokens(std::vector<int32_t>(inputs.begin() + size_t(s) * B, inputs.begin() + size_t(s + 1) * B));
-      st.step();
-      const auto l = st.logits();
-      all.insert(all.end(), l.begin(), l.end());
-      const auto t = st.tokens();
-      sampled.insert(sampled.end(), t.begin(), t.end());
+  // B = 100: 128-row tiles, whose attention runs a segment per warp (attention_warp_segments).
+  for (const auto [B, steps] : {std::pair{3, 1000}, std::pair{100, 200}}) {
+    SCOPED_TRACE("batch " + std::to_string(B));
+    const int V = int(cfg.vocab_size);
+    std::mt19937_64 rng(seed);
+    std::vector<int32_t> inputs(size_t(steps) * B);
+    for (auto& t : inputs) t = int32_t(rng() % V);
+    std::vector<std::vector<float>> runs;
+    std::vector<std::vector<int32_t>> tokens;
+    for (uint32_t delay : {0u, 20000u}) {
+      DecodeStepOptions opt;
+      opt.batch = B;
+      opt.max_seq_len = steps + 1;
+      opt.keep_logits = true;
+      opt.spin_limit = 1u << 24;
+      opt.delay_ns = delay;
+      DecodeStep st(cfg, opt);
+      st.load_weights(w);
+      std::vector<float> all;
+      std::vector<int32_t> sampled;
+      for (int s = 0; s < steps; ++s) {
+        st.set_tokens(std::vector<int32_t>(inputs.begin() + size_t(s) * B, inputs.begin() + size_t(s + 1) * B));
+        st.step();
+        const auto l = st.logits();
+        all.insert(all.end(), l.begin(), l.end());
+        const auto t = st.tokens();
+        sampled.insert(sampled.end(), t.begin(), t.end());
+      }
+      ASSERT_EQ(st.plan().error(), 0u) << "a bounded wait expired (delay " << delay << " ns)";
+      runs.push_back(all);
+      tokens.push_back(sampled);
     }
-    ASSERT_EQ(st.plan().error(), 0u) << "a bounded wait expired (delay " << delay << " ns)";
-    runs.push_back(all);
-    tokens.push_back(sampled);
-  }
-  ASSERT_EQ(runs[0].size(), runs[1].size());
-  int differ = 0;
-  for (size_t row = 0; row * V < runs[0].size(); ++row) {
-    const float* a = &runs[0][row * V];
-    ASSERT_LT(test::rel_error(&runs[1][row * V], a, V), 2e-2) << "logits row " << row;
-    if (tokens[0][row] != tokens[1][row]) {  // only where the two logits are within the runs' difference
-      ++differ;
-      double peak = 0;
-      for (int v = 0; v < V; ++v) peak = std::max(peak, std::abs(double(a[v])));
-      EXPECT_LT(std::abs(a[tokens[0][row]] - a[tokens[1][row]]), 5e-3 * peak) << "logits row " << row;
+    ASSERT_EQ(runs[0].size(), runs[1].size());
+    int differ = 0;
+    for (size_t row = 0; row * V < runs[0].size(); ++row) {
+      const float* a = &runs[0][row * V];
+      ASSERT_LT(test::rel_error(&runs[1][row * V], a, V), 2e-2) << "logits row " << row;
+      if (tokens[0][row] != tokens[1][row]) {  // only where the two logits are within the runs' difference
+        ++differ;
+        double peak = 0;
+        for (int v = 0; v < V; ++v) peak = std::max(peak, std::abs(double(a[v])));
+        EXPECT_LT(std::abs(a[tokens[0][row]] - a[tokens[1][row]]), 5e-3 * peak) << "logits row " << row;
+      }
     }
+    EXPECT_LE(differ, int(tokens[0].size()) / 100)
+        << "greedy tokens differ in " << differ << " of " << tokens[0].size();
   }
-  EXPECT_LE(differ, int(tokens[0].size()) / 100) << "greedy tokens differ in " << differ << " of " << tokens[0].size();
 }
 
 // Steps captured in a CUDA graph (the state lives on the device) give the tokens of steps launched
