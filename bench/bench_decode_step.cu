@@ -64,6 +64,7 @@ int main(int argc, char** argv) {
   tw::KvLayout layout = tw::KvLayout::Contiguous;
   bool model = true, trace = false, ragged = false;
   std::vector<int> split_variants{0}, attn_kib_variants{0}, warp_seg_variants{tw::DecodeStepOptions{}.attention_warp_segments};
+  std::vector<double> last_wave_variants{tw::DecodeStepOptions{}.last_wave_cost};
   std::map<std::string, tw::ModelConfig> configs;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--cases") && i + 1 < argc) cases_arg = argv[++i];
@@ -78,12 +79,15 @@ int main(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--warp-segments") && i + 1 < argc) {
       warp_seg_variants.clear();
       for (const auto& v : tw::bench::split_list(argv[++i])) warp_seg_variants.push_back(std::stoi(v));
+    } else if (!std::strcmp(argv[i], "--last-wave") && i + 1 < argc) {
+      last_wave_variants.clear();
+      for (const auto& v : tw::bench::split_list(argv[++i])) last_wave_variants.push_back(std::stod(v));
     } else if (!std::strcmp(argv[i], "--attn-kib") && i + 1 < argc) {
       attn_kib_variants.clear();
       for (const auto& v : tw::bench::split_list(argv[++i])) attn_kib_variants.push_back(std::stoi(v));
     }
     else {
-      std::fprintf(stderr, "usage: bench_decode_step [--cases model:batch:kv,...] [--layout contiguous|paged] [--no-model] [--trace] [--max-split N,...] [--attn-kib N,...] [--warp-segments N,...] [--ragged] [--config-json [NAME=]PATH ...]\n");
+      std::fprintf(stderr, "usage: bench_decode_step [--cases model:batch:kv,...] [--layout contiguous|paged] [--no-model] [--trace] [--max-split N,...] [--attn-kib N,...] [--warp-segments N,...] [--last-wave COST,...] [--ragged] [--config-json [NAME=]PATH ...]\n");
       return 2;
     }
   }
@@ -98,7 +102,8 @@ int main(int argc, char** argv) {
   for (const Case& c : cases)
   for (int max_split : split_variants)
   for (int attn_kib : attn_kib_variants)
-  for (int warp_seg : warp_seg_variants) {
+  for (int warp_seg : warp_seg_variants)
+  for (double last_wave : last_wave_variants) {
     const auto named = configs.find(c.model);
     const tw::ModelConfig cfg = named != configs.end() ? named->second : tw::named_config(c.model);
     tw::DecodeStepOptions opt;
@@ -108,6 +113,7 @@ int main(int argc, char** argv) {
     opt.trace = trace;
     opt.max_split = max_split;
     opt.attention_warp_segments = warp_seg;
+    opt.last_wave_cost = last_wave;
     opt.attention_min_tile_bytes = int64_t(attn_kib) << 10;
     tw::DecodeStep st(cfg, opt);
     tw::bench::prepare_timed_step(st, c.kv_len, 0x5EED + c.batch, 0xCAC4E);
@@ -136,6 +142,7 @@ int main(int argc, char** argv) {
                      {"attention_tiles", st.tiling().attention_tiles}, {"act_rows", st.act_rows()},
                      {"max_split", max_split},
                      {"attention_min_tile_kib", attn_kib}, {"attention_warp_segments", warp_seg},
+                     {"last_wave_cost", last_wave}, {"gate_up_whole", st.tiling().gate_up_whole},
                      {"splits", {{"qkv", st.tiling().qkv.split_k}, {"o_proj", st.tiling().o_proj.split_k},
                                  {"gate_up", st.tiling().gate_up.split_k}, {"down", st.tiling().down.split_k},
                                  {"lm_head", st.tiling().lm_head.split_k}}}};
@@ -156,8 +163,10 @@ int main(int argc, char** argv) {
     if (trace) j["timeline"] = tw::bench::op_timeline(st);
     res.add(j);
     char row[256];
-    std::snprintf(row, sizeof row, "%-13s B=%-3d KV=%-6d split<=%-2d attn=%-3dK wseg=%-2d %8.1f us b2b %8.1f replay floor %7.1f %5.1f%%",
-                  c.model.c_str(), c.batch, c.kv_len, max_split, attn_kib, warp_seg, b2b, replay, floor_us,
+    std::snprintf(row, sizeof row,
+                  "%-13s B=%-3d KV=%-6d split<=%-2d attn=%-3dK wseg=%-2d gu=%lldx%-2lld %8.1f us b2b %8.1f replay floor %7.1f %5.1f%%",
+                  c.model.c_str(), c.batch, c.kv_len, max_split, attn_kib, warp_seg,
+                  (long long)st.tiling().gate_up_whole, (long long)st.tiling().gate_up.split_k, b2b, replay, floor_us,
                   100.0 * floor_us / b2b);
     rows.push_back(row);
     std::printf("%s\n", row);

@@ -125,6 +125,8 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : mod
   if (opt.sms < 0) bad("sms " + std::to_string(opt.sms) + " must be >= 0");
   if (opt.attention_warp_segments < 0)
     bad("attention_warp_segments " + std::to_string(opt.attention_warp_segments) + " must be >= 0");
+  if (!(opt.last_wave_cost >= 0))
+    bad("last_wave_cost " + std::to_string(opt.last_wave_cost) + " must be >= 0 (0: gate/up's last wave unsplit)");
   if (opt.collectives_in_launch && opt.tp > step::kMaxRanks)
     bad("tp " + std::to_string(opt.tp) + " with the collectives in the launch: at most " + std::to_string(step::kMaxRanks) + " ranks");
   shape_.batch = opt.batch;
@@ -143,7 +145,7 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : mod
 
   // The plan's graph: every cache full, so the attention gets its most tiles (P); the executor's
   // tables do not depend on the lengths (one counter per op: step_sync_policy).
-  tiling_ = plan_step_tiling(cfg_, opt.batch, sms, opt.max_split, opt.tp);
+  tiling_ = plan_step_tiling(cfg_, opt.batch, sms, opt.max_split, opt.tp, opt.last_wave_cost);
   const int pps = shape_.pages_per_seq(), pool = shape_.pool_pages();
   std::vector<int> table;
   if (opt.layout == KvLayout::Paged) {
@@ -154,7 +156,14 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : mod
   sched_ = make_order(g_.graph, opt.order);
   const bool in_launch = opt.tp > 1 && opt.collectives_in_launch;
   segs_ = in_launch ? std::vector<StepSegment>{{0, g_.graph.num_tiles(), -1}} : step_segments(g_, sched_);
-  const ExecPlan plan = make_exec_plan(g_.graph, sched_, step_sync_policy(g_));
+  ExecPlan plan = make_exec_plan(g_.graph, sched_, step_sync_policy(g_));
+  if (tiling_.gate_up_whole > 0) {  // the whole waves' gate/up tiles: one ticket over their K slices
+    std::vector<char> gate_up(g_.graph.ops().size(), 0);
+    for (const auto& l : g_.layers) gate_up[l.op_gate_up] = 1;
+    const std::vector<int> moved = run_slices_whole(
+        plan, g_.graph, [&](const Tile& t) { return gate_up[t.op] && t.tn < tiling_.gate_up_whole; });
+    for (StepSegment& s : segs_) s.begin = moved[s.begin], s.end = moved[s.end];
+  }
   act_rows_ = step_act_rows(opt.batch, opt.tp);
   // Sets the kernel's shared-memory attribute and checks that one CTA fits an SM.
   if (cfg_.head_dim == 64) step::prepare_kernel_d64(act_rows_);

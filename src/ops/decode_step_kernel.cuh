@@ -148,8 +148,15 @@ using namespace sm90;
 
 __device__ __forceinline__ void consumer_sync() { named_bar_sync(1, kConsumers); }
 
+// The K slices a ticket covers: all of its tile's where it runs them as one (run_slices_whole: a
+// split op's tile with no arrival counter, the whole waves of gate/up), else its own one.
+__device__ __forceinline__ int slices_of(const StepOpArgs& o, const DeviceTile& t) {
+  return o.split > 1 && t.arrive < 0 ? o.split : 1;
+}
+// A slice whose partial sums meet the others' in L2 (split-K, not run whole).
+__device__ __forceinline__ bool split_slice(const StepOpArgs& o, const DeviceTile& t) { return slices_of(o, t) < o.split; }
 __device__ __forceinline__ int stages_of(const StepOpArgs& o, const DeviceTile& t) {
-  return o.slice_start[t.ks + 1] - o.slice_start[t.ks];
+  return o.slice_start[t.ks + slices_of(o, t)] - o.slice_start[t.ks];
 }
 // Norm consumers stage their activations themselves, from the fp32 residual stream (up to 32 rows:
 // step_bf16_stream).
@@ -674,13 +681,15 @@ __device__ __forceinline__ void store_bf16x4(bf16* dst, float a, float b, float 
 // A tile whose writes no reader of the counter needs (split-K partial sums, attention partials: their
 // readers acquire them through the split's or the pair's count) counts relaxed: the readers' acquire
 // of the counter still synchronises with every release before it (RMWs continue release sequences).
+// A ticket covering several K slices publishes each one's signal (`slices`).
 __device__ __forceinline__ void finish_tile(const StepParams& p, const DeviceTile& t, int32_t id, int ct,
                                             bool async_readers = true,
-                                            cuda::memory_order order = cuda::memory_order_release) {
+                                            cuda::memory_order order = cuda::memory_order_release,
+                                            uint32_t slices = 1) {
   if (async_readers) ptx::fence_proxy_async(ptx::space_global);
   consumer_sync();
   if (ct == 0) {
-    runtime::release_signal(p.ep, t, order);
+    runtime::release_signal(p.ep, t, order, slices);
     runtime::trace_mark(p.ep, id, runtime::kTraceDone);
   }
 }
@@ -978,7 +987,7 @@ __device__ void finish_norm_tile(const StepParams& p, StepShared& sh, const Step
                                  int32_t id, float (&acc)[Cfg::kAcc], int ct, uint32_t epoch) {
   prepare_rows(p, sh, ct);
   const int B = p.batch;
-  if (o.split > 1) {
+  if (split_slice(o, t)) {
     float4* block = reinterpret_cast<float4*>(o.ws) + int64_t(t.tn) * (kConsumers * Cfg::kAcc / 4);
     float* ss = o.ws + int64_t(o.grid_n) * kConsumers * Cfg::kAcc + int64_t(t.tn) * p.act_rows;
     add_split_partials<Cfg>(block, acc, ct);
@@ -999,7 +1008,8 @@ __device__ void finish_norm_tile(const StepParams& p, StepShared& sh, const Step
   if (ct < B) sh.rstd[ct] = rsqrtf(__fdividef(sh.rstd[ct], float(o.k)) + p.eps);
   consumer_sync();
   weight_epilogue<Cfg>(p, sh, o, t, acc, ct, epoch);
-  finish_tile(p, t, id, ct, o.kind != kLmHead);  // the LM head's maxima are read by ordinary loads
+  // The LM head's maxima are read by ordinary loads.
+  finish_tile(p, t, id, ct, o.kind != kLmHead, cuda::memory_order_release, uint32_t(slices_of(o, t)));
 }
 
 // A QKV tile after its mainloop: its K slice's part of x Wᵀ added into qkv_acc, unscaled (the scale
@@ -1467,7 +1477,7 @@ __device__ void stream_block_to_bf16(const StepParams& p, StepShared& sh, const 
                                      uint32_t epoch) {
   consumer_sync();  // every thread's reductions are issued
   if (ct == 0) {
-    if (o.split > 1) {
+    if (split_slice(o, t)) {
       sh.flag = runtime::arrive_last(p.ep, epoch, t, o.split);
     } else {
       __threadfence();
@@ -1512,7 +1522,8 @@ template <class Cfg>
 __device__ __forceinline__ void slice_sums_of_squares(const StepParams& p, StepShared& sh, const StepOpArgs& o,
                                                       const DeviceTile& t, int ct, uint32_t epoch) {
   if (ct >= p.batch) return;
-  const int a0 = o.slice_start[t.ks] * Cfg::kKAtoms, a1 = min(o.slice_start[t.ks + 1] * Cfg::kKAtoms, p.x_atoms);
+  const int a0 = o.slice_start[t.ks] * Cfg::kKAtoms;
+  const int a1 = min(o.slice_start[t.ks + slices_of(o, t)] * Cfg::kKAtoms, p.x_atoms);
   const float* ss = stream_sums(p, epoch, o.x_in) + ct;
   float v = 0.f;
   for (int a = a0; a < a1; ++a) v += __ldcg(ss + int64_t(a) * p.batch);

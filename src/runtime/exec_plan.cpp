@@ -115,4 +115,56 @@ ExecPlan make_exec_plan(const TileGraph& g, const Schedule& s, const std::map<in
   return p;
 }
 
+std::vector<int> run_slices_whole(ExecPlan& p, const TileGraph& g, const std::function<bool(const Tile&)>& whole) {
+  if (!p.units.empty()) throw InvalidArgument("run_slices_whole: the plan's tickets already hold several tiles (units)");
+  const int n = static_cast<int>(p.order.size());
+  std::vector<int> pos(g.num_tiles(), -1), last_signal(p.num_signal_counters, -1);
+  for (int i = 0; i < n; ++i) pos[p.order[i]] = i;
+  for (int i = 0; i < n; ++i) last_signal[p.tiles[p.order[i]].signal] = i;
+  std::vector<char> keep(n, 1);
+  for (int id = 0; id < g.num_tiles(); ++id) {
+    const Tile& t = g.tile(id);
+    const Op& o = g.op(t.op);
+    if (o.tiling.split_k < 2 || t.ks != 0 || pos[id] < 0 || !whole(t)) continue;
+    std::vector<int> slices;
+    int first = n;
+    for (int64_t ks = 0; ks < o.tiling.split_k; ++ks) {
+      slices.push_back(g.tile_id(t.op, t.tm, t.tn, ks));
+      first = std::min(first, pos[slices.back()]);
+    }
+    // The union of the slices' waits; every counter in it complete before the ticket at `first`
+    // (the executor's no-deadlock argument: a ticket waits only for smaller ones). The tile's own
+    // consumers came after its last slice, so after `first` too.
+    std::vector<WaitEntry> waits;
+    for (int s : slices)
+      for (int w = p.tiles[s].wait_begin; w < p.tiles[s].wait_end; ++w) {
+        const WaitEntry& e = p.waits[w];
+        bool seen = false;
+        for (const WaitEntry& x : waits) seen |= x.counter == e.counter;
+        if (!seen) waits.push_back(e);
+      }
+    bool ok = true;
+    for (const WaitEntry& e : waits) ok &= last_signal[e.counter] < first;
+    if (!ok) continue;
+    for (int s : slices) keep[pos[s]] = 0;
+    keep[first] = 1;
+    p.order[first] = id;
+    DeviceTile& d = p.tiles[id];
+    d.arrive = -1;
+    d.wait_begin = static_cast<int32_t>(p.waits.size());
+    p.waits.insert(p.waits.end(), waits.begin(), waits.end());
+    d.wait_end = static_cast<int32_t>(p.waits.size());
+    p.max_waits_per_tile = std::max(p.max_waits_per_tile, d.wait_end - d.wait_begin);
+  }
+  std::vector<int> moved(n + 1);
+  std::vector<int32_t> order;
+  for (int i = 0; i < n; ++i) {
+    moved[i] = static_cast<int>(order.size());
+    if (keep[i]) order.push_back(p.order[i]);
+  }
+  moved[n] = static_cast<int>(order.size());
+  p.order = std::move(order);
+  return moved;
+}
+
 }  // namespace tw

@@ -12,6 +12,7 @@
 #include "tileweave/graph/step_graph.hpp"
 #include "tileweave/model/cache_model.hpp"
 #include "tileweave/order/orders.hpp"
+#include "tileweave/runtime/exec_plan.hpp"
 
 namespace tw {
 namespace {
@@ -23,6 +24,10 @@ std::set<int> ops_of(const TileGraph& g, const std::vector<int>& tiles) {
 }
 
 using tw::test::error_of;
+
+int before_position(const ExecPlan& p, int tile) {
+  return int(std::find(p.order.begin(), p.order.end(), tile) - p.order.begin());
+}
 
 TEST(StepGraph, OpsDependenciesAndPlan) {
   const ModelConfig c = named_config("tiny-llama");
@@ -100,6 +105,86 @@ TEST(StepGraph, PlannerFillsTheGpu) {
   EXPECT_FALSE(step_bf16_stream(33, 2));
   EXPECT_NE(error_of([&] { plan_step_tiling(c, 129, 132); }).find("batch 129"), std::string::npos);
   EXPECT_LE(big.qkv.split_k, t.qkv.split_k);
+}
+
+// Gate/up of more tiles than SMs: the last partial wave in K slices, the whole waves' tiles unsplit,
+// where the slices' rounds cost under 3/4 of an unsplit tile (plan_step_tiling).
+TEST(StepGraph, LastWaveInSlices) {
+  ModelConfig c = named_config("llama-3.2-1b");
+  c.intermediate_size = 11008;  // Qwen2.5-3B's: 172 tiles of 64 columns, 40 past one wave
+  const StepTiling t = plan_step_tiling(c, 1, 132);
+  // 16 stages a tile: 3 slices (6, 6, 4 stages) cost one round of 16 / 3 + 3 < 12; 4 would take two.
+  EXPECT_EQ(t.gate_up.split_k, 3);
+  EXPECT_EQ(t.gate_up_whole, 132);
+  EXPECT_EQ(plan_step_tiling(c, 1, 132, 0, 1, 0).gate_up.split_k, 1);
+  EXPECT_EQ(plan_step_tiling(c, 1, 132, 0, 1, 0).gate_up_whole, 0);
+  EXPECT_EQ(plan_step_tiling(c, 1, 132, 2).gate_up.split_k, 2);  // the cap holds: 1 round of 8 + 3
+  EXPECT_EQ(plan_step_tiling(c, 100, 132).gate_up.split_k, 3);   // 64-column stages: 32 a tile
+  // One wave (Llama-3.2-1B, 128 tiles), or a last wave too large to gain (Llama-3-8B: 92 of 224
+  // tiles, 32 stages: 4 slices take 3 rounds of 8 + 3): unsplit.
+  EXPECT_EQ(plan_step_tiling(named_config("llama-3.2-1b"), 1, 132).gate_up_whole, 0);
+  EXPECT_EQ(plan_step_tiling(named_config("llama-3-8b"), 1, 132).gate_up.split_k, 1);
+  EXPECT_EQ(plan_step_tiling(named_config("llama-3-8b"), 1, 132).gate_up_whole, 0);
+  const StepTiling q7 = plan_step_tiling(named_config("qwen2-7b"), 1, 132);  // 296 tiles, 32 past two waves
+  EXPECT_EQ(q7.gate_up.split_k, 4);
+  EXPECT_EQ(q7.gate_up_whole, 264);
+  EXPECT_EQ(plan_step_tiling(c, 1, 172).gate_up_whole, 0);  // as many SMs as tiles
+
+  // The executor's plan: those tiles' slices as one ticket each; every wait still after every signal
+  // of its counter, and each counter's signals (a whole ticket publishes all its slices') as many as
+  // its waiters count.
+  DecodeStepShape s;
+  s.batch = 1;
+  s.max_seq_len = 64;
+  c.num_layers = 2;
+  const StepGraph g = build_step_graph(c, s, {10}, {}, t);
+  const TileGraph& G = g.graph;
+  ExecPlan plan = make_exec_plan(G, make_order(G, "kslices/col_major"), step_sync_policy(g));
+  const ExecPlan before = plan;
+  const std::set<int> gate_up{g.layers[0].op_gate_up, g.layers[1].op_gate_up};
+  const auto moved = run_slices_whole(plan, G, [&](const Tile& x) { return gate_up.count(x.op) && x.tn < 132; });
+  const int n = int(before.order.size());
+  ASSERT_EQ(int(moved.size()), n + 1);
+  EXPECT_EQ(int(plan.order.size()), n - 2 * 132 * 2);
+  EXPECT_EQ(moved[n], int(plan.order.size()));
+  EXPECT_TRUE(std::is_sorted(moved.begin(), moved.end()));
+  std::vector<int> at(G.num_tiles(), -1);
+  for (int i = 0; i < int(plan.order.size()); ++i) at[plan.order[i]] = i;
+  std::vector<int> last(plan.num_signal_counters, -1);
+  std::vector<uint32_t> signals(plan.num_signal_counters, 0);
+  for (int i = 0; i < int(plan.order.size()); ++i) {
+    const DeviceTile& d = plan.tiles[plan.order[i]];
+    const Op& o = G.op(d.op);
+    const bool whole = o.tiling.split_k > 1 && d.arrive < 0;
+    EXPECT_EQ(whole, gate_up.count(d.op) && d.tn < 132) << "ticket " << i;
+    signals[d.signal] += whole ? uint32_t(o.tiling.split_k) : 1u;
+    last[d.signal] = i;
+  }
+  for (int i = 0; i < int(plan.order.size()); ++i) {
+    const DeviceTile& d = plan.tiles[plan.order[i]];
+    for (int w = d.wait_begin; w < d.wait_end; ++w) {
+      EXPECT_LT(last[plan.waits[w].counter], i) << "ticket " << i << " waits for a later one";
+      EXPECT_EQ(signals[plan.waits[w].counter], plan.waits[w].count);
+    }
+  }
+  for (int l = 0; l < 2; ++l) {
+    const int op = g.layers[l].op_gate_up;
+    const int head = G.tile_id(op, 0, 0, 0), tail = int(G.op(op).grid_n) - 1;
+    EXPECT_EQ(at[head], moved[before_position(before, head)]);  // at its first slice's place
+    EXPECT_EQ(plan.tiles[head].wait_end - plan.tiles[head].wait_begin,
+              before.tiles[head].wait_end - before.tiles[head].wait_begin);  // the slices wait alike
+    for (int64_t ks = 1; ks < 3; ++ks) {
+      EXPECT_EQ(at[G.tile_id(op, 0, 0, ks)], -1);      // folded into slice 0's ticket
+      EXPECT_GE(at[G.tile_id(op, 0, tail, ks)], 0);    // a last-wave slice
+      EXPECT_GE(plan.tiles[G.tile_id(op, 0, tail, ks)].arrive, 0);
+    }
+  }
+  EXPECT_NE(error_of([&] {
+              ExecPlan u = before;
+              u.units = {0, 1};
+              run_slices_whole(u, G, [](const Tile&) { return true; });
+            }).find("units"),
+            std::string::npos);
 }
 
 TEST(StepGraph, TrafficModelNearTheFloor) {

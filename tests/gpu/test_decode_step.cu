@@ -279,6 +279,31 @@ TEST(DecodeStep, GateUpBeyondOneWave) {
   }
 }
 
+// Gate/up's whole waves as one ticket over their K slices and its last wave in slices
+// (plan_step_tiling's last-wave rule, run_slices_whole): 19 tiles on 16 SMs, the last 3 in slices,
+// at the three activation-row modes (R = 2B staged, R = 32, and above 32 rows the stream's bf16 copy).
+TEST(DecodeStep, GateUpLastWaveInSlices) {
+  TW_REQUIRE_SM90();
+  ModelConfig c = tiny_d128();
+  c.name = "tiny-last-wave";
+  c.hidden_size = 1024;
+  c.intermediate_size = 1216 - 8;  // 19 column tiles of 64, the last one partial
+  for (int batch : {1, 16, 100}) {
+    DecodeStepOptions opt;
+    opt.batch = batch;
+    opt.max_seq_len = 64;
+    opt.sms = 16;
+    const DecodeStep probe(c, opt);
+    ASSERT_EQ(probe.tiling().gate_up_whole, 16) << "batch " << batch << ": the case does not test what it is for";
+    ASSERT_GT(probe.tiling().gate_up.split_k, 1) << "batch " << batch;
+    StepCase k{c, batch, batch == 16 ? KvLayout::Paged : KvLayout::Contiguous, 16};
+    k.max_prompt = 12;
+    k.generate = 4;
+    k.sms = 16;
+    run_against_reference(k, fresh_seed());
+  }
+}
+
 // Odd batch sizes on the activation-row configurations the other tests leave out, up to the largest
 // batch: R >= 2B up to 32 rows (6, 20: 16, 64 rows), and above 32 the stream's bf16 copy written by
 // the writers' last slices (step_bf16_stream; 33, 100, 128: 64, 128, 128 rows), at head dims 64
@@ -579,6 +604,13 @@ TEST(DecodeStep, BadInputIsRefusedBeforeAnyLaunch) {
   opt.batch = 129;
   EXPECT_NE(message([&] { DecodeStep s(named_config("tiny-llama"), opt); }).find("batch 129"), std::string::npos);
   opt.batch = 2;
+  opt.last_wave_cost = -1;
+  EXPECT_NE(message([&] { DecodeStep s(named_config("tiny-llama"), opt); }).find("last_wave_cost -1"), std::string::npos);
+  opt.last_wave_cost = 0.75;
+  opt.attention_warp_segments = -2;
+  EXPECT_NE(message([&] { DecodeStep s(named_config("tiny-llama"), opt); }).find("attention_warp_segments -2"),
+            std::string::npos);
+  opt.attention_warp_segments = 4;
   opt.max_seq_len = 3;
   DecodeStep st(named_config("tiny-llama"), opt);
   HostWeights w = random_weights(named_config("tiny-llama"), 1);

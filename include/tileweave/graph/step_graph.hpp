@@ -61,6 +61,9 @@ constexpr int step_act_rows(int batch, int tp = 1) {
 // The tilings of the step's ops, the same in every layer.
 struct StepTiling {
   Tiling qkv, o_proj, gate_up, down, lm_head;
+  // Gate/up column tiles [0, gate_up_whole) run their K slices as one ticket (run_slices_whole); the
+  // rest, the last wave's, in gate_up.split_k slices (0: every tile as its slices say).
+  int64_t gate_up_whole = 0;
   int attention_tiles = 0;  // work tiles of each layer's attention (P)
   int64_t embed_cols = 0;   // columns per embedding tile
 };
@@ -70,8 +73,12 @@ struct StepTiling {
 // outweighs half its weights; at most 4 where the slices reduce, 8 where they add into a buffer --
 // qkv, o_proj, down: step_graph.cpp says why), one attention tile per SM (the
 // kernel uses fewer at short contexts: DecodeStepOptions::attention_min_tile_bytes).
-// max_split > 0 caps every op's K slices (an experiment's knob; 0: the planner's).
-StepTiling plan_step_tiling(const ModelConfig& c, int batch, int sms, int max_split = 0, int tp = 1);
+// max_split > 0 caps every op's K slices (an experiment's knob; 0: the planner's). Gate/up of more
+// tiles than SMs with a partial last wave: that wave's tiles in K slices where the slices' rounds
+// cost under `last_wave_cost` of one unsplit tile, the whole waves' tiles unsplit (gate_up_whole; 0:
+// never).
+StepTiling plan_step_tiling(const ModelConfig& c, int batch, int sms, int max_split = 0, int tp = 1,
+                            double last_wave_cost = 0.75);
 
 struct StepGraph {
   TileGraph graph;

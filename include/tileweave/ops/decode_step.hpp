@@ -49,6 +49,9 @@ struct DecodeStepOptions {
   // Qwen2-7B B = 100 -3.0%; 8: the same at B = 128, none at B = 100).
   int attention_warp_segments = 4;
   int max_split = 0;                      // caps every op's K slices (0: the planner's)
+  // Gate/up's last partial wave in K slices, its whole waves unsplit, where the slices' rounds cost
+  // under this fraction of an unsplit tile (plan_step_tiling; 0: never, as the uniform planner cuts it).
+  double last_wave_cost = 0.75;
   // Tensor parallelism: this object is rank `rank` of `tp` (tensor_parallel_shard: its heads, FFN
   // columns and vocabulary block; the embedding table whole). Its step runs as launches between the
   // step's collectives (run_segment, collective): TensorParallelLocal runs every rank on one GPU,

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <vector>
 
@@ -50,5 +51,14 @@ struct ExecPlan {
 // Validates the schedule, then maps every dependency edge to a wait on the producer's counter
 // under the producer op's policy (default Tile).
 ExecPlan make_exec_plan(const TileGraph& g, const Schedule& s, const std::map<int, SyncSpec>& policy = {});
+
+// Runs the K slices of the output tiles `whole` picks (from split-K ops; called with each tile's
+// first slice) as one ticket each: the ticket of the tile's earliest slice in the order covers all of
+// them (the kernel sums them in registers: no partial sums, no arrival; its DeviceTile keeps ks 0
+// with arrive -1, waits for what any of the slices waited for, and publishes every slice's signal at
+// once), and the other slices' tickets leave the order. A tile whose slices' dependencies are not all
+// published before that ticket keeps its slices. Returns where each old position went (size order +
+// 1; a dropped ticket maps to the next kept one), for callers holding ranges of tickets.
+std::vector<int> run_slices_whole(ExecPlan& p, const TileGraph& g, const std::function<bool(const Tile&)>& whole);
 
 }  // namespace tw
