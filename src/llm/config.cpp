@@ -288,7 +288,10 @@ ModelConfig load_hf_config(const std::string& path) {
   std::ostringstream text;
   text << in.rdbuf();
   ModelConfig c = parse_hf_config(text.str(), file.string());
-  c.name = is_dir ? path : file.parent_path().string();
+  // A model folder's name, or a lone config file's path without ".json" (bench/configs/qwen2.5-3b).
+  c.name = is_dir ? path
+           : file.filename() == "config.json" ? file.parent_path().string()
+                                              : (file.parent_path() / file.stem()).string();
   if (c.name.empty()) c.name = ".";
   return c;
 }

@@ -371,6 +371,10 @@ TEST(LlmConfig, LoadsFromFolderOrFile) {
   EXPECT_EQ(a.name, dir.path.string());
   expect_same_model(a, named_config("qwen2-0.5b"));
   expect_same_model(load_hf_config(dir / "config.json"), a);
+  EXPECT_EQ(load_hf_config(dir / "config.json").name, dir.path.string());
+  // A lone config file is named by its path without ".json".
+  tw::test::write_text(dir / "qwen2-0.5b-copy.json", kQwen2_05B);
+  EXPECT_EQ(load_hf_config(dir / "qwen2-0.5b-copy.json").name, (dir.path / "qwen2-0.5b-copy").string());
   const std::string e = error_of([&] { load_hf_config(dir / "nothing"); });
   EXPECT_NE(e.find("nothing"), std::string::npos) << e;
 }

@@ -64,6 +64,7 @@ void run_step(const StepOptions& o) {
                                 {"model_us", model_us}, {"attention_tiles", t.attention_tiles},
                                 {"splits", {{"qkv", split(t.qkv)}, {"o_proj", split(t.o_proj)},
                                             {"gate_up", split(t.gate_up)}, {"down", split(t.down)}}},
+                                {"gate_up_whole", t.gate_up_whole},
                                 {"tp", o.tp},
                                 {"collectives", {{"all_reduces", k.all_reduces}, {"all_reduce_bytes", k.all_reduce_bytes},
                                                  {"max_reduces", k.max_reduces}, {"max_reduce_bytes", k.max_reduce_bytes},
@@ -77,8 +78,11 @@ void run_step(const StepOptions& o) {
   fmt::print("decode step of {} ({} layers, d {}, ffn {}, heads {}/{} x {}), batch {}, KV {} tokens ({}), on {}\n",
              c.name, c.num_layers, c.hidden_size, c.intermediate_size, c.num_q_heads, c.num_kv_heads, c.head_dim,
              o.batch, o.kv, o.layout, gpu.name);
+  const std::string gate_up = t.gate_up_whole > 0 ? fmt::format("{} (the last wave's tiles; the first {} whole)", split(t.gate_up),
+                                                                 t.gate_up_whole)
+                                                   : std::to_string(split(t.gate_up));
   fmt::print("  {} tiles in {} ops; K slices: qkv {}, o_proj {}, gate/up {}, down {}; {} attention tiles per layer\n",
-             g.graph.num_tiles(), g.graph.ops().size(), split(t.qkv), split(t.o_proj), split(t.gate_up), split(t.down),
+             g.graph.num_tiles(), g.graph.ops().size(), split(t.qkv), split(t.o_proj), gate_up, split(t.down),
              t.attention_tiles);
   fmt::print("  floor:  weights {:.1f} MB + K/V {:.1f} MB = {:.1f} MB, {:.1f} us at {:.2f} TB/s\n", wbytes / 1e6,
              kvbytes / 1e6, (wbytes + kvbytes) / 1e6, floor_us, gpu.read_tbps);
