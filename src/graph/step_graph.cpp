@@ -1,7 +1,6 @@
 #include "tileweave/graph/step_graph.hpp"
 
 #include <algorithm>
-#include <utility>
 #include <string>
 
 #include "tileweave/kernels/attention/decode_units.hpp"
@@ -38,6 +37,15 @@ Tiling tiling_in_slices(int64_t k, int64_t out_cols, int act_rows, int64_t split
   return {act_rows, out_cols, step, ceil_div(k, slice), {}};
 }
 
+// The most K slices a tile takes: at least two stages per slice (the pipeline's fill and the split's
+// reduction are per tile), each slice's fp32 partial (kTileRows x act_rows floats) at most half its
+// weight bytes, and max_split (when set) or max_slices.
+int64_t slice_cap(int64_t k, int act_rows, int max_split, int64_t max_slices) {
+  const int64_t stages = ceil_div(k, sm90::stage_cols_for(act_rows));
+  return std::min<int64_t>({max_split > 0 ? max_split : max_slices, std::max<int64_t>(1, stages / 2),
+                            std::max<int64_t>(1, k / (4 * act_rows))});
+}
+
 // One GEMM op of the step on the sm90 tile: out_cols output columns per tile (128, or 64 for paired
 // gate/up rows), K in as many slices of whole stages as keep the op's tiles in one wave on the SMs, at
 // most max_slices. Never a second wave: the op's every consumer waits for its last tile, so a second
@@ -47,42 +55,35 @@ Tiling tiling_in_slices(int64_t k, int64_t out_cols, int act_rows, int64_t split
 // slices, 152: B = 1 KV 1024 974 -> 907 us, B = 16 KV 4096 1556 -> 1471 on the H100,
 // h100/decode_step_gate_up_one_wave_ab.json).
 Tiling plan_gemm(int64_t n, int64_t k, int64_t out_cols, int act_rows, int sms, int max_split, int64_t max_slices) {
-  const int64_t step = sm90::stage_cols_for(act_rows), stages = ceil_div(k, step);
   const int64_t tiles_n = ceil_div(n, out_cols);
   int64_t split = 1;
-  if (10 * tiles_n < 9 * int64_t(sms)) {  // under 90% of the SMs busy unsplit
-    split = std::max<int64_t>(1, sms / tiles_n);
-    // At least two stages per slice (the pipeline's fill and the split's reduction are per tile), and
-    // each slice's fp32 partial (kTileRows x act_rows floats) at most half its weight bytes.
-    split = std::min(split, std::max<int64_t>(1, stages / 2));
-    split = std::min(split, std::max<int64_t>(1, k / (4 * act_rows)));
-  }
-  split = std::min<int64_t>(split, max_split > 0 ? max_split : max_slices);
-  return tiling_in_slices(k, out_cols, act_rows, split);
+  if (10 * tiles_n < 9 * int64_t(sms)) split = std::max<int64_t>(1, sms / tiles_n);  // under 90% of the SMs busy unsplit
+  return tiling_in_slices(k, out_cols, act_rows, std::min(split, slice_cap(k, act_rows, max_split, max_slices)));
 }
 
-// The last wave of an op with more tiles than SMs, in K slices: tiles_n tiles of `stages` stages,
-// `rem` = tiles_n mod sms of them in the last wave. Unsplit, that wave costs a whole tile's stages
-// while most SMs have nothing of the op left; in s slices it costs ceil(rem s / sms) rounds of
-// stages / s plus each slice's reduction and arrival (kSliceCost stages: ~2.8 us a slice beyond its
-// bytes, measured in stream-K's tile timelines, executor.md). Taken where that is under max_cost of
-// the unsplit wave; the other tiles run unsplit (StepTiling::gate_up_whole). Returns {slices, whole}.
-// Splitting every tile instead (session 24) lost 6-11%: each slice pays the reduction.
+// The last wave of an op with more tiles than SMs, in K slices: its tiles of `stages` stages, `rem`
+// = tiles mod sms of them in the last wave. Unsplit, that wave costs a whole tile's stages while most
+// SMs have nothing of the op left; in s slices it costs ceil(rem s / sms) rounds of stages / s plus
+// each slice's reduction and arrival (kSliceCost stages: ~2.8 us a slice beyond its bytes, measured in
+// stream-K's tile timelines, executor.md). Taken where that is under max_cost of the unsplit wave: t
+// (unsplit) becomes the slices, and the tiles before the last wave, returned, run whole
+// (StepTiling::gate_up_whole; 0: t unchanged). Splitting every tile instead (session 24) lost 6-11%:
+// each slice pays the reduction.
 constexpr double kSliceCost = 3.0;
-std::pair<int64_t, int64_t> last_wave_slices(int64_t tiles_n, int64_t k, int act_rows, int sms, int max_split,
-                                             double max_cost) {
-  const int64_t step = sm90::stage_cols_for(act_rows), stages = ceil_div(k, step), rem = tiles_n % sms;
-  if (tiles_n <= sms || rem == 0) return {1, 0};
-  const int64_t cap = std::min<int64_t>({max_split > 0 ? max_split : kMaxStepSlices, std::max<int64_t>(1, stages / 2),
-                                         std::max<int64_t>(1, k / (4 * act_rows))});
+int64_t split_last_wave(Tiling& t, int64_t n, int64_t k, int sms, int max_split, double max_cost) {
+  const int act_rows = int(t.bm);
+  const int64_t tiles = ceil_div(n, t.bn), stages = ceil_div(k, t.bk), rem = tiles % sms;
+  if (tiles <= sms || rem == 0) return 0;
   int64_t best = 1;
   double best_cost = max_cost * double(stages);
-  for (int64_t s = 2; s <= cap; ++s) {
-    if (tiling_in_slices(k, step, act_rows, s).split_k != s) continue;  // an empty slice
+  for (int64_t s = 2; s <= slice_cap(k, act_rows, max_split, kMaxStepSlices); ++s) {
+    if (tiling_in_slices(k, t.bn, act_rows, s).split_k != s) continue;  // an empty slice
     const double cost = double(ceil_div(rem * s, sms)) * (double(stages) / double(s) + kSliceCost);
     if (cost < best_cost) best = s, best_cost = cost;
   }
-  return {best, best > 1 ? tiles_n - rem : 0};
+  if (best == 1) return 0;
+  t = tiling_in_slices(k, t.bn, act_rows, best);
+  return tiles - rem;
 }
 
 }  // namespace
@@ -120,10 +121,8 @@ StepTiling plan_step_tiling(const ModelConfig& c, int batch, int sms, int max_sp
   t.qkv = plan_gemm(qkv, d, sm90::kTileRows, rows, sms, max_split, kMaxWriterSlices);
   t.o_proj = plan_gemm(d, c.q_dim(), sm90::kTileRows, rows, sms, max_split, kMaxWriterSlices);
   t.gate_up = plan_gemm(f, d, sm90::kTileRows / 2, rows, sms, max_split, kMaxStepSlices);
-  if (last_wave_cost > 0 && t.gate_up.split_k == 1) {
-    const auto [slices, whole] = last_wave_slices(ceil_div(f, t.gate_up.bn), d, rows, sms, max_split, last_wave_cost);
-    if (slices > 1) t.gate_up = tiling_in_slices(d, sm90::kTileRows / 2, rows, slices), t.gate_up_whole = whole;
-  }
+  if (last_wave_cost > 0 && t.gate_up.split_k == 1)
+    t.gate_up_whole = split_last_wave(t.gate_up, f, d, sms, max_split, last_wave_cost);
   t.down = plan_gemm(d, f, sm90::kTileRows, rows, sms, max_split, kMaxWriterSlices);
   t.lm_head = plan_gemm(c.vocab_size, d, sm90::kTileRows, rows, sms, max_split, kMaxStepSlices);
   t.attention_tiles = std::min(sms, kernels::kDecodeMaxTiles);

@@ -154,7 +154,7 @@ __device__ __forceinline__ int slices_of(const StepOpArgs& o, const DeviceTile& 
   return o.split > 1 && t.arrive < 0 ? o.split : 1;
 }
 // A slice whose partial sums meet the others' in L2 (split-K, not run whole).
-__device__ __forceinline__ bool split_slice(const StepOpArgs& o, const DeviceTile& t) { return slices_of(o, t) < o.split; }
+__device__ __forceinline__ bool split_slice(const StepOpArgs& o, const DeviceTile& t) { return o.split > 1 && t.arrive >= 0; }
 __device__ __forceinline__ int stages_of(const StepOpArgs& o, const DeviceTile& t) {
   return o.slice_start[t.ks + slices_of(o, t)] - o.slice_start[t.ks];
 }

@@ -45,8 +45,8 @@ struct DecodeStepOptions {
   int64_t attention_min_tile_bytes = 0;
   // Attention tiles holding at least this many pairs' segments run one segment per consumer warp, up to
   // 8 at a time, instead of every warp on each segment (0: never). Batches above 64 only (the kernel's
-  // 128-row tiles). 4 measured best on the H200 (Llama-3-8B B = 128 KV 512 -6.5%, Llama-3.2-1B -8.4%,
-  // Qwen2-7B B = 100 -3.0%; 8: the same at B = 128, none at B = 100).
+  // 128-row tiles). 4 measured best on the H200 (decode_step_warp_segments_ab.json: Llama-3-8B B = 128
+  // KV 512 -6.8%, Llama-3.2-1B -8.1%, Qwen2-7B B = 100 -3.0%; 8: the same at B = 128, none at B = 100).
   int attention_warp_segments = 4;
   int max_split = 0;                      // caps every op's K slices (0: the planner's)
   // Gate/up's last partial wave in K slices, its whole waves unsplit, where the slices' rounds cost
