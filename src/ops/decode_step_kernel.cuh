@@ -790,26 +790,28 @@ template <class Cfg, class F>
 __device__ __forceinline__ void for_each_row_quad(const float (&acc)[Cfg::kAcc], int ct, int tn, F&& f) {
   static_assert(Cfg::kAcc % 16 == 0, "four row blocks per transpose");
   const int lane = ct % 32, warp = ct / 32, k = (lane >> 2) & 3, a = lane >> 4, pq = lane & 3;
-  auto pick = [](const float (&v)[4], int i) { return i == 0 ? v[0] : i == 1 ? v[1] : i == 2 ? v[2] : v[3]; };
 #pragma unroll
   for (int h = 0; h < 2; ++h)
 #pragma unroll
     for (int e = 0; e < 2; ++e)
 #pragma unroll
       for (int jb = 0; jb < Cfg::kAcc / 16; ++jb) {
-        float v[4], w[4];
+        float w[4];
 #pragma unroll
-        for (int jj = 0; jj < 4; ++jj) v[jj] = acc[4 * (4 * jb + jj) + 2 * h + e];
-        // Round r: lane k takes column (k + r) & 3 of its row from the lane holding that column, which
-        // sends its value of row block (its k - r) & 3.
+        for (int jj = 0; jj < 4; ++jj) w[jj] = acc[4 * (4 * jb + jj) + 2 * h + e];
+        // A butterfly over the two bits of k: for bit b, lanes k and k ^ b swap the elements whose index
+        // differs from their own k in that bit. Every index is a compile-time constant (selects, not a
+        // run-time index: choosing the sent value by (k - r) & 3 put the values in local memory, 1248 B of
+        // spills at R = 128).
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int src = (k + r) & 3;
-          const float got = __shfl_sync(0xffffffffu, pick(v, (k - r) & 3), lane + 4 * (src - k));
-          w[0] = src == 0 ? got : w[0];
-          w[1] = src == 1 ? got : w[1];
-          w[2] = src == 2 ? got : w[2];
-          w[3] = src == 3 ? got : w[3];
+        for (int b = 1; b <= 2; b *= 2) {
+          const bool hi = k & b;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            if (j & b) continue;
+            const float got = __shfl_xor_sync(0xffffffffu, hi ? w[j] : w[j | b], 4 * b);
+            if (hi) w[j] = got; else w[j | b] = got;
+          }
         }
         f(8 * (4 * jb + k) + 2 * pq + e, tn * kTileRows + warp * 16 + 4 * a + 8 * h, w);
       }
