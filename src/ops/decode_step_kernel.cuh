@@ -133,10 +133,8 @@ struct StepShared {
   // among its KV heads; else seq_tiles[0] < 0 and the units are cut evenly over attn_tiles.
   int32_t attn_tiles;
   int32_t seq_tiles[kMaxRows + 1];
-  // Per activation row, for the consumers' epilogues: the norm's scale (or a slice's sums of squares),
-  // a reduction slot (the LM head's maxima keys).
+  // Per activation row, for the consumers' epilogues: the norm's scale (or a slice's sums of squares).
   float rstd[kMaxRows];
-  unsigned long long red[kMaxRows];
   uint32_t flag, last[2];
   AttnChunk part[2];  // an attention tile's partial segments: its first and its last,
   uint64_t part_tag[2];  // each valid for the tile whose tag (attention_tag) it holds
@@ -694,12 +692,6 @@ __device__ __forceinline__ void finish_tile(const StepParams& p, const DeviceTil
   }
 }
 
-// Per-row tables of a weight tile's epilogue (threads ct < R), then a consumer barrier.
-__device__ __forceinline__ void prepare_rows(const StepParams& p, StepShared& sh, int ct) {
-  if (ct < p.act_rows) sh.red[ct] = 0;
-  consumer_sync();
-}
-
 // RoPE (rotate-half) at position pos: the cosine and sine of dimensions i and i + 1 (each rotated
 // with its partner half a head away). The angle in float as transformers computes it, reduced to
 // [-pi, pi] in double, then the hardware sine and cosine (sincosf's large-argument path would put an
@@ -728,8 +720,8 @@ __device__ __forceinline__ void rotate(const RopePair& r, int e, float& a, float
 // tile, r = warp * 16 + lane / 4, and activation row 8q + 2 (ct % 4) + (e & 1). Gate/up tiles hold in
 // rows r and r + 8 a column and its partner: registers e = 0, 1 and e + 2.
 template <class Cfg>
-__device__ void weight_epilogue(const StepParams& p, StepShared& sh, const StepOpArgs& o, const DeviceTile& t,
-                                const float (&acc)[Cfg::kAcc], int ct, uint32_t epoch) {
+__device__ void weight_epilogue(const StepParams& p, StepShared& sh, float* scratch, const StepOpArgs& o,
+                                const DeviceTile& t, const float (&acc)[Cfg::kAcc], int ct, uint32_t epoch) {
   const int lane = ct % 32, warp = ct / 32;
   const ActLayout act{p.act_rows};
   const int B = p.batch;
@@ -747,33 +739,49 @@ __device__ void weight_epilogue(const StepParams& p, StepShared& sh, const StepO
       }
     return;
   }
-  // The LM head: running maxima per row.
+  // The LM head: running maxima per row, over the 8 warps through shared memory in passes of 64 rows
+  // (keys[warp][row], plain stores: a 64-bit atomicMax there compiles to a compare-and-swap loop, and
+  // all 8 warps hit the same rows), then one reduction per row into the keys. (Each warp reducing into
+  // the keys itself, 8 per row a tile, was 3.8% slower at Llama-3.2-1B B = 128: the keys' few lines
+  // take every tile's atomics.)
+  static_assert(8 * 64 * sizeof(unsigned long long) <= kScratchBytes, "a pass's keys fit the scratch");
+  unsigned long long* keys = reinterpret_cast<unsigned long long*>(scratch);
   const int r0 = t.tn * kTileRows + warp * 16 + lane / 4;
+  constexpr int kQ = Cfg::kAcc / 4;
 #pragma unroll
-  for (int q = 0; q < Cfg::kAcc / 4; ++q) {
-    unsigned long long best[2] = {0ull, 0ull};
+  for (int q0 = 0; q0 < kQ; q0 += 8) {
+    if (8 * q0 >= B) break;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int m = 8 * q + 2 * (lane % 4) + (e & 1), col = r0 + 8 * (e >> 1);
-      if (m >= B || col >= o.n) continue;
-      const float v = acc[4 * q + e] * sh.rstd[m];
-      if (p.logits) p.logits[int64_t(m) * p.vocab + col] = v;
-      const unsigned long long key = (uint64_t(ordered_bits(v)) << 32) | (0xFFFFFFFFu - uint32_t(p.vocab_offset + col));
-      best[e & 1] = max(best[e & 1], key);
+    for (int q = q0; q < q0 + 8 && q < kQ; ++q) {
+      unsigned long long best[2] = {0ull, 0ull};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int m = 8 * q + 2 * (lane % 4) + (e & 1), col = r0 + 8 * (e >> 1);
+        if (m >= B || col >= o.n) continue;
+        const float v = acc[4 * q + e] * sh.rstd[m];
+        if (p.logits) p.logits[int64_t(m) * p.vocab + col] = v;
+        const unsigned long long key = (uint64_t(ordered_bits(v)) << 32) | (0xFFFFFFFFu - uint32_t(p.vocab_offset + col));
+        best[e & 1] = max(best[e & 1], key);
+      }
+      // The 8 lanes of a warp that share lane % 4 hold the same activation rows.
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+#pragma unroll
+        for (int x = 4; x < 32; x *= 2) best[e] = max(best[e], __shfl_xor_sync(0xffffffffu, best[e], x));
+        if (lane < 4) keys[warp * 64 + 8 * (q - q0) + 2 * lane + e] = best[e];
+      }
     }
-    // The 8 lanes of a warp that share lane % 4 hold the same activation rows.
+    consumer_sync();
+    const int m = 8 * q0 + ct;
+    if (ct < 64 && m < B) {
+      unsigned long long best = keys[ct];
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-#pragma unroll
-      for (int x = 4; x < 32; x *= 2) best[e] = max(best[e], __shfl_xor_sync(0xffffffffu, best[e], x));
-      const int m = 8 * q + 2 * (lane % 4) + e;
-      if (lane < 4 && m < B) atomicMax(&sh.red[m], best[e]);
+      for (int w = 1; w < 8; ++w) best = max(best, keys[w * 64 + ct]);
+      for (int r = 0; r < (p.push ? p.ranks : 1); ++r)  // every rank's keys (collectives in the launch)
+        atomicMax((p.push ? on_rank(p, r, p.maxima) : p.maxima) + (epoch & 1) * B + m, best);
     }
+    if (8 * (q0 + 8) < B) consumer_sync();  // the next pass reuses the keys
   }
-  consumer_sync();
-  if (ct < B)
-    for (int q = 0; q < (p.push ? p.ranks : 1); ++q)  // every rank's keys (collectives in the launch)
-      atomicMax((p.push ? on_rank(p, q, p.maxima) : p.maxima) + (epoch & 1) * B + ct, sh.red[ct]);
 }
 
 // The reductions of a tile's accumulators as float4s at R >= 64 (B > 16). A thread's accumulators of
@@ -985,9 +993,9 @@ __device__ void consume_weight_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, S
 // slices add their partial sums (fp32 blocks in fragment order, vector reductions) and sums of
 // squares, and the last slice to arrive takes them and re-zeroes the block; then the epilogue.
 template <class Cfg>
-__device__ void finish_norm_tile(const StepParams& p, StepShared& sh, const StepOpArgs& o, const DeviceTile& t,
+__device__ void finish_norm_tile(const StepParams& p, StepShared& sh, float* scratch, const StepOpArgs& o, const DeviceTile& t,
                                  int32_t id, float (&acc)[Cfg::kAcc], int ct, uint32_t epoch) {
-  prepare_rows(p, sh, ct);
+  consumer_sync();  // every thread's sums of squares are in sh.rstd
   const int B = p.batch;
   if (split_slice(o, t)) {
     float4* block = reinterpret_cast<float4*>(o.ws) + int64_t(t.tn) * (kConsumers * Cfg::kAcc / 4);
@@ -1009,7 +1017,7 @@ __device__ void finish_norm_tile(const StepParams& p, StepShared& sh, const Step
   }
   if (ct < B) sh.rstd[ct] = rsqrtf(__fdividef(sh.rstd[ct], float(o.k)) + p.eps);
   consumer_sync();
-  weight_epilogue<Cfg>(p, sh, o, t, acc, ct, epoch);
+  weight_epilogue<Cfg>(p, sh, scratch, o, t, acc, ct, epoch);
   // The LM head's maxima are read by ordinary loads.
   finish_tile(p, t, id, ct, o.kind != kLmHead, cuda::memory_order_release, uint32_t(slices_of(o, t)));
 }
@@ -1564,7 +1572,7 @@ __device__ void run_consumer(const Ring<Cfg>& ring, StepShared& sh, float* scrat
         } else if (o.kind == kQkv) {
           finish_qkv_tile<Cfg>(p, sh, o, t, id, acc, ct);
         } else {
-          finish_norm_tile<Cfg>(p, sh, o, t, id, acc, ct, epoch);
+          finish_norm_tile<Cfg>(p, sh, scratch, o, t, id, acc, ct, epoch);
         }
         break;
       }
