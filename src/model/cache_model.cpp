@@ -16,6 +16,14 @@ L2Kind parse_l2_kind(const std::string& name) {
   throw InvalidArgument("unknown L2 model '" + name + "' (known: simple, partitioned)");
 }
 
+const char* to_string(L2EvictFirst k) { return k == L2EvictFirst::Push ? "push" : "room"; }
+
+L2EvictFirst parse_l2_evict_first(const std::string& name) {
+  if (name == "push") return L2EvictFirst::Push;
+  if (name == "room") return L2EvictFirst::Room;
+  throw InvalidArgument("unknown evict-first model '" + name + "' (known: push, room)");
+}
+
 void CacheConfig::validate() const {
   if (line_bytes <= 0) throw InvalidArgument("line size must be positive, got " + std::to_string(line_bytes));
   if (capacity_bytes < line_bytes)
@@ -44,6 +52,8 @@ void CacheConfig::validate() const {
     throw InvalidArgument("SM speed skew " + to_text(part.sm_skew) + " must be in [0, 1)");
   if (!(part.weight_push >= 0 && part.weight_push <= 1))
     throw InvalidArgument("L2 weight push " + to_text(part.weight_push) + " must be in [0, 1]");
+  if (!(part.hit_time > 0 && part.hit_time <= 1))
+    throw InvalidArgument("L2 hit time " + to_text(part.hit_time) + " must be in (0, 1]");
 }
 
 namespace {

@@ -18,22 +18,38 @@
 
 namespace tw {
 
-double l2_survival(double x, int ways) {
-  if (ways == 0) return x <= 1.0 + 1e-12 ? 1.0 : 0.0;
-  if (x <= 0) return 1.0;
-  // P(Poisson(lambda) <= ways - 1): fewer than `ways` other lines fell into this line's set.
-  const double lambda = x * ways;
+// P(Poisson(lambda) <= n - 1).
+static double poisson_below(double lambda, int n) {
+  if (lambda <= 0) return 1.0;
   double sum = 0;
   if (lambda < 600) {  // terms by recurrence: e^-lambda lambda^k / k!
     double term = std::exp(-lambda);
-    for (int k = 0; k < ways; ++k) {
+    for (int k = 0; k < n; ++k) {
       sum += term;
       term *= lambda / (k + 1);
     }
   } else {  // e^-lambda underflows: sum the terms in logs
-    for (int k = 0; k < ways; ++k) sum += std::exp(-lambda + k * std::log(lambda) - std::lgamma(k + 1.0));
+    for (int k = 0; k < n; ++k) sum += std::exp(-lambda + k * std::log(lambda) - std::lgamma(k + 1.0));
   }
   return std::min(1.0, sum);
+}
+
+double l2_survival(double x, int ways) {
+  if (ways == 0) return x <= 1.0 + 1e-12 ? 1.0 : 0.0;
+  if (x <= 0) return 1.0;
+  // P(Poisson(lambda) <= ways - 1): fewer than `ways` other lines fell into this line's set.
+  return poisson_below(x * ways, ways);
+}
+
+double l2_room_survival(double allocated, double own, double others, double capacity, int ways) {
+  const double room_bytes = std::max(capacity - others, 0.0);
+  if (ways == 0) return allocated + own <= room_bytes + 1e-9 ? 1.0 : 0.0;
+  // `room` ways of the line's set are left to evict-first lines (at least the one it took); the
+  // allocations since fell into its set as Poisson(ways * allocated / capacity).
+  const double room = std::max(1.0, ways * room_bytes / capacity);
+  const int r = static_cast<int>(std::floor(room));
+  const double f = room - r, lambda = allocated * ways / capacity;
+  return poisson_below(lambda, r) * (1 - f) + (f > 0 ? poisson_below(lambda, r + 1) * f : 0.0);
 }
 
 namespace {
@@ -136,6 +152,8 @@ class PartitionedCache {
       if (two_classes_) lru_[p][1].init(n * kinds_ / parts_), all_[p].init(n * kinds_ / parts_);
     }
     if (two_classes_) last_all_.assign(n * kinds_, -1);
+    room_ = c.part.evict_first_weights && c.part.evict_first == L2EvictFirst::Room;
+    if (room_) allocated_at_.assign(n * kinds_, 0.0);
     per_tensor_.resize(g.tensors().size());
     per_op_.resize(g.ops().size());
   }
@@ -145,13 +163,14 @@ class PartitionedCache {
   // accumulators), which is performed at the home partition and leaves no copy. Both halves (and a
   // copy) are looked up before any is touched: a block's lines are requested together, so its own
   // lines never count as used in between.
-  void read(int64_t block, int near, bool home_only, int op) {
+  // Returns the fraction of the block's bytes that came from DRAM.
+  double read(int64_t block, int near, bool home_only, int op) {
     const double part = double(dram_.block_bytes(block)) * half_;
     double miss_bytes = 0;
     int64_t touch_home[2] = {-1, -1}, touch_copy = -1;
     for (int home = 0; home < parts_; ++home) {
       const int64_t h = entry(block, home);
-      double m = 0;
+      double m = 0, copy_miss = 0;  // copy_miss: the fraction of the near copy filled (0 without one)
       if (home == near || home_only || !c_.part.far_copies) {
         m = miss(h, home);
         touch_home[home] = h;
@@ -160,6 +179,7 @@ class PartitionedCache {
         // request (and so uses the line) when the copy (mostly) missed.
         const int64_t copy = entry(block, 2 + near);
         const double mc = miss(copy, near);
+        copy_miss = mc;
         m = mc > 0 ? mc * miss(h, home) : 0.0;
         if (mc >= 0.5) touch_home[home] = h;
         touch_copy = copy;
@@ -167,6 +187,8 @@ class PartitionedCache {
       miss_bytes += part * m;
       write_back(h, part * m, op);
       dirty_[h] *= 1 - m;
+      allocated_[home] += occupancy(h) * m;                                // the home's fill
+      allocated_[near] += occupancy(h) * copy_miss;                        // the copy's
     }
     for (int home = 0; home < parts_; ++home)
       if (touch_home[home] >= 0) touch(touch_home[home], home);
@@ -177,6 +199,7 @@ class PartitionedCache {
       x->requested += bytes;
       x->hit += bytes - miss_bytes;
     }
+    return bytes > 0 ? miss_bytes / bytes : 0.0;
   }
 
   // Write-allocate without a fill at the home partitions (the block is overwritten whole); copies of
@@ -188,6 +211,7 @@ class PartitionedCache {
     for (int home = 0; home < parts_; ++home) {
       const int64_t h = entry(block, home);
       write_back(h, part * m[home], op);
+      allocated_[home] += occupancy(h) * m[home];
       dirty_[h] = 1;
       touch(h, home);
       if (parts_ == 2) drop(entry(block, 2 + home), home);
@@ -226,6 +250,11 @@ class PartitionedCache {
   double miss(int64_t e, int part) const {
     if (last_[e] < 0) return 1.0;
     const bool weight = cls_[e / kinds_] != 0;
+    if (room_) {
+      if (!weight) return 1.0 - l2_survival((lru_[part][0].after(last_[e]) + occupancy(e)) / cap_, c_.part.ways);
+      return 1.0 - l2_room_survival(allocated_[part] - allocated_at_[e], occupancy(e),
+                                    std::min(cap_, lru_[part][0].total()), cap_, c_.part.ways);
+    }
     double d = weight ? 0.0 : lru_[part][0].after(last_[e]);
     if (two_classes_) {
       const double all = all_[part].after(last_all_[e]);
@@ -242,6 +271,7 @@ class PartitionedCache {
     total_.write += w;
   }
   void touch(int64_t e, int part) {
+    if (room_) allocated_at_[e] = allocated_[part];
     last_[e] = lru_[part][cls_[e / kinds_]].touch(e, last_[e], occupancy(e), [&](int64_t x, int64_t t) {
       last_[x] = t;
       return occupancy(x);
@@ -272,6 +302,11 @@ class PartitionedCache {
   LruStack all_[2];            // by partition, both classes (with evict_first_weights)
   std::vector<int64_t> last_all_;
   bool two_classes_ = false;
+  // With L2EvictFirst::Room: bytes allocated in each partition so far (fills, copies, write
+  // allocations), and by entry the count at its last use.
+  bool room_ = false;
+  double allocated_[2] = {0, 0};
+  std::vector<double> allocated_at_;
   std::vector<Counters> per_tensor_, per_op_;
   Counters total_;
 };
@@ -424,9 +459,9 @@ TrafficReport simulate_partitioned(const TileGraph& g, const Schedule& s, const 
     acc.clear();
     blocks.step_accesses(sl.tile, sl.step, acc);
     double nominal = 0;
-    for (const auto& a : acc) {
-      cache.read(a.block, near, false, tile.op);
-      nominal += double(blocks.block_bytes(a.block));
+    for (const auto& a : acc) {  // a hit byte takes hit_time of a missed one
+      const double m = cache.read(a.block, near, false, tile.op);
+      nominal += double(blocks.block_bytes(a.block)) * (c.part.hit_time + (1 - c.part.hit_time) * m);
     }
     const double jitter = 1 + c.part.step_jitter * (2 * unit(c.part.seed, sl.tile, sl.step) - 1);
     const double end = t + std::max(nominal, 1.0) * sl.speed * jitter;

@@ -18,8 +18,13 @@ std::string join(const std::vector<std::string>& v) {
 // for memory accesses from SMs in the GPCs directly connected to the partition"), 128-byte lines
 // of four sectors, 16 ways; tiles drifting by 15% per K-step on SMs 2% apart in speed (bench/l2_probe
 // on the H200: chunk times within an SM spread 8.8%, SM means 1.2%); weights read with the
-// evict-first policy the tile bodies give them, pushing other lines out with 0.7 of their bytes
-// (fitted to issue 17's validation grid on the H200: docs/model.md).
+// evict-first policy the tile bodies give them, replaced as the victims of choice: they never push
+// the other lines out and live in the ways those leave (L2EvictFirst::Room, 2026-11-28; the earlier
+// model, weights pushing other lines out with 0.7 of their bytes, fitted to issue 17's grid, is
+// "evict_first": "push" and keeps its weight_push); a K-step's L2 hits take 0.55 of the time of its
+// DRAM bytes (hit_time: the sm90 tile's machine balance gives ~0.46 -- a 256x128x64 step computes in
+// 0.67 us and reads its 48 KiB from DRAM in 1.39 us at 1/132 of 4.68 TB/s; 0.55 is the best of a
+// sweep on the plain-GEMM half of the grid, the FFN half held out: docs/model.md).
 L2Params hopper_l2() {
   L2Params p;
   p.partitions = 2;
@@ -29,7 +34,9 @@ L2Params hopper_l2() {
   p.step_jitter = 0.153;
   p.sm_skew = 0.021;
   p.evict_first_weights = true;
-  p.weight_push = 0.7;
+  p.weight_push = 0.7;  // used with L2EvictFirst::Push only
+  p.evict_first = L2EvictFirst::Room;
+  p.hit_time = 0.55;
   return p;
 }
 }  // namespace
@@ -150,6 +157,16 @@ GpuPreset gpu_preset_from_json(const std::string& text, const std::string& what)
     p.l2.step_jitter = num(l, "step_jitter", 0, 0.99, p.l2.step_jitter);
     p.l2.sm_skew = num(l, "sm_skew", 0, 0.99, p.l2.sm_skew);
     p.l2.weight_push = num(l, "weight_push", 0, 1, p.l2.weight_push);
+    p.l2.hit_time = num(l, "hit_time", 1e-3, 1, p.l2.hit_time);
+    p.l2.seed = static_cast<uint64_t>(num(l, "seed", 0, 1e15, double(p.l2.seed)));
+    if (l.contains("evict_first")) {
+      if (!l["evict_first"].is_string()) throw InvalidArgument(what + ": 'evict_first' must be \"push\" or \"room\"");
+      try {
+        p.l2.evict_first = parse_l2_evict_first(l["evict_first"].get<std::string>());
+      } catch (const InvalidArgument& e) {
+        throw InvalidArgument(what + ": " + e.what());
+      }
+    }
     for (auto [key, field] : {std::pair<const char*, bool*>{"far_copies", &p.l2.far_copies},
                               {"evict_first_weights", &p.l2.evict_first_weights}})
       if (l.contains(key)) {

@@ -6,6 +6,7 @@
 
 #include "tileweave/graph/gemm_graph.hpp"
 #include "tileweave/model/l2_model.hpp"
+#include "tileweave/model/presets.hpp"
 #include "tileweave/order/bounds.hpp"
 #include "tileweave/order/orders.hpp"
 
@@ -276,4 +277,98 @@ TEST(L2Model, WeightPushIsChecked) {
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("weight push 1.5"), std::string::npos) << e.what();
   }
+}
+
+// Evict-first weights in the room the other lines leave (L2EvictFirst::Room), worked by hand. One
+// partition, 32-byte lines, P = 1, M = 32, N = 16, K = 32, column-major: tile (0,0) reads A00 B0 | A01
+// B1, writes C0; tile (1,0) reads A10 B0 | A11 B1, writes C1. Every block is a first fill (512 B
+// allocated) except the weights' second reads.
+// - Fully associative, 8 blocks (4096 B): when B0 is read again, the others have held A00 A01 C0 A10
+//   (2048 B), leaving 2048 B; A01 B1 C0 A10 were allocated since (2048 B) + B0's own 512 > 2048: it
+//   misses. B1: C0 A10 B0 A11 since (2048) + 512 > 4096 - 2560: misses too, 8 blocks read. Plain LRU
+//   (push) keeps both (4 blocks since + own = 5 <= 8): 6 blocks.
+// - 9 blocks (4608 B): B0 2048 + 512 <= 2560 hits; B1: C0 A10 A11 since (B0 hit: no fill), 1536 + 512
+//   <= 4608 - 2560: hits. 6 blocks.
+// - 1 way, 4 blocks (64 one-line sets): the room is the one way the line took; it survives iff none
+//   of the allocations since fell into its set, e^(-allocated / capacity). B0: 2048 B since, e^-1;
+//   B1: C0 A10 A11 + B0's refill 512 (1 - e^-1) since.
+TEST(L2Model, EvictFirstWeightsLiveInTheRoomTheOthersLeave) {
+  const GemmGraph g = build_gemm_graph(32, 16, 32, {16, 16, 16, 1});
+  const Schedule s = make_order(g.graph, "col_major");
+  auto room = [](int64_t blocks, int ways) {
+    CacheConfig c = partitioned(blocks, 1, 1);
+    c.part.ways = ways;
+    c.part.evict_first_weights = true;
+    c.part.evict_first = L2EvictFirst::Room;
+    return c;
+  };
+  CacheConfig lru = partitioned(8, 1, 1);
+  EXPECT_EQ(simulate(g.graph, s, lru).dram_read, 6 * kBlock);
+  TrafficReport r = simulate(g.graph, s, room(8, 0));
+  EXPECT_EQ(r.dram_read, 8 * kBlock);
+  EXPECT_EQ(r.per_tensor[g.b].dram_read, 4 * kBlock);
+  EXPECT_EQ(simulate(g.graph, s, room(9, 0)).dram_read, 6 * kBlock);
+  const double b0 = kBlock * (1 - std::exp(-1.0));
+  const double b1 = kBlock * (1 - std::exp(-(3 * kBlock + b0) / (4.0 * kBlock)));
+  EXPECT_EQ(simulate(g.graph, s, room(4, 1)).dram_read, std::llround(6 * kBlock + b0 + b1));
+  // The survival itself: 2 ways with the others holding a quarter leave 1.5 ways, halfway between
+  // P(Poisson(1/2) = 0) and P(Poisson(1/2) <= 1).
+  EXPECT_NEAR(l2_room_survival(2048, 512, 2048, 8192, 2), 0.5 * std::exp(-0.5) + 0.5 * 1.5 * std::exp(-0.5), 1e-12);
+  EXPECT_NEAR(l2_room_survival(2048, 512, 8192, 8192, 16), std::exp(-4.0), 1e-12) << "full: 1 way";
+  EXPECT_DOUBLE_EQ(l2_room_survival(0, 512, 8192, 8192, 16), 1.0);
+}
+
+// Under Room the weights never push the other lines out: the row-major case of
+// EvictFirstWeightsDoNotPushActivationsOut (A0 re-read past A1, C0 and two weight blocks, 4 blocks of
+// cache) keeps A0 and A1 as push 0 does: 6 blocks, where plain LRU reads 8.
+TEST(L2Model, EvictFirstRoomDoesNotPushActivationsOut) {
+  const GemmGraph g = build_gemm_graph(16, 32, 32, {16, 16, 16, 1});
+  const Schedule s = make_order(g.graph, "row_major");
+  CacheConfig c = partitioned(4, 1, 1);
+  c.part.evict_first_weights = true;
+  c.part.evict_first = L2EvictFirst::Room;
+  c.part.weight_push = 1;  // unused under Room
+  const TrafficReport r = simulate(g.graph, s, c);
+  EXPECT_EQ(r.dram_read, 6 * kBlock);
+  EXPECT_EQ(r.per_tensor[g.a].dram_read, 2 * kBlock);
+}
+
+// Hit time: the two tiles of DriftingTilesLoseSharedOperands (A shared over 64 K-steps, 3 blocks of
+// cache), on SMs of different speeds (skew 0.2). With every byte alike the faster one pulls ahead
+// and most of A is read twice (245 blocks). With hits at half the time of a DRAM byte, the one
+// behind reads A from L2 (A hit + B miss: 0.75 of a step of two misses) and catches up; once ahead
+// it fetches A itself and slows down, so the pair stays within a step and A is read once: (64 + 128)
+// blocks, as in lockstep.
+TEST(L2Model, HitTimeKeepsTilesThatShareOperandsTogether) {
+  const GemmGraph g = build_gemm_graph(16, 32, 16 * 64, {16, 16, 16, 1});
+  const Schedule s = make_order(g.graph, "row_major");
+  CacheConfig c = partitioned(3, 2, 1);
+  c.part.sm_skew = 0.2;
+  const int64_t apart = simulate(g.graph, s, c).dram_read;
+  EXPECT_GT(apart, (64 + 128 + 40) * kBlock);
+  c.part.hit_time = 0.5;
+  EXPECT_EQ(simulate(g.graph, s, c).dram_read, (64 + 128) * kBlock);
+  c.part.hit_time = 0;
+  try {
+    simulate(g.graph, s, c);
+    FAIL() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("hit time 0"), std::string::npos) << e.what();
+  }
+}
+
+// The Hopper presets replace weights in the room the others leave, hits at 0.55 of a DRAM byte; a
+// preset JSON switches back to the push model (its weight_push kept) or sets another hit time.
+TEST(L2Model, PresetsCarryTheEvictFirstModel) {
+  const GpuPreset h = gpu_preset("h200");
+  EXPECT_EQ(h.l2.evict_first, L2EvictFirst::Room);
+  EXPECT_EQ(h.l2.hit_time, 0.55);
+  EXPECT_EQ(h.l2.weight_push, 0.7);
+  const GpuPreset j = gpu_preset_from_json(R"({"l2": {"evict_first": "push", "hit_time": 1, "seed": 7}})", "test");
+  EXPECT_EQ(j.l2.evict_first, L2EvictFirst::Push);
+  EXPECT_EQ(j.l2.hit_time, 1);
+  EXPECT_EQ(j.l2.seed, 7u);
+  EXPECT_THROW(gpu_preset_from_json(R"({"l2": {"evict_first": "lru"}})", "test"), InvalidArgument);
+  EXPECT_THROW(gpu_preset_from_json(R"({"l2": {"evict_first": 1}})", "test"), InvalidArgument);
+  EXPECT_THROW(gpu_preset_from_json(R"({"l2": {"hit_time": 0}})", "test"), InvalidArgument);
 }

@@ -24,6 +24,11 @@ enum class L2Kind { Simple, Partitioned };
 const char* to_string(L2Kind k);
 L2Kind parse_l2_kind(const std::string& name);  // "simple" | "partitioned"; else InvalidArgument
 
+// How the partitioned model replaces evict-first (weight) lines: L2Params::evict_first.
+enum class L2EvictFirst { Push, Room };
+const char* to_string(L2EvictFirst k);
+L2EvictFirst parse_l2_evict_first(const std::string& name);  // "push" | "room"; else InvalidArgument
+
 // Parameters of the partitioned model (the GPU presets carry them; docs/model.md explains each).
 // One tile's recorded progress (the executor's tile timeline, e.g. bench_ffn --trace): the SM it ran
 // on, when its K-steps began (its producers ready) and ended (computed), and when it was done.
@@ -50,6 +55,17 @@ struct L2Params {
   // that still count in its reuse distance (0: weights never push other lines out, strict priority;
   // 1: plain LRU, as if there were no policy).
   double weight_push = 0.0;
+  // How the evict-first weight lines are replaced (with evict_first_weights; l2_model.hpp, docs/model.md):
+  // Push: a weight line is as exposed as under plain LRU and the weights push the other lines out with
+  //   weight_push of their bytes (the presets' model until 2026-11-28).
+  // Room: the victim of a set is its evict-first line whenever it holds one, so weights never push the
+  //   other lines out, and a weight line lives in the ways the other lines leave it: once they fill its
+  //   set, only until the next line is allocated there. weight_push is unused.
+  L2EvictFirst evict_first = L2EvictFirst::Push;
+  // A K-step's duration in the drawn-drift replay: its bytes, those that hit in L2 counted at hit_time
+  // of a byte that comes from DRAM (1: every byte alike, as before). Below 1 a tile that finds its
+  // operands in L2 catches up with the one that fetched them, so tiles sharing operands stay together.
+  double hit_time = 1.0;
   // Recorded tile progress, by tile id (every tile of the graph): the replay then takes the tickets,
   // waits and drift as they happened -- tile t's K-steps evenly over [begin, end) on SM `sm` (near
   // partition sm % partitions), its writes at `done` -- instead of drawing them (jitter and skew are

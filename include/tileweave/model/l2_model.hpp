@@ -18,8 +18,15 @@
 //   survives iff fewer than `ways` of them fell into its set -- probability P(Poisson(d/line/sets)
 //   <= ways - 1). ways = 0 is fully associative (hit iff d fits). Dirty data is carried as a
 //   fraction: the part that was evicted since the last touch was written back.
-// - Weights streamed evict-first (L2Params::evict_first_weights): a weight line's reuse distance
-//   counts everything, every other line's counts only weight_push of the weight bytes.
+// - Weights streamed evict-first (L2Params::evict_first_weights), two models (L2Params::evict_first):
+//   Push: a weight line's reuse distance counts everything, every other line's counts only
+//   weight_push of the weight bytes. Room: a set's victim is its evict-first line whenever it holds
+//   one, so the other lines' distance counts no weight bytes (they are evicted only by each other),
+//   and the weights live in the ways the others leave: the other lines never leave once allocated
+//   (nothing but another non-weight line evicts them), so once they have filled the partition a
+//   weight line holds the one way it took and survives only until the next allocation in its set.
+// - A K-step's duration counts its L2 hits at L2Params::hit_time of a DRAM byte: a tile that finds
+//   the operands another fetched runs faster and catches up (tiles sharing operands convoy).
 // - Tiles do not advance in lockstep: an event-driven replay where a K-step lasts in proportion to
 //   the bytes it reads, scaled by a per-SM speed (1 +- sm_skew) and a per-step draw (1 +- jitter);
 //   a tile waiting on producers starts when the last of them finishes.
@@ -41,6 +48,14 @@ TrafficReport simulate_partitioned(const TileGraph& g, const Schedule& s, const 
 // P(a line survives) given (d + own) / capacity of its partition = x, for `ways`-way sets.
 // ways = 0: 1 if x <= 1 else 0. Exposed for tests.
 double l2_survival(double x, int ways);
+
+// With L2EvictFirst::Room: P(an evict-first line survives) when `allocated` bytes of lines were
+// allocated in its partition since its last use, the line's block holds `own` bytes, and the other
+// (not evict-first) lines have held `others` bytes of the partition's `capacity`. The others leave
+// room = max(1, ways x (1 - others / capacity)) ways of a set; the line survives iff fewer than room
+// of the allocations fell into its set: P(Poisson(ways x allocated / capacity) <= room - 1),
+// interpolated between whole ways. ways = 0: 1 iff allocated + own <= capacity - others.
+double l2_room_survival(double allocated, double own, double others, double capacity, int ways);
 
 // Helpers shared by both replays (cache_model.cpp).
 std::vector<int> writer_ops(const TileGraph& g);            // by tensor: the op that writes it (last one)
