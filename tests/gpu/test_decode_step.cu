@@ -140,7 +140,7 @@ Errors run_against_reference(const StepCase& k, uint64_t seed) {
   ReferenceDecoder rounded(k.cfg, w, B, int(opt.max_seq_len), ReferencePrecision::Bf16);
   std::vector<int32_t> next(B, 0);  // fp32's greedy token of each sequence
   Errors worst;
-  int near_ties = 0, compared = 0;
+  int near_ties = 0, compared = 0, bf16_ties = 0;
   struct StepErr { int step, seq; double ours, bf16; };
   std::vector<StepErr> per_step;
   for (int s = 0; s < steps; ++s) {
@@ -167,6 +167,7 @@ Errors run_against_reference(const StepCase& k, uint64_t seed) {
       worst.bf16 = std::max(worst.bf16, err_bf16);
       per_step.push_back({s, b, err, err_bf16});
       const int mine = argmax(o, V), theirs = argmax(r, V);
+      bf16_ties += argmax(&bf16[size_t(b) * V], V) != theirs;
       EXPECT_EQ(sampled[b], mine) << "the sampled token is not the argmax of the logits (step " << s << ", sequence " << b << ")";
       // A token may differ where two of fp32's logits are closer than errors of this step's size can
       // move them: 4x the row's rms error (err x rms(logits)) -- ours, or the bf16 model's if larger,
@@ -194,9 +195,14 @@ Errors run_against_reference(const StepCase& k, uint64_t seed) {
     EXPECT_LT(e.ours, std::max({3e-2, 2 * e.bf16, 1.25 * worst.bf16}))
         << "step " << e.step << " sequence " << e.seq << " (the bf16 model: " << e.bf16 << ", over the run " << worst.bf16 << ")";
   EXPECT_LE(worst.ours, std::max(1e-2, 1.25 * worst.bf16)) << "our largest error against the bf16 model's";
-  EXPECT_LE(near_ties, std::max(3, compared / 20));  // each one checked against the tie bound above
-  std::printf("  %s tp=%d%s B=%d %s: max rel err vs fp32 %.2e (the bf16 model: %.2e), %d near ties in %d\n", k.cfg.name.c_str(),
-              k.tp, k.in_launch ? " (in launch)" : "", B, k.layout == KvLayout::Paged ? "paged" : "contiguous", worst.ours, worst.bf16, near_ties, compared);
+  // Each near tie is checked against the tie bound above; their count against 5% of the tokens, or twice
+  // the bf16 model's own (a model whose logits sit close together has many: tiny-d128 B = 16 at seed
+  // 13934280356168330027 had 15 of 259, the same on the builds before and after a change that leaves
+  // the logits alone).
+  EXPECT_LE(near_ties, std::max({3, compared / 20, 2 * bf16_ties}));
+  std::printf("  %s tp=%d%s B=%d %s: max rel err vs fp32 %.2e (the bf16 model: %.2e), %d near ties in %d (the bf16 model: %d)\n",
+              k.cfg.name.c_str(), k.tp, k.in_launch ? " (in launch)" : "", B, k.layout == KvLayout::Paged ? "paged" : "contiguous",
+              worst.ours, worst.bf16, near_ties, compared, bf16_ties);
   return worst;
 }
 
