@@ -54,6 +54,8 @@ void CacheConfig::validate() const {
     throw InvalidArgument("L2 weight push " + to_text(part.weight_push) + " must be in [0, 1]");
   if (!(part.hit_time > 0 && part.hit_time <= 1))
     throw InvalidArgument("L2 hit time " + to_text(part.hit_time) + " must be in (0, 1]");
+  if (!(part.set_fringe >= 0 && part.set_fringe <= 1e6))
+    throw InvalidArgument("L2 set fringe " + to_text(part.set_fringe) + " must be in [0, 1e6] (0: Poisson)");
 }
 
 namespace {

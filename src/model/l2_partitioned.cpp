@@ -34,14 +34,27 @@ static double poisson_below(double lambda, int n) {
   return std::min(1.0, sum);
 }
 
-double l2_survival(double x, int ways) {
-  if (ways == 0) return x <= 1.0 + 1e-12 ? 1.0 : 0.0;
-  if (x <= 0) return 1.0;
-  // P(Poisson(lambda) <= ways - 1): fewer than `ways` other lines fell into this line's set.
-  return poisson_below(x * ways, ways);
+// P(N <= n - 1) for the number N of lines (mean lambda) that fell into one set. fringe = 0: all at
+// random, Poisson(lambda). fringe > 0: at most `fringe` of them at random, Poisson(min(lambda,
+// fringe)), and the rest evenly (every set its share: floor or ceil of the mean, the least spread an
+// integer count can have).
+double l2_set_count_below(double lambda, int n, double fringe) {
+  if (n <= 0) return 0.0;
+  if (!(fringe > 0) || lambda <= fringe) return poisson_below(lambda, n);
+  const double even = lambda - fringe, fl = std::floor(even), f = even - fl;
+  if (fl >= n) return 0.0;
+  const int k = n - static_cast<int>(fl);  // the random part must be <= k - 1 (floor) or k - 2 (ceil)
+  return (1 - f) * poisson_below(fringe, k) + (f > 0 && k > 1 ? f * poisson_below(fringe, k - 1) : 0.0);
 }
 
-double l2_room_survival(double allocated, double own, double others, double capacity, int ways) {
+double l2_survival(double x, int ways, double fringe) {
+  if (ways == 0) return x <= 1.0 + 1e-12 ? 1.0 : 0.0;
+  if (x <= 0) return 1.0;
+  // P(N <= ways - 1): fewer than `ways` other lines fell into this line's set.
+  return l2_set_count_below(x * ways, ways, fringe);
+}
+
+double l2_room_survival(double allocated, double own, double others, double capacity, int ways, double fringe) {
   const double room_bytes = std::max(capacity - others, 0.0);
   if (ways == 0) return allocated + own <= room_bytes + 1e-9 ? 1.0 : 0.0;
   // `room` ways of the line's set are left to evict-first lines (at least the one it took); the
@@ -49,7 +62,7 @@ double l2_room_survival(double allocated, double own, double others, double capa
   const double room = std::max(1.0, ways * room_bytes / capacity);
   const int r = static_cast<int>(std::floor(room));
   const double f = room - r, lambda = allocated * ways / capacity;
-  return poisson_below(lambda, r) * (1 - f) + (f > 0 ? poisson_below(lambda, r + 1) * f : 0.0);
+  return l2_set_count_below(lambda, r, fringe) * (1 - f) + (f > 0 ? l2_set_count_below(lambda, r + 1, fringe) * f : 0.0);
 }
 
 namespace {
@@ -251,16 +264,17 @@ class PartitionedCache {
     if (last_[e] < 0) return 1.0;
     const bool weight = cls_[e / kinds_] != 0;
     if (room_) {
-      if (!weight) return 1.0 - l2_survival((lru_[part][0].after(last_[e]) + occupancy(e)) / cap_, c_.part.ways);
+      if (!weight)
+        return 1.0 - l2_survival((lru_[part][0].after(last_[e]) + occupancy(e)) / cap_, c_.part.ways, c_.part.set_fringe);
       return 1.0 - l2_room_survival(allocated_[part] - allocated_at_[e], occupancy(e),
-                                    std::min(cap_, lru_[part][0].total()), cap_, c_.part.ways);
+                                    std::min(cap_, lru_[part][0].total()), cap_, c_.part.ways, c_.part.set_fringe);
     }
     double d = weight ? 0.0 : lru_[part][0].after(last_[e]);
     if (two_classes_) {
       const double all = all_[part].after(last_all_[e]);
       d = weight ? all : d + c_.part.weight_push * (all - d);
     }
-    return 1.0 - l2_survival((d + occupancy(e)) / cap_, c_.part.ways);
+    return 1.0 - l2_survival((d + occupancy(e)) / cap_, c_.part.ways, c_.part.set_fringe);
   }
   // `bytes` of entry e's dirty data were evicted since its last use: they went to DRAM then.
   void write_back(int64_t e, double bytes, int op) {

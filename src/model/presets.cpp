@@ -24,7 +24,11 @@ std::string join(const std::vector<std::string>& v) {
 // "evict_first": "push" and keeps its weight_push); a K-step's L2 hits take 0.55 of the time of its
 // DRAM bytes (hit_time: the sm90 tile's machine balance gives ~0.46 -- a 256x128x64 step computes in
 // 0.67 us and reads its 48 KiB from DRAM in 1.39 us at 1/132 of 4.68 TB/s; 0.55 is the best of a
-// sweep on the plain-GEMM half of the grid, the FFN half held out: docs/model.md).
+// sweep on the plain-GEMM half of the grid, the FFN half held out: docs/model.md); the lines touched
+// since a line's last use fall into its set at random only up to 3 a set, the rest evenly (set_fringe:
+// a set hash spreads the whole tensors that a long reuse distance covers over every set alike, so a
+// re-read over the capacity thrashes; the plain-GEMM half of the grid is flat from 1.5 to 5, 3 is its
+// middle, the FFN half held out: docs/model.md, 2026-11-28; 0 is the Poisson model before).
 L2Params hopper_l2() {
   L2Params p;
   p.partitions = 2;
@@ -37,6 +41,7 @@ L2Params hopper_l2() {
   p.weight_push = 0.7;  // used with L2EvictFirst::Push only
   p.evict_first = L2EvictFirst::Room;
   p.hit_time = 0.55;
+  p.set_fringe = 3;
   return p;
 }
 }  // namespace
@@ -158,6 +163,7 @@ GpuPreset gpu_preset_from_json(const std::string& text, const std::string& what)
     p.l2.sm_skew = num(l, "sm_skew", 0, 0.99, p.l2.sm_skew);
     p.l2.weight_push = num(l, "weight_push", 0, 1, p.l2.weight_push);
     p.l2.hit_time = num(l, "hit_time", 1e-3, 1, p.l2.hit_time);
+    p.l2.set_fringe = num(l, "set_fringe", 0, 1e6, p.l2.set_fringe);
     p.l2.seed = static_cast<uint64_t>(num(l, "seed", 0, 1e15, double(p.l2.seed)));
     if (l.contains("evict_first")) {
       if (!l["evict_first"].is_string()) throw InvalidArgument(what + ": 'evict_first' must be \"push\" or \"room\"");

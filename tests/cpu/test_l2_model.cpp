@@ -133,6 +133,47 @@ TEST(L2Model, HashedSetsChargeTheEvictedFraction) {
   EXPECT_EQ(simulate(g.graph, s, c).dram_read, 3 * kBlock + std::llround(kBlock * (1 - 2 * std::exp(-1.0))));
 }
 
+// Set fringe: of the lines (mean lambda) that fell into a set, at most `fringe` fell at random and the
+// rest evenly (floor or ceil of their mean). lambda = 5, fringe 3, 3 ways: 2 even, the random part must
+// be 0: e^-3; lambda = 5.5: 2 or 3 even, half each: e^-3 / 2; lambda = 7: 4 even, none survives. At
+// or below the fringe it is Poisson.
+TEST(L2Model, SetFringeSpreadsTheRestEvenly) {
+  EXPECT_NEAR(l2_set_count_below(5, 3, 3), std::exp(-3.0), 1e-12);
+  EXPECT_NEAR(l2_set_count_below(5.5, 3, 3), 0.5 * std::exp(-3.0), 1e-12);
+  EXPECT_DOUBLE_EQ(l2_set_count_below(7, 3, 3), 0.0);
+  EXPECT_NEAR(l2_set_count_below(2, 2, 3), 3 * std::exp(-2.0), 1e-12);
+  EXPECT_NEAR(l2_set_count_below(5, 3, 0), l2_survival(5.0 / 3, 3), 1e-12) << "fringe 0: Poisson";
+  // 16 ways, fringe 3: the cliff at the capacity. x = 1.2 (lambda 19.2: 16.2 even) never survives
+  // (Poisson: 20%); x = 1 (13 even): P(Poisson(3) <= 2) = 8.5 e^-3 (Poisson: 47%).
+  EXPECT_DOUBLE_EQ(l2_survival(1.2, 16, 3), 0.0);
+  EXPECT_NEAR(l2_survival(1.2, 16), 0.20, 0.01);
+  EXPECT_NEAR(l2_survival(1.0, 16, 3), 8.5 * std::exp(-3.0), 1e-12);
+  // A weight line in one way of room: 4 lines' worth of allocations fell into its set on average, 1
+  // of them evenly: none survives (Poisson: e^-4); 2 lines' worth (under the fringe): e^-2 as before.
+  EXPECT_DOUBLE_EQ(l2_room_survival(2048, 512, 8192, 8192, 16, 3), 0.0);
+  EXPECT_NEAR(l2_room_survival(1024, 512, 8192, 8192, 16, 3), std::exp(-2.0), 1e-12);
+}
+
+// The graph of HashedSetsChargeTheEvictedFraction with 2 ways: A0 is read again after B0 and C0 (1536
+// B with itself). 2 blocks of cache: x = 1.5, lambda = 3. Poisson: A0 survives P(Poisson(3) <= 1) =
+// 4 e^-3; fringe 1: 2 lines even, none survives (A0 read twice: 4 blocks); fringe 2: 1 even and
+// P(Poisson(2) = 0) = e^-2. 6 blocks (x = 1/2, lambda = 1 <= fringe 2): Poisson's 2/e as before.
+TEST(L2Model, SetFringeSharpensTheCliffAtTheCapacity) {
+  const GemmGraph g = build_gemm_graph(16, 32, 16, {16, 16, 16, 1});
+  const Schedule s = make_order(g.graph, "row_major");
+  CacheConfig c = partitioned(2, 1, 1);
+  c.part.ways = 2;
+  EXPECT_EQ(simulate(g.graph, s, c).dram_read, 3 * kBlock + std::llround(kBlock * (1 - 4 * std::exp(-3.0))));
+  c.part.set_fringe = 1;
+  EXPECT_EQ(simulate(g.graph, s, c).dram_read, 4 * kBlock);
+  c.part.set_fringe = 2;
+  EXPECT_EQ(simulate(g.graph, s, c).dram_read, 3 * kBlock + std::llround(kBlock * (1 - std::exp(-2.0))));
+  c.capacity_bytes = 6 * kBlock;
+  EXPECT_EQ(simulate(g.graph, s, c).dram_read, 3 * kBlock + std::llround(kBlock * (1 - 2 * std::exp(-1.0))));
+  c.part.set_fringe = -1;
+  EXPECT_THROW(simulate(g.graph, s, c), InvalidArgument);
+}
+
 // Two tiles share A over 64 K-steps; the cache holds 3 blocks, enough for the pair in lockstep (A
 // read once). When the steps' durations vary, the tiles drift apart and the second reader of each A
 // block finds it gone: most of A is read twice.
@@ -371,4 +412,8 @@ TEST(L2Model, PresetsCarryTheEvictFirstModel) {
   EXPECT_THROW(gpu_preset_from_json(R"({"l2": {"evict_first": "lru"}})", "test"), InvalidArgument);
   EXPECT_THROW(gpu_preset_from_json(R"({"l2": {"evict_first": 1}})", "test"), InvalidArgument);
   EXPECT_THROW(gpu_preset_from_json(R"({"l2": {"hit_time": 0}})", "test"), InvalidArgument);
+  // The set fringe (3 lines a set at random, the rest even); 0 is the Poisson model before.
+  EXPECT_EQ(h.l2.set_fringe, 3);
+  EXPECT_EQ(gpu_preset_from_json(R"({"l2": {"set_fringe": 0}})", "test").l2.set_fringe, 0);
+  EXPECT_THROW(gpu_preset_from_json(R"({"l2": {"set_fringe": -1}})", "test"), InvalidArgument);
 }

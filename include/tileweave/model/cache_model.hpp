@@ -66,6 +66,13 @@ struct L2Params {
   // of a byte that comes from DRAM (1: every byte alike, as before). Below 1 a tile that finds its
   // operands in L2 catches up with the one that fetched them, so tiles sharing operands stay together.
   double hit_time = 1.0;
+  // How the lines touched since a line's last use fall into its set: at most set_fringe lines per set
+  // (in expectation) at random, Poisson, the rest evenly -- every set gets its share, floor or ceil,
+  // as a set hash spreads whole tensors (a re-read near the capacity covers them) over all sets. A
+  // short window (a weight line's life in the room, a few K-steps of scattered blocks) stays Poisson;
+  // a long reuse distance gets a sharp cliff at the capacity. 0: every line at random (Poisson, the
+  // model until 2026-11-28).
+  double set_fringe = 0.0;
   // Recorded tile progress, by tile id (every tile of the graph): the replay then takes the tickets,
   // waits and drift as they happened -- tile t's K-steps evenly over [begin, end) on SM `sm` (near
   // partition sm % partitions), its writes at `done` -- instead of drawing them (jitter and skew are

@@ -16,7 +16,9 @@
 //   charges each access the fraction of lines that the hash evicted: with d bytes of other lines
 //   touched since the block's last use (its LRU stack distance, plus the block's own lines), a line
 //   survives iff fewer than `ways` of them fell into its set -- probability P(Poisson(d/line/sets)
-//   <= ways - 1). ways = 0 is fully associative (hit iff d fits). Dirty data is carried as a
+//   <= ways - 1). ways = 0 is fully associative (hit iff d fits). With L2Params::set_fringe, at most
+//   set_fringe lines per set fall at random and the rest evenly (the hash spreads the whole tensors
+//   a long reuse distance covers over every set alike), so the cliff at the capacity is sharper. Dirty data is carried as a
 //   fraction: the part that was evicted since the last touch was written back.
 // - Weights streamed evict-first (L2Params::evict_first_weights), two models (L2Params::evict_first):
 //   Push: a weight line's reuse distance counts everything, every other line's counts only
@@ -47,7 +49,12 @@ TrafficReport simulate_partitioned(const TileGraph& g, const Schedule& s, const 
 
 // P(a line survives) given (d + own) / capacity of its partition = x, for `ways`-way sets.
 // ways = 0: 1 if x <= 1 else 0. Exposed for tests.
-double l2_survival(double x, int ways);
+// fringe: L2Params::set_fringe (0: all of the lines at random, as before).
+double l2_survival(double x, int ways, double fringe = 0.0);
+
+// P(N <= n - 1) for the number N of lines, mean lambda, that fell into one set: Poisson(lambda) with
+// fringe 0, else Poisson(min(lambda, fringe)) plus the rest spread evenly (floor or ceil of its mean).
+double l2_set_count_below(double lambda, int n, double fringe);
 
 // With L2EvictFirst::Room: P(an evict-first line survives) when `allocated` bytes of lines were
 // allocated in its partition since its last use, the line's block holds `own` bytes, and the other
@@ -55,7 +62,8 @@ double l2_survival(double x, int ways);
 // room = max(1, ways x (1 - others / capacity)) ways of a set; the line survives iff fewer than room
 // of the allocations fell into its set: P(Poisson(ways x allocated / capacity) <= room - 1),
 // interpolated between whole ways. ways = 0: 1 iff allocated + own <= capacity - others.
-double l2_room_survival(double allocated, double own, double others, double capacity, int ways);
+double l2_room_survival(double allocated, double own, double others, double capacity, int ways,
+                        double fringe = 0.0);
 
 // Helpers shared by both replays (cache_model.cpp).
 std::vector<int> writer_ops(const TileGraph& g);            // by tensor: the op that writes it (last one)
