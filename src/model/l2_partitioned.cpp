@@ -159,13 +159,14 @@ class PartitionedCache {
     cls_.assign(n, 0);
     if (c.part.evict_first_weights)
       for (int64_t b = 0; b < n; ++b) cls_[b] = g.tensor(dram_.block_tensor(b)).role == TensorRole::Weight;
-    two_classes_ = c.part.evict_first_weights;
+    room_ = c.part.evict_first_weights && c.part.evict_first == L2EvictFirst::Room;
+    push_ = c.part.evict_first_weights && !room_;
     for (int p = 0; p < 2; ++p) {
       lru_[p][0].init(n * kinds_ / parts_);
-      if (two_classes_) lru_[p][1].init(n * kinds_ / parts_), all_[p].init(n * kinds_ / parts_);
+      if (c.part.evict_first_weights) lru_[p][1].init(n * kinds_ / parts_);
+      if (push_) all_[p].init(n * kinds_ / parts_);
     }
-    if (two_classes_) last_all_.assign(n * kinds_, -1);
-    room_ = c.part.evict_first_weights && c.part.evict_first == L2EvictFirst::Room;
+    if (push_) last_all_.assign(n * kinds_, -1);
     if (room_) allocated_at_.assign(n * kinds_, 0.0);
     per_tensor_.resize(g.tensors().size());
     per_op_.resize(g.ops().size());
@@ -263,14 +264,11 @@ class PartitionedCache {
   double miss(int64_t e, int part) const {
     if (last_[e] < 0) return 1.0;
     const bool weight = cls_[e / kinds_] != 0;
-    if (room_) {
-      if (!weight)
-        return 1.0 - l2_survival((lru_[part][0].after(last_[e]) + occupancy(e)) / cap_, c_.part.ways, c_.part.set_fringe);
+    if (room_ && weight)
       return 1.0 - l2_room_survival(allocated_[part] - allocated_at_[e], occupancy(e),
                                     std::min(cap_, lru_[part][0].total()), cap_, c_.part.ways, c_.part.set_fringe);
-    }
     double d = weight ? 0.0 : lru_[part][0].after(last_[e]);
-    if (two_classes_) {
+    if (push_) {  // the weights' bytes count in part
       const double all = all_[part].after(last_all_[e]);
       d = weight ? all : d + c_.part.weight_push * (all - d);
     }
@@ -290,7 +288,7 @@ class PartitionedCache {
       last_[x] = t;
       return occupancy(x);
     });
-    if (!two_classes_) return;
+    if (!push_) return;
     last_all_[e] = all_[part].touch(e, last_all_[e], occupancy(e), [&](int64_t x, int64_t t) {
       last_all_[x] = t;
       return occupancy(x);
@@ -300,7 +298,7 @@ class PartitionedCache {
     if (last_[e] < 0) return;
     lru_[part][cls_[e / kinds_]].remove(last_[e], occupancy(e));
     last_[e] = -1;
-    if (two_classes_) all_[part].remove(last_all_[e], occupancy(e)), last_all_[e] = -1;
+    if (push_) all_[part].remove(last_all_[e], occupancy(e)), last_all_[e] = -1;
     dirty_[e] = 0;
   }
 
@@ -313,9 +311,9 @@ class PartitionedCache {
   std::vector<double> dirty_;  // fraction of the entry that is dirty
   std::vector<uint8_t> cls_;   // by block: 1 = evict-first (weights), 0 = the rest
   LruStack lru_[2][2];         // by partition and class
-  LruStack all_[2];            // by partition, both classes (with evict_first_weights)
+  LruStack all_[2];            // by partition, both classes (L2EvictFirst::Push's reuse distances)
   std::vector<int64_t> last_all_;
-  bool two_classes_ = false;
+  bool push_ = false;          // evict-first weights, L2EvictFirst::Push
   // With L2EvictFirst::Room: bytes allocated in each partition so far (fills, copies, write
   // allocations), and by entry the count at its last use.
   bool room_ = false;

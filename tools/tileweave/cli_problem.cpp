@@ -151,14 +151,15 @@ Problem make_problem(const ProblemOptions& o) {
   const std::string l2_text =
       p.cache.l2 == L2Kind::Simple
           ? ""
-          : fmt::format(", partitioned L2 ({} x {} B lines, {}, {}, jitter {}, skew {}{}{})", l2.partitions, l2.line_bytes,
+          : fmt::format(", partitioned L2 ({} x {} B lines, {}, {}, jitter {}, skew {}{}{}{})", l2.partitions, l2.line_bytes,
                         l2.ways ? fmt::format("{} ways", l2.ways) : "fully associative",
                         l2.far_copies ? "far copies" : "no far copies", l2.step_jitter, l2.sm_skew,
                         l2.evict_first_weights
                             ? (l2.evict_first == L2EvictFirst::Push ? fmt::format(", weights evict-first, push {}", l2.weight_push)
                                                                     : std::string(", weights evict-first in the room left"))
                             : "",
-                        l2.hit_time < 1 ? fmt::format(", hit time {}", l2.hit_time) : "");
+                        l2.hit_time < 1 ? fmt::format(", hit time {}", l2.hit_time) : "",
+                        l2.set_fringe > 0 ? fmt::format(", set fringe {}", l2.set_fringe) : "");
   const std::string cache_text = fmt::format("cache {}, {} B lines{}, P = {}{}", cap_text,
                                              p.cache.line_bytes, p.cache.sets > 1 ? fmt::format(", {} sets", p.cache.sets) : "",
                                              p.cache.in_flight, l2_text);

@@ -18,8 +18,9 @@
 //   survives iff fewer than `ways` of them fell into its set -- probability P(Poisson(d/line/sets)
 //   <= ways - 1). ways = 0 is fully associative (hit iff d fits). With L2Params::set_fringe, at most
 //   set_fringe lines per set fall at random and the rest evenly (the hash spreads the whole tensors
-//   a long reuse distance covers over every set alike), so the cliff at the capacity is sharper. Dirty data is carried as a
-//   fraction: the part that was evicted since the last touch was written back.
+//   a long reuse distance covers over every set alike), so the cliff at the capacity is sharper.
+//   Dirty data is carried as a fraction: the part that was evicted since the last touch was written
+//   back.
 // - Weights streamed evict-first (L2Params::evict_first_weights), two models (L2Params::evict_first):
 //   Push: a weight line's reuse distance counts everything, every other line's counts only
 //   weight_push of the weight bytes. Room: a set's victim is its evict-first line whenever it holds
@@ -60,8 +61,9 @@ double l2_set_count_below(double lambda, int n, double fringe);
 // allocated in its partition since its last use, the line's block holds `own` bytes, and the other
 // (not evict-first) lines have held `others` bytes of the partition's `capacity`. The others leave
 // room = max(1, ways x (1 - others / capacity)) ways of a set; the line survives iff fewer than room
-// of the allocations fell into its set: P(Poisson(ways x allocated / capacity) <= room - 1),
-// interpolated between whole ways. ways = 0: 1 iff allocated + own <= capacity - others.
+// of the allocations fell into its set: P(N <= room - 1) for N of mean ways x allocated / capacity
+// (l2_set_count_below with `fringe`), interpolated between whole ways. ways = 0: 1 iff allocated +
+// own <= capacity - others.
 double l2_room_survival(double allocated, double own, double others, double capacity, int ways,
                         double fringe = 0.0);
 
