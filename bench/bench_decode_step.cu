@@ -10,6 +10,7 @@
 //                     [--config-json [NAME=]PATH ...]   (a transformers config.json or its folder, usable in --cases as
 //                     NAME: the folder's name or the file's stem by default; bench/configs holds some no test names)
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -57,6 +58,10 @@ std::pair<std::string, tw::ModelConfig> load_config_arg(const std::string& arg) 
 }
 
 }  // namespace
+
+#ifdef TW_STAGE_TRACE
+namespace tw::step { void dump_stage_trace_d128(const char*); void dump_stage_trace_d64(const char*); }
+#endif
 
 int main(int argc, char** argv) {
   std::string cases_arg = "llama-3.2-1b:1:1024,llama-3.2-1b:1:32768,llama-3.2-1b:16:4096,llama-3-8b:1:1024,"
@@ -134,6 +139,14 @@ int main(int argc, char** argv) {
     const double replay = tw::bench::time_us(launch, 1, 3, 20);
     const double b2b = tw::bench::time_us_seq(launch, 1, 2, 10, 8);
     if (trace) st.step();  // the traced launch: one step after the timed ones
+#ifdef TW_STAGE_TRACE
+    if (trace) {
+      cudaDeviceSynchronize();
+      const char* dir = std::getenv("TW_RESULTS_DIR");
+      const std::string path = std::string(dir ? dir : ".") + "/stage_" + c.model + "_" + std::to_string(c.batch) + "_" + std::to_string(c.kv_len) + ".bin";
+      if (cfg.head_dim == 128) tw::step::dump_stage_trace_d128(path.c_str()); else tw::step::dump_stage_trace_d64(path.c_str());
+    }
+#endif
     if (st.plan().error()) throw std::runtime_error("a bounded wait expired");
     nlohmann::json j{{"model", c.model}, {"batch", c.batch}, {"kv_len", c.kv_len}, {"step_us", b2b},
                      {"lengths", attended},

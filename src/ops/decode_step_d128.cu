@@ -4,4 +4,7 @@
 namespace tw::step {
 int prepare_kernel_d128(int act_rows) { return prepare_kernel_for<128>(act_rows); }
 void launch_d128(const StepParams& p, int grid, bool overlap, cudaStream_t stream) { launch_for<128>(p, grid, overlap, stream); }
+#ifdef TW_STAGE_TRACE
+void dump_stage_trace_d128(const char* path) { dump_stage_trace(path); }
+#endif
 }  // namespace tw::step

@@ -41,6 +41,7 @@
 #include <string>
 
 #include "decode_step_sm90.hpp"
+#include "decode_step_stage_trace.cuh"
 #include "tileweave/util/cuda_check.hpp"
 #include "tileweave/kernels/activation.cuh"
 #include "tileweave/kernels/attention/decode.cuh"
@@ -60,6 +61,11 @@ constexpr int kScratchBytes = kConsumers * (16 + 8);
 // (queue, descriptors, per-row tables; checked at run time by prepare_kernel).
 constexpr int kStaticReserve = 10240;
 constexpr int kMaxStages = 8;
+// A consumer warp's mail (StepShared::mail): entries posted and not yet taken are at most the ring's
+// stages (a stage is posted once armed, taken before its release) and one end per tile the producer
+// is ahead of the warp (the queue), so the producer never waits for room.
+constexpr int kMail = kMaxStages + kQueue;
+constexpr uint32_t kMailEnd = ~0u;
 
 template <int R>
 struct StepConfig {
@@ -117,10 +123,21 @@ struct ChunkWalk {
   bool per_pair;             // the tiles are cut pair by pair (seq_tiles): first_tile / ntiles set by walk_begin
 };
 
+// A consumer warp's segment in a tile run a segment per warp (SegmentRoundRobin): its stages' common
+// fields and its next token, in shared memory (8 walks would not fit the producer's registers). A
+// stage is then a copy and three fields; walking the segment in shared memory had taken ~0.5 us of the
+// producer's one thread a stage, its pace at B = 128 (per-stage timestamps, H200, session 27).
+struct WarpSegment {
+  AttnChunk chunk;     // the fields common to the segment's stages (flags: kWhole, kWhich, kShift, the warp)
+  int tok, tok_end;    // its next token, its end
+  int units;           // units of it already out
+};
+
 struct StepShared {
   runtime::BlockSlots slots;
   DeviceTile tile[kQueue];
   int32_t id[kQueue], count[kQueue];
+  bool by_warp[kQueue];  // an attention tile run a segment per warp (its stages reach their warps by mail)
   uint64_t full[kQueue], empty[kQueue], ready[kQueue];
   uint64_t released;  // an o_proj / down tile has published (one phase per such tile: run_producer)
   AttnChunk chunk[kMaxStages];
@@ -138,7 +155,11 @@ struct StepShared {
   uint32_t flag, last[2];
   AttnChunk part[2];  // an attention tile's partial segments: its first and its last,
   uint64_t part_tag[2];  // each valid for the tile whose tag (attention_tag) it holds
-  ChunkWalk lanes[8];  // the producer's walk of each consumer warp's segment (a segment per warp)
+  WarpSegment lanes[8];  // each consumer warp's segment, where the tile runs a segment per warp
+  // Per consumer warp, the stages of such a tile that are its own, by index in the tile (kMailEnd ends
+  // the tile): a ring of kMail entries, `posted` counted by the producer, `taken` by the warp.
+  uint32_t mail[8][kMail];
+  uint32_t posted[8], taken[8];
 };
 
 #if TW_SM90_ENABLED
@@ -342,35 +363,40 @@ __device__ __forceinline__ bool walk_next_segment(const StepParams& p, const Ste
   walk_segment(sh, w, p.num_kv_heads);
   return true;
 }
-// The tile's next stage into c; false when the tile is done.
-__device__ __forceinline__ bool walk_next(const StepParams& p, const StepShared& sh, ChunkWalk& w, int stage_tokens, AttnChunk& c) {
-  if (w.tok >= w.tok_end && !walk_next_segment(p, sh, w)) return false;
-  if (w.seg_units == 0) {
-    // Once per segment: the producer is one thread, and these 64-bit divisions per stage (with a
-    // second walk of every stage to count them) held it to one attention stage per 1.3 us at B = 16
-    // (timestamps per stage, H200), slower than the consumers and the memory.
-    if (w.per_pair) {
-      w.shift = false;  // walk_begin set the pair's tiles: each holds part of this pair only
-    } else {
-      w.first_tile = tile_of(w.pu0, w.tiles, w.total);
-      w.ntiles = tile_of(w.pu1 - 1, w.tiles, w.total) - w.first_tile + 1;
-      w.shift = tile_start(w.first_tile, w.tiles, w.total) < w.pu0;
-    }
+// At a segment's first stage: the tiles holding its pair, for the merge. Once per segment: the
+// producer is one thread, and these 64-bit divisions per stage (with a second walk of every stage to
+// count them) held it to one attention stage per 1.3 us at B = 16 (timestamps per stage, H200),
+// slower than the consumers and the memory.
+__device__ __forceinline__ void walk_pair_tiles(ChunkWalk& w) {
+  if (w.per_pair) {
+    w.shift = false;  // walk_begin set the pair's tiles: each holds part of this pair only
+  } else {
+    w.first_tile = tile_of(w.pu0, w.tiles, w.total);
+    w.ntiles = tile_of(w.pu1 - 1, w.tiles, w.total) - w.first_tile + 1;
+    w.shift = tile_start(w.first_tile, w.tiles, w.total) < w.pu0;
   }
-  const int n = min(stage_tokens, w.tok_end - w.tok);
+}
+// The fields of c that are the same at every stage of w's segment (walk_pair_tiles done).
+__device__ __forceinline__ void segment_fields(const StepParams& p, const StepShared& sh, const ChunkWalk& w, AttnChunk& c) {
   c.pair = w.b * p.num_kv_heads + w.h;
-  c.tok0 = w.tok;
-  c.ntok = n;
   c.len = sh.seq_len[w.b] + 1;
   c.pu0 = w.pu0;
   c.pu1 = w.pu1;
-  c.unit0 = w.seg_units;
   c.first_tile = w.first_tile;
   c.tiles = w.ntiles;
-  const bool shift = w.shift;
-  c.flags = (w.seg_units == 0 ? kSegFirst : 0) | (w.tok + n >= w.tok_end ? kSegLast : 0) |
-            (w.seg_u0 == w.pu0 && w.seg_u1 == w.pu1 ? kWhole : 0) | (w.seg_u0 > w.tile_u0 ? kWhich : 0) |
-            (shift ? kShift : 0);
+  c.flags = (w.seg_u0 == w.pu0 && w.seg_u1 == w.pu1 ? kWhole : 0) | (w.seg_u0 > w.tile_u0 ? kWhich : 0) |
+            (w.shift ? kShift : 0);
+}
+// The tile's next stage into c; false when the tile is done.
+__device__ __forceinline__ bool walk_next(const StepParams& p, const StepShared& sh, ChunkWalk& w, int stage_tokens, AttnChunk& c) {
+  if (w.tok >= w.tok_end && !walk_next_segment(p, sh, w)) return false;
+  if (w.seg_units == 0) walk_pair_tiles(w);
+  const int n = min(stage_tokens, w.tok_end - w.tok);
+  segment_fields(p, sh, w, c);
+  c.tok0 = w.tok;
+  c.ntok = n;
+  c.unit0 = w.seg_units;
+  c.flags |= (w.seg_units == 0 ? kSegFirst : 0) | (w.tok + n >= w.tok_end ? kSegLast : 0);
   w.tok += n;
   w.seg_units += kernels::decode_units(n);
   return true;
@@ -396,40 +422,80 @@ __device__ __forceinline__ int walk_segments(const StepParams& p, const StepShar
 // next segment starts once its last stage is out (the ring is in order: the warp finishes one before
 // it starts the next). Each warp then works alone -- its q, all units of its stages, its output or
 // partial -- so a pair costs no consumer barrier and no combine across warps, and the ring's stages
-// feed as many warps as it holds. (The producer's walks live in shared memory: 8 of them would not
-// fit its registers.)
+// feed as many warps as it holds. A warp's segment lives in shared memory as a WarpSegment.
 struct SegmentRoundRobin {
   ChunkWalk next;  // the tile's next segment no warp has had
   bool more;       // next is one
   uint32_t live;   // warps with a segment
   int w;           // the next warp to serve
 };
+// Warp k's next segment: the one r.next is at (a segment has units: walk_segment).
+__device__ __forceinline__ void round_robin_assign(const StepParams& p, StepShared& sh, SegmentRoundRobin& r, int k) {
+  WarpSegment& s = sh.lanes[k];
+  walk_pair_tiles(r.next);
+  segment_fields(p, sh, r.next, s.chunk);
+  s.chunk.flags |= kWarpSeg | (k << 8);
+  s.tok = r.next.tok, s.tok_end = r.next.tok_end, s.units = 0;
+  r.live |= 1u << k;
+  r.more = walk_next_segment(p, sh, r.next);
+}
 __device__ __forceinline__ void round_robin_begin(const StepParams& p, StepShared& sh, SegmentRoundRobin& r,
                                                   const ChunkWalk& first) {
   r.next = first, r.more = true, r.live = 0, r.w = 0;
-  for (int k = 0; k < 8 && r.more; ++k) {
-    sh.lanes[k] = r.next;
-    r.live |= 1u << k;
-    r.more = walk_next_segment(p, sh, r.next);
-  }
+  for (int k = 0; k < 8 && r.more; ++k) round_robin_assign(p, sh, r, k);
 }
 __device__ __forceinline__ bool round_robin_next(const StepParams& p, StepShared& sh, SegmentRoundRobin& r,
                                                  int stage_tokens, AttnChunk& c) {
   if (!r.live) return false;
   while (!((r.live >> r.w) & 1u)) r.w = (r.w + 1) & 7;
   const int w = r.w;
-  walk_next(p, sh, sh.lanes[w], stage_tokens, c);  // a live warp's segment has a stage left
-  c.flags |= kWarpSeg | (w << 8);
-  if (c.flags & kSegLast) {
-    if (r.more) {
-      sh.lanes[w] = r.next;
-      r.more = walk_next_segment(p, sh, r.next);
-    } else {
-      r.live &= ~(1u << w);
-    }
+  WarpSegment& s = sh.lanes[w];
+  const int tok = s.tok, units = s.units, n = min(stage_tokens, s.tok_end - tok);
+  const bool last = tok + n >= s.tok_end;
+  c = s.chunk;
+  c.tok0 = tok;
+  c.ntok = n;
+  c.unit0 = units;
+  c.flags |= (units == 0 ? kSegFirst : 0) | (last ? kSegLast : 0);
+  s.tok = tok + n, s.units = units + kernels::decode_units(n);
+  if (last) {
+    if (r.more) round_robin_assign(p, sh, r, w);
+    else r.live &= ~(1u << w);
   }
   r.w = (w + 1) & 7;
   return true;
+}
+
+// A tile run a segment per warp reaches each warp through its mail, not through every stage: a warp
+// that had to wait for and pass each of the other seven warps' stages in ring order spent ~1 us a
+// stage doing so (per-stage timestamps, Llama-3-8B B = 128, H200): a stage was released only when the
+// slowest warp had passed it, and at B = 128 the attention took 1.3-1.5 us a stage, its units 0.9 us a
+// warp. Now only the owner waits for its stage's data and releases the slot (one arrive counting for
+// all consumer warps), and each warp moves its ring position past the tile's stages at the end.
+//
+// No deadlock, no stale entry: the producer posts a stage after arming it, so the warp's wait is for
+// a phase in progress (its slot's previous use completed before the producer acquired it); a warp
+// reads its entries waiting for nothing but the producer's posts, and the mail never fills (kMail).
+__device__ __forceinline__ void post_mail(StepShared& sh, int w, uint32_t v) {
+  const uint32_t n = sh.posted[w];
+  sh.mail[w][n % kMail] = v;
+  cuda::atomic_ref<uint32_t, cuda::thread_scope_block>(sh.posted[w]).store(n + 1, cuda::memory_order_release);
+}
+// Warp w's next entry (lane 0 reads, the warp gets it).
+__device__ __forceinline__ uint32_t take_mail(StepShared& sh, int w, int lane) {
+  uint32_t v = 0;
+  if (lane == 0) {
+    const uint32_t n = sh.taken[w];
+    cuda::atomic_ref<uint32_t, cuda::thread_scope_block> posted(sh.posted[w]);
+    if (posted.load(cuda::memory_order_acquire) == n) {
+      const long long t0 = clock64();
+      while (posted.load(cuda::memory_order_acquire) == n)
+        if (clock64() - t0 > TW_SM90_SPIN_LIMIT_CYCLES) fail_wait();
+    }
+    v = sh.mail[w][n % kMail];
+    sh.taken[w] = n + 1;
+  }
+  return __shfl_sync(0xffffffffu, v, 0);
 }
 
 // ---- producer (warp 0) ----
@@ -472,8 +538,16 @@ __device__ __forceinline__ uint32_t attention_stage_bytes(const AttnChunk& c) {
 }
 template <class Cfg, int D>
 __device__ __forceinline__ void issue_kv(const StepParams& p, const Ring<Cfg>& ring, int s, const StepOpArgs& o,
-                                         const AttnChunk& c, int stage_tokens) {
-  const int b = c.pair / p.num_kv_heads, h = c.pair - b * p.num_kv_heads;
+                                         const AttnChunk& c, int stage_tokens, float inv_kv_heads) {
+  // pair / Hkv through a float reciprocal, corrected to the exact quotient: the integer division's ~20
+  // dependent instructions were a visible part of the cost per stage of the producer, whose one thread
+  // sets the attention's pace (session 27).
+  int b = int(float(c.pair) * inv_kv_heads);
+  b += (b + 1) * p.num_kv_heads <= c.pair ? 1 : 0;
+  b -= b * p.num_kv_heads > c.pair ? 1 : 0;
+  const int h = c.pair - b * p.num_kv_heads;
+  const bf16* k_cache = o.k_cache;  // both loads before the copies (each asm's memory clobber would
+  const bf16* v_cache = o.v_cache;  // reload them one after another)
   uint8_t* k_dst = ring.w_atom(s, 0);
   uint8_t* v_dst = k_dst + stage_tokens * D * 2;
   const int64_t hs = int64_t(h) * kv_head_stride(p);
@@ -483,8 +557,8 @@ __device__ __forceinline__ void issue_kv(const StepParams& p, const Ring<Cfg>& r
     const int end = p.page_table ? min(tok_end, (tok / p.page_size + 1) * p.page_size) : tok_end;
     const int64_t row = kv_row(p, b, tok) + hs;
     const uint32_t bytes = uint32_t(end - tok) * D * 2, at = uint32_t(tok - c.tok0) * D * 2;
-    bulk_load(k_dst + at, o.k_cache + row * D, bytes, &ring.full[s], policy);
-    bulk_load(v_dst + at, o.v_cache + row * D, bytes, &ring.full[s], policy);
+    bulk_load(k_dst + at, k_cache + row * D, bytes, &ring.full[s], policy);
+    bulk_load(v_dst + at, v_cache + row * D, bytes, &ring.full[s], policy);
     tok = end;
   }
 }
@@ -565,11 +639,14 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
     const float* xres = staged ? residual_buffer(p, sh.slots.epoch, o.x_in) : nullptr;  // after enter_launch
     int count = n;
     ChunkWalk walk{};
+    bool by_warp = false;
     if (kind == kAttention) {
       if (!lengths_loaded) load_lengths(p, sh), lengths_loaded = true;
       if (lane == 0) {
         walk = walk_begin(p, sh, t.tn);
         count = walk_count(p, sh, walk, kStageTokens);
+        if constexpr (kWarpSegments<Cfg>)
+          by_warp = p.attn_warp_segments > 0 && walk_segments(p, sh, walk) >= p.attn_warp_segments;
       }
     }
     if (lane == 0) {
@@ -577,6 +654,7 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
       sh.tile[qs] = id >= 0 ? t : DeviceTile{-1, 0, 0, 0, 0, 0, 0, -1};
       sh.id[qs] = id;
       sh.count[qs] = count;
+      sh.by_warp[qs] = by_warp;
       mbar_arrive(&sh.full[qs]);  // the epoch (written above) reaches the consumers with the entry
       if (id >= 0) runtime::trace_mark(ep, id, runtime::kTraceSm), runtime::trace_mark(ep, id, runtime::kTraceTaken);
     }
@@ -621,25 +699,32 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
       // while the producers are not done a ring's worth of stages goes out before the wait (no more:
       // the consumers free slots only past `ready`).
       AttnChunk c;
-      bool have = false, by_warp = false;
+      const float inv_kv_heads = __frcp_rn(float(p.num_kv_heads));
+      bool have = false;
       SegmentRoundRobin rr;
       auto next = [&] {
         if constexpr (kWarpSegments<Cfg>)
           if (by_warp) return round_robin_next(p, sh, rr, kStageTokens, c);
         return walk_next(p, sh, walk, kStageTokens, c);
       };
+      int index = 0;  // the next stage's index in the tile (its mail; TW_STAGE_TRACE)
       auto issue = [&] {
+        TW_STAGE_MARK(t.op, index, 0);
         const int s = acquire_stage(ring, ps);
+        TW_STAGE_MARK(t.op, index, 1);
         sh.chunk[s] = c;
         arm_stage(ring, s, attention_stage_bytes<D>(c));
-        issue_kv<Cfg, D>(p, ring, s, o, c, kStageTokens);
+        TW_STAGE_MARK(t.op, index, 3);
+        issue_kv<Cfg, D>(p, ring, s, o, c, kStageTokens, inv_kv_heads);
+        if constexpr (kWarpSegments<Cfg>)
+          if (by_warp) post_mail(sh, warp_of(c.flags), index);
+        TW_STAGE_MARK(t.op, index, 2);
+        ++index;
         have = next();
       };
       if (lane == 0) {
-        if constexpr (kWarpSegments<Cfg>) {
-          by_warp = p.attn_warp_segments > 0 && walk_segments(p, sh, walk) >= p.attn_warp_segments;
+        if constexpr (kWarpSegments<Cfg>)
           if (by_warp) round_robin_begin(p, sh, rr, walk);
-        }
         have = next();
         if (!ready)
           for (int pre = 0; have && pre < ps.count; ++pre) issue();
@@ -647,8 +732,15 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
       if (!ready) runtime::wait_counters_warp(ep, sh.slots.epoch, t);
       if (lane == 0) {
         runtime::trace_mark(ep, id, runtime::kTraceReady);
+        TW_STAGE_MARK(t.op, TW_STAGE_TILE, 0);
+        TW_STAGE_PUT(t.op, TW_STAGE_TILE, 2, count);
+        TW_STAGE_PUT(t.op, TW_STAGE_TILE, 3, t.tn);
         mbar_arrive(&sh.ready[entry]);
         while (have) issue();
+        if constexpr (kWarpSegments<Cfg>)
+          if (by_warp)
+            for (int w = 0; w < 8; ++w) post_mail(sh, w, kMailEnd);
+        TW_STAGE_MARK(t.op, TW_STAGE_TILE, 1);
       }
     } else {
       if (!ready) runtime::wait_counters_warp(ep, sh.slots.epoch, t);
@@ -784,16 +876,18 @@ __device__ void weight_epilogue(const StepParams& p, StepShared& sh, float* scra
   }
 }
 
-// The reductions of a tile's accumulators as float4s at R >= 64 (B > 16). A thread's accumulators of
+// The reductions of a tile's accumulators as float4s at R >= 32 (B > 8). A thread's accumulators of
 // one output column are rows 8j + 2 (lane % 4) + e; the four lanes q = 4a .. 4a + 3 (lane = 4q +
 // lane % 4) hold four consecutive columns. A 4 x 4 transpose among those lanes over four row blocks j
 // gives each lane one row's four columns: f(row, first column, values) then issues one
 // red.global.add.v4.f32 instead of four scalar reductions (each an L2 atomic: at B = 64 a tile's 8192
 // of them took ~10 us to complete). A/B on the H200 for o_proj and down (one call,
 // decode_step_residual_v4_ab.json): Llama-3.2-1B B = 64 -16%, B = 32 -4.9%, Llama-3-8B B = 32 -3.6%,
-// B = 64 -2.6%; at R = 32 (B = 16) -0.4% / +0.4%, so smaller R keep the scalar reductions.
+// B = 64 -2.6%. At R = 32 (B = 9-16) they first read -0.4% / +0.4%, when the transpose went through
+// local memory; with the butterfly, Llama-3.2-1B B = 16 KV 4096 -2.4%, B = 12 -3.0%, Llama-3-8B and
+// Qwen2-7B B = 16 -0.6% (decode_step_issue_ab.json, session 27).
 template <class Cfg>
-constexpr bool kVectorReductions = Cfg::kMPad >= 64;
+constexpr bool kVectorReductions = Cfg::kMPad >= 32;
 template <class Cfg, class F>
 __device__ __forceinline__ void for_each_row_quad(const float (&acc)[Cfg::kAcc], int ct, int tn, F&& f) {
   static_assert(Cfg::kAcc % 16 == 0, "four row blocks per transpose");
@@ -1290,7 +1384,7 @@ __device__ void finish_segment_warp(const StepParams& p, StepShared& sh, const A
 template <class Cfg, int D>
 __device__ bool attention_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, StepShared& sh, float* scratch,
                                const StepParams& p, const StepOpArgs& op, const DeviceTile& t, int32_t id, int count,
-                               uint64_t* ready, uint32_t ready_phase, int ct, uint32_t epoch) {
+                               bool by_warp, uint64_t* ready, uint32_t ready_phase, int ct, uint32_t epoch) {
   constexpr int kStageTokens = attention_tokens(Cfg::kStageBytes, D);
   const int lane = ct % 32, warp = ct / 32, g = lane / 4, tq = lane % 4;
   kernels::decode_detail::QFrags<D, 1, false> qa;
@@ -1312,32 +1406,49 @@ __device__ bool attention_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, StepSh
     for (int k = 0; k < D / 8; ++k) o[k][0] = o[k][1] = o[k][2] = o[k][3] = 0.f;
     m[0] = -INFINITY, l[0] = 0.f;
   };
-  for (int j = 0; j < count; ++j) {
-    const int s = ps.stage;
-    mbar_wait(&ring.full[s], ps.phase, "full");
+  if (ct == 0) TW_STAGE_MARK(t.op, TW_STAGE_TILE, 4);
+  // A tile run a segment per warp: each warp takes its own stages from its mail (take_mail), waits
+  // for their data alone and releases each slot for all consumer warps; then it moves past the tile's
+  // stages, as the producer. Otherwise every warp takes every stage in ring order.
+  const int s0 = ps.stage;
+  const uint32_t phase0 = ps.phase;
+  if (kWarpSegments<Cfg> && by_warp) wrote = true;  // (the same in every thread: finish_tile's release order is ct 0's)
+  for (int j = 0;; ++j) {  // j: the stage's index in the tile
+    int s;
+    uint32_t phase;
+    if (kWarpSegments<Cfg> && by_warp) {
+      const uint32_t mail = take_mail(sh, warp, lane);
+      if (mail == kMailEnd) break;
+      j = int(mail);
+      s = (s0 + j) % ps.count, phase = phase0 ^ uint32_t(((s0 + j) / ps.count) & 1);
+    } else {
+      if (j >= count) break;
+      s = ps.stage, phase = ps.phase;
+    }
+    if (lane == 0) TW_STAGE_MARK(t.op, j, 4 + 3 * warp);
+    mbar_wait(&ring.full[s], phase, "full");
+    if (lane == 0) TW_STAGE_MARK(t.op, j, 5 + 3 * warp);
     const AttnChunk c = sh.chunk[s];
     bf16* ks = reinterpret_cast<bf16*>(ring.w_atom(s, 0));
     bf16* vs = ks + kStageTokens * D;
     bf16* qs = vs + kStageTokens * D;
-    if (kWarpSegments<Cfg> && (c.flags & kWarpSeg)) {  // one warp's segment (round_robin_next): the others pass it
-      wrote = true;  // (the same in every thread: finish_tile's release order is ct 0's)
-      if (warp == warp_of(c.flags)) {
-        if ((c.flags & kSegFirst) || holds_new_row(c)) {
-          const RopePair rp = rope_pair(p, c.len - 1, rope_dims<D>(lane));
-          mbar_wait(ready, ready_phase, "ready");
-          finish_qkv<D>(p, op, c, ks, vs, qs, lane, 32, rp);
-          __syncwarp();
-        }
-        if (c.flags & kSegFirst) load_q(qs);
-        constexpr int kT = kernels::kDecodeStageTokens;
-        for (int u = 0; u < kernels::decode_units(c.ntok); ++u)
-          kernels::decode_detail::attend_unit<D, true>(qa, ks + u * kT * D, vs + u * kT * D, min(kT, c.ntok - u * kT),
-                                                       p.scale_log2, o, m, l);
-        if (c.flags & kSegLast) finish_segment_warp<D>(p, sh, c, t.tn, tag, o, m[0], l[0], lane, op);
+    if (kWarpSegments<Cfg> && by_warp) {  // this warp's stage (round_robin_next)
+      if ((c.flags & kSegFirst) || holds_new_row(c)) {
+        const RopePair rp = rope_pair(p, c.len - 1, rope_dims<D>(lane));
+        mbar_wait(ready, ready_phase, "ready");
+        finish_qkv<D>(p, op, c, ks, vs, qs, lane, 32, rp);
+        __syncwarp();
       }
-      ps.advance();
+      if (c.flags & kSegFirst) load_q(qs);
+      constexpr int kT = kernels::kDecodeStageTokens;
+      for (int u = 0; u < kernels::decode_units(c.ntok); ++u)
+        kernels::decode_detail::attend_unit<D, true>(qa, ks + u * kT * D, vs + u * kT * D, min(kT, c.ntok - u * kT),
+                                                     p.scale_log2, o, m, l);
+      if (c.flags & kSegLast) finish_segment_warp<D>(p, sh, c, t.tn, tag, o, m[0], l[0], lane, op);
       __syncwarp();
-      if (lane == 0) mbar_arrive(&ring.empty[s]);
+      if (lane == 0) TW_STAGE_MARK(t.op, j, 6 + 3 * warp);
+      if (lane == 0)
+        ptx::mbarrier_arrive(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &ring.empty[s], uint32_t(Cfg::kConsumerWarps));
       continue;
     }
     if ((c.flags & kSegFirst) || holds_new_row(c)) {
@@ -1364,9 +1475,21 @@ __device__ bool attention_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, StepSh
       wrote |= (c.flags & kWhole) != 0;
     }
     __syncwarp();
+    if (lane == 0) TW_STAGE_MARK(t.op, j, 6 + 3 * warp);
     if (lane == 0) mbar_arrive(&ring.empty[s]);
   }
+  if (kWarpSegments<Cfg> && by_warp) {
+    // Past the tile's stages. A parity wait tells apart only a barrier's current phase and the one
+    // before, so before this warp waits on a slot's next use (the next tile's) the slot's last use in
+    // this tile must have landed, else that wait would pass at once. Its release by its owner says so
+    // (the owner waited for it), and that wait is exact: the use was armed before the end was posted,
+    // so the release before it is done, and the next release needs this warp's arrive.
+    for (int j = max(0, count - ps.count); j < count; ++j)
+      mbar_wait(&ring.empty[(s0 + j) % ps.count], phase0 ^ uint32_t(((s0 + j) / ps.count) & 1), "empty");
+    ps.stage = (s0 + count) % ps.count, ps.phase = phase0 ^ uint32_t(((s0 + count) / ps.count) & 1);
+  }
   if (ct == 0) runtime::trace_mark(p.ep, id, runtime::kTraceComputed);
+  if (ct == 0) TW_STAGE_MARK(t.op, TW_STAGE_TILE, 5);
   // The last tile to finish a pair merges it. The count is acq_rel: release, since the barrier
   // orders every thread's partial writes before the counting thread's RMW; acquire, then the barrier,
   // before anyone reads the other tiles' partials.
@@ -1578,7 +1701,8 @@ __device__ void run_consumer(const Ring<Cfg>& ring, StepShared& sh, float* scrat
       }
       case kAttention:
       {
-        const bool wrote = attention_tile<Cfg, D>(ring, ps, sh, scratch, p, o, t, id, count, &sh.ready[qs], qphase, ct, epoch);
+        const bool wrote =
+            attention_tile<Cfg, D>(ring, ps, sh, scratch, p, o, t, id, count, sh.by_warp[qs], &sh.ready[qs], qphase, ct, epoch);
         mbar_wait(&sh.ready[qs], qphase, "ready");
         // Partials only, or nothing: a relaxed count (finish_tile).
         finish_tile(p, t, id, ct, wrote, wrote ? cuda::memory_order_release : cuda::memory_order_relaxed);
@@ -1625,6 +1749,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
     }
     mbar_init(&sh.released, 1);
     sh.part_tag[0] = sh.part_tag[1] = ~0ull;  // no tile's (a tag's low half is a ticket id, >= 0)
+    for (int w = 0; w < 8; ++w) sh.posted[w] = sh.taken[w] = 0;
     ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
     runtime::first_ticket(p.ep, sh.slots);  // the epoch is read by the producer, after the grid wait
     // The next kernel in the stream (the next step) may start as soon as SMs free up: its blocks only
