@@ -97,9 +97,8 @@ struct AttnChunk {
   int32_t first_tile, tiles;
 };
 constexpr int32_t kSegFirst = 1, kSegLast = 2, kWhole = 4, kWhich = 8, kShift = 16;
-// A stage of a tile run a segment per warp (StepParams::attn_warp_segments): kWarpSeg, and the owning
-// consumer warp in bits 8-10 (warp_of).
-constexpr int32_t kWarpSeg = 32;
+// A stage of a tile run a segment per warp (StepParams::attn_warp_segments): the owning consumer warp
+// in bits 8-10 (warp_of), for the producer's post_mail.
 __host__ __device__ constexpr int warp_of(int32_t flags) { return (flags >> 8) & 7; }
 // Compiled only at 128 rows (B > 64): the path's registers spill into the attention code of the tile
 // heights it is compiled for, and at 64 rows that cost more than it saved (Llama-3-8B B = 64 8236 ->
@@ -434,7 +433,7 @@ __device__ __forceinline__ void round_robin_assign(const StepParams& p, StepShar
   WarpSegment& s = sh.lanes[k];
   walk_pair_tiles(r.next);
   segment_fields(p, sh, r.next, s.chunk);
-  s.chunk.flags |= kWarpSeg | (k << 8);
+  s.chunk.flags |= k << 8;
   s.tok = r.next.tok, s.tok_end = r.next.tok_end, s.units = 0;
   r.live |= 1u << k;
   r.more = walk_next_segment(p, sh, r.next);
@@ -645,6 +644,8 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
       if (lane == 0) {
         walk = walk_begin(p, sh, t.tn);
         count = walk_count(p, sh, walk, kStageTokens);
+        // A second walk over the segments (once a tile): folding the count into walk_count moved ptxas's
+        // allocation of the head-dim 64, 128-row kernel from 252 to 872 B of spills a thread.
         if constexpr (kWarpSegments<Cfg>)
           by_warp = p.attn_warp_segments > 0 && walk_segments(p, sh, walk) >= p.attn_warp_segments;
       }
@@ -1344,12 +1345,12 @@ __device__ void finish_qkv(const StepParams& p, const StepOpArgs& op, const Attn
 }
 
 // A tile's partial segments are recorded with the tile's tag: warps of a tile run a segment each
-// (kWarpSeg) record theirs while others may still be on the tile before, so nothing resets them.
+// (SegmentRoundRobin) record theirs while others may still be on the tile before, so nothing resets them.
 __device__ __forceinline__ uint64_t attention_tag(uint32_t epoch, int32_t id) {
   return (uint64_t(epoch) << 32) | uint32_t(id);
 }
 
-// A segment run by one warp (kWarpSeg), at its last stage: its output, or its partial (normalised, with
+// A segment run by one warp (SegmentRoundRobin), at its last stage: its output, or its partial (normalised, with
 // its log2-sum-exp, as combine_segment writes them). Accumulators o[4jb .. 4jb + 3][e] are dimensions
 // 4q .. 4q + 3 of row g, q = 4 tq + 16 (jb / 2) + jb % 2 + 2e; the quad's lanes hold parts of the row's sum.
 template <int D>
@@ -1410,8 +1411,7 @@ __device__ bool attention_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, StepSh
   // A tile run a segment per warp: each warp takes its own stages from its mail (take_mail), waits
   // for their data alone and releases each slot for all consumer warps; then it moves past the tile's
   // stages, as the producer. Otherwise every warp takes every stage in ring order.
-  const int s0 = ps.stage;
-  const uint32_t phase0 = ps.phase;
+  const PipeState<Cfg> ps0 = ps;
   if (kWarpSegments<Cfg> && by_warp) wrote = true;  // (the same in every thread: finish_tile's release order is ct 0's)
   for (int j = 0;; ++j) {  // j: the stage's index in the tile
     int s;
@@ -1420,7 +1420,8 @@ __device__ bool attention_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, StepSh
       const uint32_t mail = take_mail(sh, warp, lane);
       if (mail == kMailEnd) break;
       j = int(mail);
-      s = (s0 + j) % ps.count, phase = phase0 ^ uint32_t(((s0 + j) / ps.count) & 1);
+      const PipeState<Cfg> at = ps0.ahead(j);
+      s = at.stage, phase = at.phase;
     } else {
       if (j >= count) break;
       s = ps.stage, phase = ps.phase;
@@ -1484,9 +1485,11 @@ __device__ bool attention_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, StepSh
     // this tile must have landed, else that wait would pass at once. Its release by its owner says so
     // (the owner waited for it), and that wait is exact: the use was armed before the end was posted,
     // so the release before it is done, and the next release needs this warp's arrive.
-    for (int j = max(0, count - ps.count); j < count; ++j)
-      mbar_wait(&ring.empty[(s0 + j) % ps.count], phase0 ^ uint32_t(((s0 + j) / ps.count) & 1), "empty");
-    ps.stage = (s0 + count) % ps.count, ps.phase = phase0 ^ uint32_t(((s0 + count) / ps.count) & 1);
+    for (int j = max(0, count - ps.count); j < count; ++j) {
+      const PipeState<Cfg> at = ps0.ahead(j);
+      mbar_wait(&ring.empty[at.stage], at.phase, "empty");
+    }
+    ps = ps0.ahead(count);
   }
   if (ct == 0) runtime::trace_mark(p.ep, id, runtime::kTraceComputed);
   if (ct == 0) TW_STAGE_MARK(t.op, TW_STAGE_TILE, 5);

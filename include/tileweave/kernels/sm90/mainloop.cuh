@@ -119,6 +119,13 @@ struct PipeState {
       phase ^= 1;
     }
   }
+  // The position n >= 0 stages on (advance n times).
+  __device__ PipeState ahead(int n) const {
+    PipeState r = *this;
+    r.stage = (stage + n) % count;
+    r.phase = phase ^ uint32_t(((stage + n) / count) & 1);
+    return r;
+  }
 };
 
 // What the producer streams: tensor maps (kernel parameters, __grid_constant__) and L2 policies.
