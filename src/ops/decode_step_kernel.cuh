@@ -155,8 +155,9 @@ struct StepShared {
   AttnChunk part[2];  // an attention tile's partial segments: its first and its last,
   uint64_t part_tag[2];  // each valid for the tile whose tag (attention_tag) it holds
   WarpSegment lanes[8];  // each consumer warp's segment, where the tile runs a segment per warp
+  ChunkWalk next_segment;  // the tile's next segment no warp has had (SegmentRoundRobin)
   // Per consumer warp, the stages of such a tile that are its own, by index in the tile (kMailEnd ends
-  // the tile): a ring of kMail entries, `posted` counted by the producer, `taken` by the warp.
+  // the tile): a ring of kMail entries (post_mail), `posted` counted by the producer, `taken` by the warp.
   uint32_t mail[8][kMail];
   uint32_t posted[8], taken[8];
 };
@@ -423,7 +424,7 @@ __device__ __forceinline__ int walk_segments(const StepParams& p, const StepShar
 // partial -- so a pair costs no consumer barrier and no combine across warps, and the ring's stages
 // feed as many warps as it holds. A warp's segment lives in shared memory as a WarpSegment.
 struct SegmentRoundRobin {
-  ChunkWalk next;  // the tile's next segment no warp has had
+  ChunkWalk& next;  // the tile's next segment no warp has had (StepShared::next_segment)
   bool more;       // next is one
   uint32_t live;   // warps with a segment
   int w;           // the next warp to serve
@@ -475,26 +476,33 @@ __device__ __forceinline__ bool round_robin_next(const StepParams& p, StepShared
 // No deadlock, no stale entry: the producer posts a stage after arming it, so the warp's wait is for
 // a phase in progress (its slot's previous use completed before the producer acquired it); a warp
 // reads its entries waiting for nothing but the producer's posts, and the mail never fills (kMail).
+//
+// An entry is its post's number (low 16 bits) over its value (a stage index, or kMailEnd's low half),
+// one 32-bit word: the warp polls the entry itself, so nothing orders two locations and the post needs
+// no release fence (a `posted` counter stored with release compiled to a MEMBAR.ALL.CTA per stage).
+// What the stage holds reaches the warp through its full barrier. A tile's stage indices must stay
+// below 0xffff (kMailEnd's half): a tile of more stages (over a million tokens) runs in ring order.
 __device__ __forceinline__ void post_mail(StepShared& sh, int w, uint32_t v) {
-  const uint32_t n = sh.posted[w];
-  sh.mail[w][n % kMail] = v;
-  cuda::atomic_ref<uint32_t, cuda::thread_scope_block>(sh.posted[w]).store(n + 1, cuda::memory_order_release);
+  const uint32_t n = sh.posted[w]++;
+  cuda::atomic_ref<uint32_t, cuda::thread_scope_block>(sh.mail[w][n % kMail])
+      .store((n << 16) | (v & 0xffffu), cuda::memory_order_relaxed);
 }
 // Warp w's next entry (lane 0 reads, the warp gets it).
 __device__ __forceinline__ uint32_t take_mail(StepShared& sh, int w, int lane) {
   uint32_t v = 0;
   if (lane == 0) {
-    const uint32_t n = sh.taken[w];
-    cuda::atomic_ref<uint32_t, cuda::thread_scope_block> posted(sh.posted[w]);
-    if (posted.load(cuda::memory_order_acquire) == n) {
+    const uint32_t n = sh.taken[w]++;
+    cuda::atomic_ref<uint32_t, cuda::thread_scope_block> entry(sh.mail[w][n % kMail]);
+    v = entry.load(cuda::memory_order_relaxed);
+    if ((v >> 16) != (n & 0xffffu)) {
       const long long t0 = clock64();
-      while (posted.load(cuda::memory_order_acquire) == n)
+      while (((v = entry.load(cuda::memory_order_relaxed)) >> 16) != (n & 0xffffu))
         if (clock64() - t0 > TW_SM90_SPIN_LIMIT_CYCLES) fail_wait();
     }
-    v = sh.mail[w][n % kMail];
-    sh.taken[w] = n + 1;
+    v &= 0xffffu;
   }
-  return __shfl_sync(0xffffffffu, v, 0);
+  v = __shfl_sync(0xffffffffu, v, 0);
+  return v == 0xffffu ? kMailEnd : v;
 }
 
 // ---- producer (warp 0) ----
@@ -647,7 +655,7 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
         // A second walk over the segments (once a tile): folding the count into walk_count moved ptxas's
         // allocation of the head-dim 64, 128-row kernel from 252 to 872 B of spills a thread.
         if constexpr (kWarpSegments<Cfg>)
-          by_warp = p.attn_warp_segments > 0 && walk_segments(p, sh, walk) >= p.attn_warp_segments;
+          by_warp = count < 0xffff && p.attn_warp_segments > 0 && walk_segments(p, sh, walk) >= p.attn_warp_segments;
       }
     }
     if (lane == 0) {
@@ -702,7 +710,7 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
       AttnChunk c;
       const float inv_kv_heads = __frcp_rn(float(p.num_kv_heads));
       bool have = false;
-      SegmentRoundRobin rr;
+      SegmentRoundRobin rr{sh.next_segment};
       auto next = [&] {
         if constexpr (kWarpSegments<Cfg>)
           if (by_warp) return round_robin_next(p, sh, rr, kStageTokens, c);
@@ -1752,7 +1760,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
     }
     mbar_init(&sh.released, 1);
     sh.part_tag[0] = sh.part_tag[1] = ~0ull;  // no tile's (a tag's low half is a ticket id, >= 0)
-    for (int w = 0; w < 8; ++w) sh.posted[w] = sh.taken[w] = 0;
+    for (int w = 0; w < 8; ++w) {
+      sh.posted[w] = sh.taken[w] = 0;
+      for (int i = 0; i < kMail; ++i) sh.mail[w][i] = 0xffff0000u;  // post 0xffff's: no entry before the ring's first wrap
+    }
     ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
     runtime::first_ticket(p.ep, sh.slots);  // the epoch is read by the producer, after the grid wait
     // The next kernel in the stream (the next step) may start as soon as SMs free up: its blocks only
