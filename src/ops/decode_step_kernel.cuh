@@ -1750,7 +1750,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
   extern __shared__ __align__(1024) uint8_t smem[];
   __shared__ StepShared sh;
   const Ring<Cfg> ring = Ring<Cfg>::carve(smem);
-  float* scratch = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(ring.flag + 4) + 127) & ~uintptr_t(127));
+  uint8_t* const scratch_at = reinterpret_cast<uint8_t*>(ring.flag + 4);  // (pointer arithmetic: see Ring::carve)
+  float* scratch = reinterpret_cast<float*>(scratch_at + ((128 - (reinterpret_cast<uintptr_t>(scratch_at) & 127)) & 127));
   if (threadIdx.x == 0) {
     ring.init();
     for (int i = 0; i < kQueue; ++i) {

@@ -85,8 +85,9 @@ struct Ring {
 
   __device__ static Ring carve(uint8_t* dyn_smem) {
     Ring r;
-    const uintptr_t a = (reinterpret_cast<uintptr_t>(dyn_smem) + 1023) & ~uintptr_t(1023);
-    r.base = reinterpret_cast<uint8_t*>(a);
+    // Pointer arithmetic, not a round trip through an integer: the compiler then still sees the slots
+    // as shared memory, and reads through them compile to LDS, not generic LD.E.
+    r.base = dyn_smem + ((1024 - (reinterpret_cast<uintptr_t>(dyn_smem) & 1023)) & 1023);
     r.full = reinterpret_cast<uint64_t*>(r.base + Cfg::kStages * Cfg::kStageBytes);
     r.empty = r.full + Cfg::kStages;
     r.flag = reinterpret_cast<uint32_t*>(r.empty + Cfg::kStages);
