@@ -87,7 +87,9 @@ struct Ring {
     Ring r;
     // Pointer arithmetic, not a round trip through an integer: the compiler then still sees the slots
     // as shared memory, and reads through them compile to LDS, not generic LD.E.
-    r.base = dyn_smem + ((1024 - (reinterpret_cast<uintptr_t>(dyn_smem) & 1023)) & 1023);
+    // (The pad from the shared-window address: from the generic one, the compiler re-derived the
+    // window's base in the producer's loops, and the GEMM producer's 40 registers spilled.)
+    r.base = dyn_smem + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(dyn_smem)) & 1023u)) & 1023u);
     r.full = reinterpret_cast<uint64_t*>(r.base + Cfg::kStages * Cfg::kStageBytes);
     r.empty = r.full + Cfg::kStages;
     r.flag = reinterpret_cast<uint32_t*>(r.empty + Cfg::kStages);
