@@ -1457,7 +1457,7 @@ __device__ bool attention_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, StepSh
       __syncwarp();
       if (lane == 0) TW_STAGE_MARK(t.op, j, 6 + 3 * warp);
       if (lane == 0)
-        ptx::mbarrier_arrive(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &ring.empty[s], uint32_t(Cfg::kConsumerWarps));
+        mbar_arrive(&ring.empty[s], Cfg::kConsumerWarps);
       continue;
     }
     if ((c.flags & kSegFirst) || holds_new_row(c)) {
@@ -1750,8 +1750,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
   extern __shared__ __align__(1024) uint8_t smem[];
   __shared__ StepShared sh;
   const Ring<Cfg> ring = Ring<Cfg>::carve(smem);
-  uint8_t* const scratch_at = reinterpret_cast<uint8_t*>(ring.flag + 4);  // (pointer arithmetic: see Ring::carve)
-  float* scratch = reinterpret_cast<float*>(scratch_at + ((128 - (reinterpret_cast<uintptr_t>(scratch_at) & 127)) & 127));
+  // Past the ring (its base is 1024-B aligned, so the offset is a constant), by pointer arithmetic: see
+  // Ring::carve.
+  float* scratch = reinterpret_cast<float*>(ring.base + ((Cfg::kSmemBytes - 1024 + 127) & ~127));
   if (threadIdx.x == 0) {
     ring.init();
     for (int i = 0; i < kQueue; ++i) {

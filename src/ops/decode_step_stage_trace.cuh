@@ -10,6 +10,8 @@
 #ifdef TW_STAGE_TRACE
 #include <algorithm>
 #include <cstdio>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "tileweave/util/cuda_check.hpp"
@@ -17,10 +19,9 @@
 namespace tw::step {
 
 // [op][stage][word]: words 0-3 the producer (before the slot wait, after it, copies issued, the stage
-// armed before its copies), 4 + 3w ..
-// 6 + 3w consumer warp w (before its data wait, after it, before the release). Stage kStageTraceStages - 1
-// holds the tile: 0 ready, 1 the producer's last stage issued, 2 stages, 3 tile index, 4 consumers'
-// start, 5 their last stage done.
+// armed before its copies), 4 + 3w .. 6 + 3w consumer warp w (before its data wait, after it, before
+// the release). Stage kStageTraceStages - 1 holds the tile: 0 ready, 1 the producer's last stage
+// issued, 2 stages, 3 tile index, 4 consumers' start, 5 their last stage done.
 constexpr int kStageTraceOps = 256, kStageTraceStages = 192, kStageTraceWords = 28;
 static __device__ unsigned long long g_stage_trace[kStageTraceOps][kStageTraceStages][kStageTraceWords];
 
@@ -31,10 +32,10 @@ __device__ __forceinline__ void stage_trace_put(int op, int j, int w, unsigned l
 static inline void dump_stage_trace(const char* path) {
   std::vector<unsigned long long> h(size_t(kStageTraceOps) * kStageTraceStages * kStageTraceWords);
   TW_CUDA_CHECK(cudaMemcpyFromSymbol(h.data(), g_stage_trace, h.size() * sizeof(h[0])));
-  if (FILE* f = std::fopen(path, "wb")) {
-    std::fwrite(h.data(), sizeof(h[0]), h.size(), f);
-    std::fclose(f);
-  }
+  FILE* f = std::fopen(path, "wb");
+  if (!f) throw std::runtime_error(std::string("stage trace: cannot write ") + path);
+  std::fwrite(h.data(), sizeof(h[0]), h.size(), f);
+  std::fclose(f);
   std::fill(h.begin(), h.end(), 0ull);
   TW_CUDA_CHECK(cudaMemcpyToSymbol(g_stage_trace, h.data(), h.size() * sizeof(h[0])));
 }

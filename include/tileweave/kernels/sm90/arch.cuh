@@ -48,6 +48,10 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity, const 
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   ptx::mbarrier_arrive(ptx::sem_release, ptx::scope_cta, ptx::space_shared, bar);
 }
+// One arrive counting for `count` (e.g. a warp releasing a slot for all its peers).
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar, uint32_t count) {
+  ptx::mbarrier_arrive(ptx::sem_release, ptx::scope_cta, ptx::space_shared, bar, count);
+}
 
 // Producer/consumer warpgroups get different register budgets. Takes effect only with a register
 // cap at kernel entry (__launch_bounds__(threads, 1)) and when each warpgroup's role is one branch.
