@@ -108,10 +108,15 @@ DecodeAttentionShape DecodeStepShape::attention(const ModelConfig& c) const {
   return a;
 }
 
+void check_step_batch(int batch, int tp) {
+  if (batch < 1 || batch > max_step_batch(tp))
+    bad("batch " + std::to_string(batch) + " is outside [1, " + std::to_string(max_step_batch(tp)) + "]" +
+        (tp > 1 ? " with tensor parallelism (each rank's tiles hold 2 x batch rows)" : ""));
+}
+
 StepTiling plan_step_tiling(const ModelConfig& c, int batch, int sms, int max_split, int tp, double last_wave_cost) {
   c.validate();
-  if (batch < 1 || batch > kMaxStepBatch)
-    bad("batch " + std::to_string(batch) + " is outside [1, " + std::to_string(kMaxStepBatch) + "]");
+  check_step_batch(batch, tp);
   if (sms < 1) bad("the GPU's SM count " + std::to_string(sms) + " must be >= 1");
   const int rows = step_act_rows(batch, tp);
   const int64_t d = c.hidden_size, f = c.intermediate_size, qkv = c.q_dim() + 2 * c.kv_dim();
@@ -133,9 +138,8 @@ StepTiling plan_step_tiling(const ModelConfig& c, int batch, int sms, int max_sp
 StepGraph build_step_graph(const ModelConfig& c, const DecodeStepShape& s, const std::vector<int>& seq_lens,
                            const std::vector<int>& page_table, const StepTiling& t) {
   c.validate();
-  if (s.batch < 1 || s.batch > kMaxStepBatch)
-    bad("batch " + std::to_string(s.batch) + " is outside [1, " + std::to_string(kMaxStepBatch) + "]");
   if (s.tp < 1) bad("tensor-parallel ranks " + std::to_string(s.tp) + " must be >= 1");
+  check_step_batch(s.batch, s.tp);
   // Within its window a sliding-window model attends to the whole cache, as the step does.
   if (c.sliding_window > 0 && s.max_seq_len > c.sliding_window)
     bad("max_seq_len " + std::to_string(s.max_seq_len) + " is over the model's sliding_window " +

@@ -118,8 +118,13 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : mod
     bad("hidden_size " + std::to_string(cfg_.hidden_size) + " and intermediate_size " +
         std::to_string(cfg_.intermediate_size) + (opt.tp > 1 ? " (each of " + std::to_string(opt.tp) + " ranks' share)" : "") +
         " must be multiples of 8");
-  if (opt.batch < 1 || opt.batch > kMaxStepBatch)
-    bad("batch " + std::to_string(opt.batch) + " is outside [1, " + std::to_string(kMaxStepBatch) + "]");
+  check_step_batch(opt.batch, opt.tp);
+  {  // residual_at's int index: blocks x batch x columns of the stream
+    const int64_t x_cols = sm90::stage_cols_for(step_act_rows(opt.batch, opt.tp));
+    if ((cfg_.hidden_size + x_cols - 1) / x_cols * x_cols * opt.batch >= (int64_t(1) << 31))
+      bad("hidden_size " + std::to_string(cfg_.hidden_size) + " x batch " + std::to_string(opt.batch) +
+          " is over 2^31 elements of the residual stream");
+  }
   if (opt.max_seq_len < 1) bad("max_seq_len " + std::to_string(opt.max_seq_len) + " must be >= 1");
   if (opt.history < 0) bad("history " + std::to_string(opt.history) + " must be >= 0");
   if (opt.sms < 0) bad("sms " + std::to_string(opt.sms) + " must be >= 0");

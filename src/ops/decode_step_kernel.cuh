@@ -205,7 +205,7 @@ template <class T>
 __device__ __forceinline__ T* on_rank(const StepParams& p, int q, T* local) {
   return reinterpret_cast<T*>(p.region[q] + (reinterpret_cast<const char*>(local) - reinterpret_cast<const char*>(p.xres)));
 }
-// Element (m, col) of a residual-stream buffer (< 2^31: batch <= 128, hidden < 2^23).
+// Element (m, col) of a residual-stream buffer (< 2^31: DecodeStep refuses a batch x padded hidden over it).
 __device__ __forceinline__ int residual_at(const StepParams& p, int m, int col) {
   const int blk = col / p.x_cols;
   return (blk * p.batch + m) * p.x_cols + (col - blk * p.x_cols);
@@ -1751,8 +1751,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const __grid_c
   __shared__ StepShared sh;
   const Ring<Cfg> ring = Ring<Cfg>::carve(smem);
   // Past the ring (its base is 1024-B aligned, so the offset is a constant), by pointer arithmetic: see
-  // Ring::carve.
-  float* scratch = reinterpret_cast<float*>(ring.base + ((Cfg::kSmemBytes - 1024 + 127) & ~127));
+  // Ring::carve. Except at 256 rows and D = 128, through an integer: there the generic pointer takes the
+  // spills from 4952 to 2076 B a thread and the step 3.3-4.4% faster (Llama-3-8B B = 200 / 256, Qwen2-7B
+  // B = 160; H200, session 29); at D = 64 it read 2.2% slower (Llama-3.2-1B B = 256).
+  float* scratch;
+  if constexpr (Cfg::kMPad >= 256 && D == 128)
+    scratch = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(ring.flag + 4) + 127) & ~uintptr_t(127));
+  else
+    scratch = reinterpret_cast<float*>(ring.base + ((Cfg::kSmemBytes - 1024 + 127) & ~127));
   if (threadIdx.x == 0) {
     ring.init();
     for (int i = 0; i < kQueue; ++i) {

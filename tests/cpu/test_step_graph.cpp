@@ -94,7 +94,7 @@ TEST(StepGraph, PlannerFillsTheGpu) {
   for (const Tiling* x : {&t.qkv, &t.o_proj, &t.gate_up, &t.down}) EXPECT_EQ(x->bm, 8);
   // Up to 32 rows the tiles hold R >= 2B rows (the norm consumers' fp32 rows); above, the stream's bf16
   // copy (step_bf16_stream): R >= B. A batch of 100 takes 128-row tiles and fewer, longer slices; a
-  // tensor-parallel rank keeps R >= 2B; 128 is the largest batch.
+  // tensor-parallel rank keeps R >= 2B; 256 is the largest batch on one GPU, 128 with tensor parallelism.
   EXPECT_EQ(plan_step_tiling(c, 32, 132).qkv.bm, 64);
   EXPECT_EQ(plan_step_tiling(c, 33, 132).qkv.bm, 64);
   const StepTiling big = plan_step_tiling(c, 100, 132);
@@ -103,7 +103,10 @@ TEST(StepGraph, PlannerFillsTheGpu) {
   EXPECT_FALSE(step_bf16_stream(32));
   EXPECT_TRUE(step_bf16_stream(33));
   EXPECT_FALSE(step_bf16_stream(33, 2));
-  EXPECT_NE(error_of([&] { plan_step_tiling(c, 129, 132); }).find("batch 129"), std::string::npos);
+  EXPECT_EQ(plan_step_tiling(c, 129, 132).qkv.bm, 256);
+  EXPECT_EQ(plan_step_tiling(c, 256, 132).qkv.bm, 256);
+  EXPECT_NE(error_of([&] { plan_step_tiling(c, 257, 132); }).find("batch 257 is outside [1, 256]"), std::string::npos);
+  EXPECT_NE(error_of([&] { plan_step_tiling(c, 129, 132, 0, 2); }).find("batch 129 is outside [1, 128]"), std::string::npos);
   EXPECT_LE(big.qkv.split_k, t.qkv.split_k);
 }
 

@@ -170,13 +170,15 @@ Errors run_against_reference(const StepCase& k, uint64_t seed) {
       bf16_ties += argmax(&bf16[size_t(b) * V], V) != theirs;
       EXPECT_EQ(sampled[b], mine) << "the sampled token is not the argmax of the logits (step " << s << ", sequence " << b << ")";
       // A token may differ where two of fp32's logits are closer than errors of this step's size can
-      // move them: 4x the row's rms error (err x rms(logits)) -- ours, or the bf16 model's if larger,
+      // move them: 5x the row's rms error (err x rms(logits)) -- ours, or the bf16 model's if larger,
       // as the per-step bound below admits -- or 1% of the largest logit. (Ours alone was 2.5% short
       // once in a dozen runs of tiny-d128 B = 3: a gap of 0.0335 against 0.0327, the bf16 model's error
-      // 1.5x ours.)
+      // 1.5x ours. With 4x, tiny-d128 B = 177 had one of 8 near ties in 896 tokens at 4.6x, its errors
+      // 1.03e-2 against the bf16 model's 1.32e-2: the tail of the two logits' errors, not a wrong step,
+      // which the per-step bounds below catch.)
       double peak = 0, ss = 0;
       for (int v = 0; v < V; ++v) peak = std::max(peak, std::abs(double(r[v]))), ss += double(r[v]) * r[v];
-      const double tie = std::max(1e-2 * peak, 4 * std::max(err, err_bf16) * std::sqrt(ss / V));
+      const double tie = std::max(1e-2 * peak, 5 * std::max(err, err_bf16) * std::sqrt(ss / V));
       ++compared;
       if (mine != theirs) {
         ++near_ties;
@@ -313,20 +315,22 @@ TEST(DecodeStep, GateUpLastWaveInSlices) {
 
 // Odd batch sizes on the activation-row configurations the other tests leave out, up to the largest
 // batch: R >= 2B up to 32 rows (6, 20: 16, 64 rows), and above 32 the stream's bf16 copy written by
-// the writers' last slices (step_bf16_stream; 33, 100, 128: 64, 128, 128 rows), at head dims 64
-// (tiny Qwen2, hidden 320: a partial stage) and 128.
+// the writers' last slices (step_bf16_stream; 33, 100, 128, 200, 256: 64, 128, 128, 256, 256 rows), at
+// head dims 64 (tiny Qwen2, hidden 320: a partial stage) and 128.
 TEST(DecodeStep, BatchSizesAcrossTileHeights) {
   TW_REQUIRE_SM90();
-  for (int batch : {6, 20, 33, 100, 128}) {
+  for (int batch : {6, 20, 33, 100, 128, 200, 256}) {
     StepCase k{named_config("tiny-qwen2"), batch};
     k.max_prompt = 5;
     k.generate = 2;
     run_against_reference(k, fresh_seed());
   }
-  StepCase k{tiny_d128(), 40, KvLayout::Paged, 16};
-  k.max_prompt = 5;
-  k.generate = 2;
-  run_against_reference(k, fresh_seed());
+  for (int batch : {40, 177}) {
+    StepCase k{tiny_d128(), batch, KvLayout::Paged, 16};
+    k.max_prompt = 5;
+    k.generate = 2;
+    run_against_reference(k, fresh_seed());
+  }
 }
 
 // Above 64 rows, tiles of several pairs run a segment per consumer warp (attention_warp_segments; 0
@@ -608,8 +612,12 @@ TEST(DecodeStep, BadInputIsRefusedBeforeAnyLaunch) {
   DecodeStepOptions opt;
   opt.batch = 0;
   EXPECT_NE(message([&] { DecodeStep s(named_config("tiny-llama"), opt); }).find("batch 0"), std::string::npos);
+  opt.batch = 257;
+  EXPECT_NE(message([&] { DecodeStep s(named_config("tiny-llama"), opt); }).find("batch 257"), std::string::npos);
   opt.batch = 129;
+  opt.tp = 2;  // a rank's tiles hold 2B rows
   EXPECT_NE(message([&] { DecodeStep s(named_config("tiny-llama"), opt); }).find("batch 129"), std::string::npos);
+  opt.tp = 1;
   opt.batch = 2;
   opt.last_wave_cost = -1;
   EXPECT_NE(message([&] { DecodeStep s(named_config("tiny-llama"), opt); }).find("last_wave_cost -1"), std::string::npos);

@@ -52,7 +52,11 @@ struct DecodeStepShape {
 // -53%, Llama-3.2-1B B = 64 -9.5%; at B = 32 the writers' extra hop cost Llama-3.2-1B 3.6% (8B
 // -0.6%), hence the threshold. (Tensor parallelism keeps R = 2B: a rank's writer sees only its part
 // before the all-reduce.)
-constexpr int kMaxStepBatch = sm90::kMaxActRows / 2;
+// The largest batch: R >= B rows with the bf16 stream (one GPU), R >= 2B without it (tensor
+// parallelism), R <= sm90::kMaxActRows.
+constexpr int max_step_batch(int tp = 1) { return tp == 1 ? sm90::kMaxActRows : sm90::kMaxActRows / 2; }
+// Throws InvalidArgument naming the batch when it is outside [1, max_step_batch(tp)].
+void check_step_batch(int batch, int tp = 1);
 constexpr bool step_bf16_stream(int batch, int tp = 1) { return batch > 32 && tp == 1; }
 constexpr int step_act_rows(int batch, int tp = 1) {
   return sm90::act_rows_for((step_bf16_stream(batch, tp) ? 1 : 2) * int64_t(batch));
