@@ -26,6 +26,7 @@
 #include "cublas_baseline.cuh"
 #include "ffn_variant.hpp"
 #include "harness.cuh"
+#include "tile_trace.cuh"
 #include "tileweave/model/cache_model.hpp"
 #include "tileweave/ops/ffn.hpp"
 
@@ -70,8 +71,8 @@ TrafficReport predict(const FusedFfn& ffn, const Gpu& gpu) {
 
 }  // namespace
 
-// One launch of the fused FFN with its tile timeline recorded (after two untraced launches, the L2
-// flushed before each): prints where the time went and writes the timeline as JSON.
+// One launch of the fused FFN with its tile timeline recorded (the third, the L2 flushed before each;
+// tile_trace.cuh): prints where the time went and writes the timeline as JSON.
 void trace_case(const Gpu& gpu, const Floor& floor, const Model& md, int64_t m, const std::string& spec) {
   const int64_t n1 = (md.gated ? 2 : 1) * md.f;
   bf16 *wgu = dev_alloc<bf16>(n1 * md.d), *wd = dev_alloc<bf16>(md.d * md.f), *x = dev_alloc<bf16>(m * md.d),
@@ -90,86 +91,16 @@ void trace_case(const Gpu& gpu, const Floor& floor, const Model& md, int64_t m, 
     TW_CUDA_CHECK(cudaFree(wd));
     wgu = pgu, wd = pd;
   }
-  char* flush = dev_alloc<char>(size_t(gpu.prop.l2CacheSize) * 4);
-  cudaEvent_t e0, e1;
-  TW_CUDA_CHECK(cudaEventCreate(&e0));
-  TW_CUDA_CHECK(cudaEventCreate(&e1));
-  TW_CUDA_CHECK(cudaMemset(flush, 1, size_t(gpu.prop.l2CacheSize) * 4));
-  for (int i = 0; i < 3; ++i) {
-    // Evict the weights by reading a buffer 4x the L2 (reads: no dirty lines whose write-backs
-    // would slow the traced launch's start, as a memset's do).
-    stream_read(gpu, flush, uint64_t(gpu.prop.l2CacheSize) * 4, 0);
-    TW_CUDA_CHECK(cudaEventRecord(e0));
-    ffn.run(x, wgu, wd, y, 0);
-    TW_CUDA_CHECK(cudaEventRecord(e1));
-  }
-  float launch_ms = 0;
-  TW_CUDA_CHECK(cudaEventSynchronize(e1));
-  TW_CUDA_CHECK(cudaEventElapsedTime(&launch_ms, e0, e1));
-  const auto times = ffn.plan().read_trace();
-  const TileGraph& g = ffn.graph().graph;
-
-  // Where the time went: per op, tile durations and waits; per SM, when it ran out of work.
-  nlohmann::json tiles = nlohmann::json::array();
-  std::map<int, double> sm_last;
-  struct OpStat {
-    int n = 0, waited = 0;
-    double busy = 0, epilogue = 0, wait = 0, max_wait = 0, first = 1e30, last = 0;
-  };
-  std::vector<OpStat> ops(g.ops().size());
-  double span = 0;
-  for (const auto& t : times) {
-    const Tile& tl = g.tile(t.tile);
-    if (t.done < 0) throw std::runtime_error("trace: tile " + std::to_string(t.tile) + " has no done time");
-    OpStat& o = ops[tl.op];
-    ++o.n;
-    o.busy += t.done - t.started;
-    o.epilogue += t.done - t.computed;
-    const double w = t.ready - t.taken;
-    o.wait += w;
-    o.max_wait = std::max(o.max_wait, w);
-    o.waited += w > 1.0;
-    o.first = std::min(o.first, t.started);
-    o.last = std::max(o.last, t.done);
-    span = std::max(span, t.done);
-    sm_last[t.sm] = std::max(sm_last[t.sm], t.done);
-    tiles.push_back({{"id", t.tile}, {"op", tl.op}, {"tm", tl.tm}, {"tn", tl.tn}, {"ks", tl.ks}, {"sm", t.sm},
-                     {"taken", t.taken}, {"ready", t.ready}, {"started", t.started}, {"computed", t.computed},
-                     {"done", t.done}});
-    // A split tile's phases (ffn_sm90.cu): arrived after its partial, and the last slice's sums read.
-    if (t.mark1 >= 0) tiles.back()["arrived"] = t.mark1;
-    if (t.mark2 >= 0) tiles.back()["summed"] = t.mark2;
-  }
-  std::vector<double> last;
-  for (auto [sm, d] : sm_last) last.push_back(d);
-  std::sort(last.begin(), last.end());
-  const double wbytes = double(n1 * md.d + md.d * md.f) * 2, floor_us = wbytes / (floor.tbps() * 1e12) * 1e6;
-  std::printf("TRACE %s M=%lld '%s': launch %.1f us (events; weights at %.1f%% of the %.3f TB/s floor), tiles span "
-              "%.1f us on %zu SMs; SMs out of work at min %.1f / median %.1f / max %.1f us\n",
-              md.name.c_str(), (long long)m, spec.c_str(), launch_ms * 1e3, 100 * floor_us / (launch_ms * 1e3),
-              floor.tbps(), span, last.size(), last.front(), last[last.size() / 2], last.back());
-  for (size_t i = 0; i < ops.size(); ++i) {
-    const OpStat& o = ops[i];
-    std::printf("  op %-8s %4d tiles  mean tile %.2f us (epilogue %.2f)  mean wait %.2f us (max %.2f, %d tiles > 1 us)  "
-                "first start %.1f  last done %.1f us\n",
-                g.op(int(i)).name.c_str(), o.n, o.busy / std::max(o.n, 1), o.epilogue / std::max(o.n, 1),
-                o.wait / std::max(o.n, 1), o.max_wait, o.waited, o.first, o.last);
-  }
-  nlohmann::json doc = {{"benchmark", "ffn_trace"}, {"gpu", gpu.prop.name}, {"model", md.name}, {"d", md.d}, {"f", md.f},
-                        {"gated", md.gated}, {"m", m},
-                        {"variant", spec}, {"grid", ffn.grid()}, {"launch_us", launch_ms * 1e3}, {"span_us", span},
-                        {"floor_read_tbps", floor.tbps()}, {"floor_us", floor_us},
-                        {"ops", nlohmann::json::array()}, {"tiles", tiles}, {"date_utc", utc_now()}};
-  for (const Op& o : g.ops()) doc["ops"].push_back(o.name);
+  const TracedLaunch tl = trace_cold_launch(gpu, ffn.plan(), [&](cudaStream_t st) { ffn.run(x, wgu, wd, y, st); });
+  const nlohmann::json header = {{"benchmark", "ffn_trace"}, {"model", md.name}, {"d", md.d}, {"f", md.f},
+                                 {"gated", md.gated}, {"m", m}, {"variant", spec}};
+  const double wbytes = double(n1 * md.d + md.d * md.f) * 2;
+  const nlohmann::json doc = tile_timeline_json(header, md.name + " M=" + std::to_string(m) + " '" + spec + "'", gpu,
+                                                floor, ffn.graph().graph, ffn.grid(), tl, wbytes);
   const char* dir = std::getenv("TW_RESULTS_DIR");
-  std::filesystem::path p = std::filesystem::path(dir ? dir : "bench/results") / gpu.slug;
-  std::filesystem::create_directories(p);
-  p /= "ffn_trace_" + md.name + "_m" + std::to_string(m) + ".json";
-  std::ofstream(p) << doc.dump(1) << "\n";
-  std::printf("  timeline: %s\n", p.string().c_str());
-  for (void* q : {(void*)wgu, (void*)wd, (void*)x, (void*)y, (void*)flush}) TW_CUDA_CHECK(cudaFree(q));
-  TW_CUDA_CHECK(cudaEventDestroy(e0));
-  TW_CUDA_CHECK(cudaEventDestroy(e1));
+  write_tile_timeline(doc, std::filesystem::path(dir ? dir : "bench/results") / gpu.slug,
+                      "ffn_trace_" + md.name + "_m" + std::to_string(m));
+  for (void* q : {(void*)wgu, (void*)wd, (void*)x, (void*)y}) TW_CUDA_CHECK(cudaFree(q));
 }
 
 int main(int argc, char** argv) {

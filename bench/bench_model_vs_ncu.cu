@@ -10,10 +10,18 @@
 //       cudaProfilerStart/Stop after two warm-ups, for `ncu --profile-from-start off` (one kernel per
 //       case, in case order). The search's orders are saved by the first run and reused here, so
 //       both runs measure the same schedules.
+//   bench_model_vs_ncu --trace-dir DIR [--ms 1024,2048,4096] [--only 8b-down]   the plain GEMM cases'
+//       tile timelines: one launch each (the third, L2 flushed before each; tile_trace.cuh), written
+//       as DIR/gemm_trace_<shape>_m<M>_<order>.json for `tileweave validate --timelines DIR`. The
+//       search's order is the saved one if the first run left it, else searched as that run does; a
+//       search that found one of the named orders reuses that order's timeline. (The FFN cases'
+//       timelines: bench_ffn --trace 'mainloop=sm90,order=<order>'.)
+//   --only OP|SHAPE: only the cases of this op (ffn, gemm) or shape, as `tileweave validate --only`.
 #include <cuda_bf16.h>
 #include <cuda_profiler_api.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -25,6 +33,7 @@
 #include <vector>
 
 #include "harness.cuh"
+#include "tile_trace.cuh"
 #include "tileweave/model/l2_model.hpp"
 #include "tileweave/model/presets.hpp"
 #include "tileweave/model/time_model.hpp"
@@ -50,7 +59,8 @@ struct Runner {
   const TileGraph* graph = nullptr;
   Schedule schedule;
   int grid = 0;
-  std::shared_ptr<void> keep;  // the op object
+  const runtime::DevicePlan* plan = nullptr;  // its tile timeline, when built to trace
+  std::shared_ptr<void> keep;                 // the op object
 };
 
 std::string order_file(const Gpu& gpu, const Shape& s, int64_t m) {
@@ -60,20 +70,49 @@ std::string order_file(const Gpu& gpu, const Shape& s, int64_t m) {
   return (p / (s.name + "_m" + std::to_string(m) + ".json")).string();
 }
 
+// A file name's part from an order spec: "kslices/col_major" -> "kslices-col_major", "grouped:8" ->
+// "grouped-8" (the file's header holds the spec itself).
+std::string file_part(std::string spec) {
+  for (char& c : spec)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') c = '-';
+  return spec;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string preset_file, ms_arg = "256,512,1024,2048,4096";
+  std::string preset_file, ms_arg = "256,512,1024,2048,4096", trace_dir, only;
   bool ncu = false, quick = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--gpu-preset") && i + 1 < argc) preset_file = argv[++i];
     else if (!std::strcmp(argv[i], "--ms") && i + 1 < argc) ms_arg = argv[++i];
     else if (!std::strcmp(argv[i], "--ncu")) ncu = true;
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--trace-dir") && i + 1 < argc) trace_dir = argv[++i];
+    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     else {
-      std::fprintf(stderr, "usage: bench_model_vs_ncu [--ncu] [--gpu-preset FILE.json] [--ms 256,512] [--quick]\n");
+      std::fprintf(stderr, "bench_model_vs_ncu: unknown argument '%s'\nusage: bench_model_vs_ncu [--ncu | --trace-dir DIR] "
+                   "[--gpu-preset FILE.json] [--ms 256,512] [--quick] [--only ffn|gemm|SHAPE]\n", argv[i]);
       return 2;
     }
+  }
+  const bool tracing = !trace_dir.empty();
+  if (tracing && ncu) {
+    std::fprintf(stderr, "bench_model_vs_ncu: --trace-dir and --ncu are separate runs (a traced launch stores its times)\n");
+    return 2;
+  }
+  if (!only.empty() && only != "ffn" && only != "gemm") {
+    try {
+      find_validation_shape(only);
+    } catch (const InvalidArgument& e) {
+      std::fprintf(stderr, "bench_model_vs_ncu: --only '%s': %s\n", only.c_str(), e.what());
+      return 2;
+    }
+  }
+  if (tracing && (only == "ffn" || (!only.empty() && only != "gemm" && find_validation_shape(only).op != "gemm"))) {
+    std::fprintf(stderr, "bench_model_vs_ncu: --trace-dir records the plain GEMM cases; --only '%s' has none "
+                 "(the FFN's timelines: bench_ffn --trace 'mainloop=sm90,order=<order>')\n", only.c_str());
+    return 2;
   }
   try {
     const Gpu gpu = current_gpu();
@@ -90,6 +129,9 @@ int main(int argc, char** argv) {
     int case_id = 0;
     for (const Shape& s : validation_shapes())
       for (int m : parse_counts(ms_arg, "--ms")) {
+        if (!only.empty() && only != s.op && only != s.name) continue;
+        if (tracing && s.op != "gemm") continue;  // bench_ffn --trace records the FFN's timelines
+        std::vector<std::string> traced;  // the orders whose timeline this shape and M have
         // Operands for the largest use of this shape and M.
         const int64_t n1 = s.op == "ffn" ? 2 * s.f : s.f;
         bf16 *w0, *w1 = nullptr, *x, *y;
@@ -115,9 +157,10 @@ int main(int argc, char** argv) {
             } else {
               DecodeGemmOptions o;
               o.order = spec;
+              o.trace = tracing;
               auto g = std::make_shared<DecodeGemm>(m, s.f, s.d, o);
               q.run = [g, x, w0, y](cudaStream_t st) { g->run(y, x, w0, st); };
-              q.graph = &g->graph(), q.schedule = g->schedule(), q.grid = g->grid(), q.keep = g;
+              q.graph = &g->graph(), q.schedule = g->schedule(), q.grid = g->grid(), q.plan = &g->plan(), q.keep = g;
             }
             return q;
           };
@@ -134,7 +177,7 @@ int main(int argc, char** argv) {
             Runner base = make("kslices/col_major", nullptr);
             cc.in_flight = base.grid;
             Schedule found;
-            if (ncu) {
+            if (ncu || (tracing && std::filesystem::exists(file))) {
               found = load_order_file(*base.graph, file);
             } else {
               HeuristicOptions ho;
@@ -155,6 +198,10 @@ int main(int argc, char** argv) {
             }
           }
           const std::string label = r.schedule.name;
+          if (tracing && std::find(traced.begin(), traced.end(), label) != traced.end()) {
+            std::printf("%s M=%d %s: its order '%s' was traced above\n", s.name.c_str(), m, order.c_str(), label.c_str());
+            continue;
+          }
           if (ncu) {
             for (int i = 0; i < 2; ++i) r.run(0);
             TW_CUDA_CHECK(cudaMemsetAsync(flush, case_id & 0xff, flush_bytes, 0));
@@ -176,6 +223,18 @@ int main(int argc, char** argv) {
                           s.name.c_str(), m, label.c_str(), why.empty() ? "schedule" : why.c_str());
           } catch (const InvalidArgument&) {  // an annealed search order ("search") is no spec to rebuild
             std::printf("note: %s M=%d: order '%s' cannot be rebuilt on the host\n", s.name.c_str(), m, label.c_str());
+          }
+          if (tracing) {
+            // One format for every recorded timeline (tile_trace.cuh); the header names the case as
+            // `tileweave validate` finds it: the shape's N and K, M and the schedule's spec.
+            const TracedLaunch tl = trace_cold_launch(gpu, *r.plan, r.run);
+            const nlohmann::json header = {{"benchmark", "gemm_trace"}, {"shape", s.name}, {"n", s.f}, {"k", s.d},
+                                           {"m", m}, {"order", label}};
+            const std::string name = s.name + " M=" + std::to_string(m) + " " + label;
+            write_tile_timeline(tile_timeline_json(header, name, gpu, floor, *r.graph, r.grid, tl, double(s.f) * s.d * 2),
+                                trace_dir, "gemm_trace_" + s.name + "_m" + std::to_string(m) + "_" + file_part(label));
+            traced.push_back(label);
+            continue;
           }
           GpuPreset model_gpu = preset;
           model_gpu.l2_bytes = gpu.prop.l2CacheSize;
@@ -213,7 +272,7 @@ int main(int argc, char** argv) {
         for (void* p : {(void*)w0, (void*)w1, (void*)x, (void*)y})
           if (p) TW_CUDA_CHECK(cudaFree(p));
       }
-    if (!ncu) std::printf("wrote %s\n", rf.write(gpu).c_str());
+    if (!ncu && !tracing) std::printf("wrote %s\n", rf.write(gpu).c_str());
     TW_CUDA_CHECK(cudaFree(flush));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_model_vs_ncu: %s\n", e.what());

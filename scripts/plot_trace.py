@@ -1,5 +1,8 @@
 #!/usr/bin/env python3
-"""Draws a tile timeline recorded by `bench_ffn --trace` (ffn_trace_<model>_m<M>.json).
+"""Draws a tile timeline the executor recorded (one format for all: bench/tile_trace.cuh).
+
+`bench_ffn --trace` writes ffn_trace_<model>_m<M>.json, `bench_model_vs_ncu --trace-dir`
+gemm_trace_<shape>_m<M>_<order>.json.
 
   python3 scripts/plot_trace.py TRACE.json [-o OUT.png]
 
@@ -47,7 +50,8 @@ def main():
     handles = [Patch(color=colours[i % len(colours)], label=name) for i, name in enumerate(ops)]
     handles.append(Patch(color="grey", alpha=0.25, label="waiting on producers"))
     ax.legend(handles=handles, loc="lower left", fontsize=8)
-    ax.set_title(f"{doc.get('model')} M={doc.get('m')} [{doc.get('variant')}] on {doc.get('gpu')}: "
+    case = doc.get("model") or doc.get("shape")  # an FFN's header names its model, a GEMM's its shape
+    ax.set_title(f"{case} M={doc.get('m')} [{doc.get('variant') or doc.get('order')}] on {doc.get('gpu')}: "
                  f"tiles span {doc.get('span_us', 0):.1f} us, launch {doc.get('launch_us', 0):.1f} us")
     out = args.out or args.trace.rsplit(".", 1)[0] + ".png"
     fig.tight_layout()

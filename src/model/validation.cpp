@@ -4,6 +4,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
 
 #include "tileweave/kernels/sm90/tile_shape.hpp"
 #include "tileweave/order/orders.hpp"
@@ -242,6 +247,105 @@ ValidationModel model_validation_case(const TileGraph& g, const Schedule& s, int
   r.partitioned = simulate(g, s, validation_cache_config(preset, grid, true));
   r.time = predict_time(g, s, time_from_simple ? r.simple : r.partitioned, time_params(preset, grid));
   return r;
+}
+
+namespace {
+// One timeline file, or nothing when the file is JSON of another kind. The header names the case:
+// an FFN's by d, f and the variant's order= (FusedFfn's default order when it has none), a GEMM's by
+// n, k and its order spec.
+std::optional<RecordedTimeline> read_recorded_timeline(const std::filesystem::path& path) {
+  using nlohmann::json;
+  std::ifstream in(path);
+  if (!in) throw InvalidArgument("timeline '" + path.string() + "': cannot be read");
+  RecordedTimeline t;
+  t.file = path.string();
+  try {
+    const json d = json::parse(in);
+    const std::string kind = d.is_object() ? d.value("benchmark", std::string()) : std::string();
+    if (kind == "ffn_trace") {
+      if (!d.value("gated", false) || !d.contains("d")) return std::nullopt;  // the grid's FFNs are gated
+      t.op = "ffn";
+      t.d = d.at("d").get<int64_t>();
+      t.f = d.at("f").get<int64_t>();
+      t.order = "kslices/col_major";  // FfnOptions::order's default
+      std::stringstream vs(d.value("variant", std::string()));
+      for (std::string kv; std::getline(vs, kv, ',');)
+        if (kv.rfind("order=", 0) == 0) t.order = kv.substr(6);
+    } else if (kind == "gemm_trace") {
+      t.op = "gemm";
+      t.d = d.at("k").get<int64_t>();
+      t.f = d.at("n").get<int64_t>();
+      t.order = d.at("order").get<std::string>();
+    } else {
+      return std::nullopt;
+    }
+    t.m = d.at("m").get<int64_t>();
+    for (const json& x : d.at("tiles")) {
+      const int64_t id = x.at("id").get<int64_t>();
+      if (id < 0) throw InvalidArgument("timeline '" + t.file + "': tile id " + std::to_string(id) + " is negative");
+      if (size_t(id) >= t.spans.size()) t.spans.resize(size_t(id) + 1), t.coords.resize(size_t(id) + 1, {-1, -1, -1, -1});
+      t.spans[size_t(id)] = {x.at("sm").get<int>(), x.at("ready").get<double>(), x.at("computed").get<double>(),
+                             x.at("done").get<double>()};
+      t.coords[size_t(id)] = {x.at("op").get<int64_t>(), x.at("tm").get<int64_t>(), x.at("tn").get<int64_t>(),
+                              x.at("ks").get<int64_t>()};
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidArgument("timeline '" + t.file + "': malformed (" + e.what() + ")");
+  }
+  return t;
+}
+}  // namespace
+
+std::vector<RecordedTimeline> load_recorded_timelines(const std::string& dir) {
+  if (!std::filesystem::is_directory(dir)) throw InvalidArgument("timelines: '" + dir + "' is not a folder");
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().extension() == ".json") files.push_back(e.path());
+  std::sort(files.begin(), files.end());  // the same error for the same folder, whatever the file system's order
+  std::vector<RecordedTimeline> out;
+  for (const auto& path : files) {
+    std::optional<RecordedTimeline> t = read_recorded_timeline(path);
+    if (!t) continue;
+    // Two recordings of one case: which one the replay took would depend on the folder's order.
+    for (const RecordedTimeline& o : out)
+      if (o.op == t->op && o.d == t->d && o.f == t->f && o.m == t->m && o.order == t->order)
+        throw InvalidArgument("timelines: '" + o.file + "' and '" + t->file + "' are both " + t->op + " M=" +
+                              std::to_string(t->m) + " " + t->order + " (d " + std::to_string(t->d) + ", f " +
+                              std::to_string(t->f) + "); keep one");
+    out.push_back(std::move(*t));
+  }
+  return out;
+}
+
+const RecordedTimeline* find_recorded_timeline(const std::vector<RecordedTimeline>& timelines, const ValidationShape& shape,
+                                               int64_t m, const std::string& order) {
+  for (const RecordedTimeline& t : timelines)
+    if (t.op == shape.op && t.d == shape.d && t.f == shape.f && t.m == m && t.order == order) return &t;
+  return nullptr;
+}
+
+TrafficReport replay_recorded_timeline(const ValidationCase& c, const RecordedTimeline& t, CacheConfig cache) {
+  const TileGraph& g = c.graph;
+  const std::string what = "timeline '" + t.file + "' is not the tiling of " + c.shape.name + " M=" + std::to_string(c.m);
+  if (int64_t(t.spans.size()) != g.num_tiles())
+    throw InvalidArgument(what + ": it has " + std::to_string(t.spans.size()) + " tiles, the case " +
+                          std::to_string(g.num_tiles()));
+  auto str = [](const std::array<int64_t, 4>& a) {
+    return "(" + std::to_string(a[0]) + ", " + std::to_string(a[1]) + ", " + std::to_string(a[2]) + ", " +
+           std::to_string(a[3]) + ")";
+  };
+  for (int id = 0; id < g.num_tiles(); ++id) {
+    const Tile& x = g.tile(id);
+    const std::array<int64_t, 4> host{x.op, x.tm, x.tn, x.ks};
+    if (t.coords[size_t(id)] != host)
+      throw InvalidArgument(what + ": tile " + std::to_string(id) + " is (op, tm, tn, ks) " + str(t.coords[size_t(id)]) +
+                            " there, " + str(host) + " here");
+  }
+  if (cache.l2 != L2Kind::Partitioned)
+    throw InvalidArgument("replay_recorded_timeline: a timeline drives the partitioned model, the cache is '" +
+                          std::string(to_string(cache.l2)) + "'");
+  cache.part.timeline = &t.spans;
+  return simulate(g, c.schedule, cache);
 }
 
 }  // namespace tw

@@ -47,6 +47,7 @@ DecodeGemm::DecodeGemm(int64_t m, int64_t n, int64_t k, const DecodeGemmOptions&
   op_ = g_.add_gemm("gemm", x, w, y, t);
   sched_ = make_order(g_, ffn_order_spec(opt.order, sms));
   plan_ = std::make_unique<runtime::DevicePlan>(make_exec_plan(g_, sched_));
+  if (opt.trace) plan_->enable_trace();  // the FFN's tile body stamps the times (ffn_sm90.cu)
   act_rows_ = static_cast<int>(t.bm);
   ffn_sm90::prepare_kernel(act_rows_);
   grid_ = sms;  // one CTA per SM (the tile body takes over half an SM's shared memory)

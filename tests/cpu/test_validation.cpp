@@ -2,6 +2,7 @@
 // the cases' graphs and schedules, and the model columns the bench and `tileweave validate` share.
 #include <gtest/gtest.h>
 
+#include "llm_test_util.hpp"  // TempDir, write_text, error_of
 #include "tileweave/kernels/sm90/tile_shape.hpp"
 #include "tileweave/model/validation.hpp"
 #include "tileweave/order/orders.hpp"
@@ -157,4 +158,94 @@ TEST(Validation, TileHeights) {
   EXPECT_EQ(g.graph.op(g.op_gate_up).grid_m, 2);
   EXPECT_THROW(sm90_op_tiling(300, 4096, 14336, 0, 1, "even", 132, 100), InvalidArgument);
   EXPECT_EQ(decode_gemm_graph(200, 1024, 512, 132, 0, "even", 224).op(0).tiling.bm, 224);
+}
+
+// A plain GEMM's recorded timeline (bench_model_vs_ncu --trace-dir writes it; `tileweave validate
+// --timelines` finds and replays it), worked by hand. The case: DecodeGemm's tiling of M = 128,
+// N = 256, K = 128 on 2 SMs -- 128 activation rows, 64 K columns a step, one wave of 2 tiles and no
+// split: tile 0 = (0, 0, 0, 0) reads x.0, w0.0 then x.1, w0.1 and writes y0; tile 1 = (0, 0, 1, 0)
+// the same x with w1. Every x and w block is 128 x 64 bf16 = 16 KiB; a y block 128 x 128 = 32 KiB.
+// One partition, fully associative, no far copies: a block is hit iff the bytes touched since its
+// last use plus its own fit. Recorded one after the other on SM 0 (tile 0 over [0, 2) us, done at
+// 2; tile 1 over [2, 4)): when tile 1 reads x.0 again, w0.0, x.1, w0.1 and y0 (80 KiB) have passed,
+// so with 48 KiB of cache both x blocks are read twice (8 blocks, 128 KiB) and with 112 KiB once
+// (6 blocks, 96 KiB). Recorded side by side on SMs 0 and 1 (both over [0, 2)), tile 1 reads each x
+// block right after tile 0: 96 KiB in 48 KiB too. The drawn replay (lockstep, no jitter) differs
+// only in writing y0 with tile 0's last step, so y0's 32 KiB come between the two reads of x.1:
+// 7 blocks.
+TEST(Validation, RecordedGemmTimelineIsReplayedAsItHappened) {
+  const ValidationShape shape{"gemm", "tiny-gemm", 128, 256};  // K, N
+  const ValidationCase c = make_validation_case(shape, 128, "row_major", 2);
+  ASSERT_EQ(c.graph.num_tiles(), 2);
+  ASSERT_EQ(c.graph.op(0).tiling.bm, 128);
+  ASSERT_EQ(c.graph.op(0).tiling.bk, 64);
+  ASSERT_EQ(c.graph.op(0).tiling.split_k, 1);
+  ASSERT_EQ(c.graph.tile(1).tn, 1);
+  constexpr int64_t kBlock = 16 << 10;
+  CacheConfig cache;
+  cache.capacity_bytes = 3 * kBlock;
+  cache.line_bytes = 32;
+  cache.in_flight = c.grid;
+  cache.l2 = L2Kind::Partitioned;
+  cache.part.partitions = 1;
+  cache.part.far_copies = false;
+  cache.part.line_bytes = 32;
+  cache.part.ways = 0;
+
+  test::TempDir dir;
+  auto tile = [](int id, int tn, int sm, double ready, double computed) {
+    const std::string t = std::to_string(ready), e = std::to_string(computed);
+    return "{\"id\": " + std::to_string(id) + ", \"op\": 0, \"tm\": 0, \"tn\": " + std::to_string(tn) +
+           ", \"ks\": 0, \"sm\": " + std::to_string(sm) + ", \"taken\": " + t + ", \"ready\": " + t +
+           ", \"started\": " + t + ", \"computed\": " + e + ", \"done\": " + e + "}";
+  };
+  const std::string header =
+      R"({"benchmark": "gemm_trace", "shape": "tiny-gemm", "n": 256, "k": 128, "m": 128, "order": "row_major", )";
+  const std::string one_after_the_other = header + "\"tiles\": [" + tile(0, 0, 0, 0, 2) + ", " + tile(1, 1, 0, 2, 4) + "]}";
+  test::write_text(dir / "gemm_trace_tiny-gemm_m128_row_major.json", one_after_the_other);
+  test::write_text(dir / "model_vs_ncu_timing.json", R"({"benchmark": "model_vs_ncu_timing", "cases": []})");  // not a timeline
+  const std::vector<RecordedTimeline> all = load_recorded_timelines(dir.path.string());
+  ASSERT_EQ(all.size(), 1u);
+  const RecordedTimeline* t = find_recorded_timeline(all, shape, 128, "row_major");
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->op, "gemm");
+  EXPECT_EQ(find_recorded_timeline(all, shape, 128, "col_major"), nullptr);
+  EXPECT_EQ(find_recorded_timeline(all, shape, 256, "row_major"), nullptr);
+  EXPECT_EQ(find_recorded_timeline(all, {"ffn", "tiny-ffn", 128, 256}, 128, "row_major"), nullptr);  // another op
+
+  EXPECT_EQ(replay_recorded_timeline(c, *t, cache).dram_read, 8 * kBlock);
+  EXPECT_EQ(simulate(c.graph, c.schedule, cache).dram_read, 7 * kBlock);  // drawn
+  cache.capacity_bytes = 7 * kBlock;
+  EXPECT_EQ(replay_recorded_timeline(c, *t, cache).dram_read, 6 * kBlock);
+  cache.capacity_bytes = 3 * kBlock;
+  RecordedTimeline side_by_side = *t;
+  side_by_side.spans[1] = {1, 0, 2, 2};
+  EXPECT_EQ(replay_recorded_timeline(c, side_by_side, cache).dram_read, 6 * kBlock);
+
+  // The recorded tiles must be the case's: another tile numbering, another tile count, or the
+  // simple model (which takes no timeline) are refused by name.
+  RecordedTimeline other = *t;
+  other.coords[1] = {0, 1, 0, 0};
+  std::string e = test::error_of([&] { replay_recorded_timeline(c, other, cache); });
+  EXPECT_NE(e.find("gemm_trace_tiny-gemm_m128_row_major.json"), std::string::npos) << e;
+  EXPECT_NE(e.find("tile 1 is (op, tm, tn, ks) (0, 1, 0, 0) there, (0, 0, 1, 0) here"), std::string::npos) << e;
+  other = *t;
+  other.spans.pop_back(), other.coords.pop_back();
+  e = test::error_of([&] { replay_recorded_timeline(c, other, cache); });
+  EXPECT_NE(e.find("it has 1 tiles, the case 2"), std::string::npos) << e;
+  CacheConfig simple_cache = cache;
+  simple_cache.l2 = L2Kind::Simple;
+  e = test::error_of([&] { replay_recorded_timeline(c, *t, simple_cache); });
+  EXPECT_NE(e.find("'simple'"), std::string::npos) << e;
+
+  // Two recordings of one case, and a broken file, are refused naming the files.
+  test::write_text(dir / "again.json", one_after_the_other);
+  e = test::error_of([&] { load_recorded_timelines(dir.path.string()); });
+  EXPECT_NE(e.find("again.json"), std::string::npos) << e;
+  EXPECT_NE(e.find("gemm_trace_tiny-gemm_m128_row_major.json"), std::string::npos) << e;
+  test::write_text(dir / "again.json", header + "\"tiles\": [{\"id\": 0}]}");
+  e = test::error_of([&] { load_recorded_timelines(dir.path.string()); });
+  EXPECT_NE(e.find("again.json': malformed"), std::string::npos) << e;
+  e = test::error_of([&] { load_recorded_timelines(dir / "missing"); });
+  EXPECT_NE(e.find("missing' is not a folder"), std::string::npos) << e;
 }

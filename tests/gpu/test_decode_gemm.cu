@@ -2,9 +2,12 @@
 // fresh random inputs, outputs poisoned, odd shapes, packed and PyTorch-layout weights.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
 #include <memory>
 #include <random>
 #include <tuple>
+#include <vector>
 
 #include "gpu_util.cuh"
 #include "tileweave/ops/decode_gemm.hpp"
@@ -138,6 +141,57 @@ TEST(DecodeGemm, OverlappedLaunchesChainLayers) {
         EXPECT_LT(rel_error(y[i]->download(), ref.download()), 1e-2) << "M=" << m << " packed=" << packed << " layer " << i;
       }
     }
+}
+
+// The trace option (the tile timeline `tileweave validate --timelines` replays, recorded by
+// bench_model_vs_ncu --trace-dir): every tile of the launch gets its SM and times, and the result is
+// still right. Each SM runs one CTA, whose consumers take its tiles one after another in ticket
+// order: on one SM, a tile starts after the one before is done (both stamped by the same thread).
+// Unsplit (M = 1024: 4 x 32 tiles of 256 rows, one wave) and split-K (M = 16: 32 tiles in 4 slices,
+// each slice arriving after its partial sum).
+TEST(DecodeGemm, TraceRecordsEveryTile) {
+  TW_REQUIRE_GPU();
+  TW_REQUIRE_SM90();
+  int dev = 0, sms = 0;
+  TW_CUDA_CHECK(cudaGetDevice(&dev));
+  TW_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  for (auto [m, n, k] : {std::tuple<int, int, int>{1024, 4096, 1024}, {16, 4096, 14336}}) {
+    GemmData d(m, n, k);
+    DecodeGemmOptions opt;
+    opt.order = "row_major";
+    opt.spin_limit = 2'000'000;
+    opt.trace = true;
+    DecodeGemm g(m, n, k, opt);
+    EXPECT_THROW(DecodeGemm(m, n, k).plan().read_trace(), InvalidArgument);  // no trace option, no timeline
+    for (int launch = 0; launch < 2; ++launch) EXPECT_LT(d.check(g, false), 1e-2) << "M=" << m << " launch " << launch;
+    const auto times = g.plan().read_trace();
+    ASSERT_EQ(int64_t(times.size()), g.graph().num_tiles()) << "M=" << m;
+    std::vector<int> position(times.size());  // by tile id: its ticket
+    for (size_t i = 0; i < g.schedule().order.size(); ++i) position[size_t(g.schedule().order[i])] = int(i);
+    std::map<int, std::vector<runtime::DevicePlan::TileTimes>> by_sm;
+    double first = 1e30;
+    for (const auto& t : times) {
+      SCOPED_TRACE("M=" + std::to_string(m) + " tile " + std::to_string(t.tile));
+      EXPECT_GE(t.sm, 0);
+      EXPECT_LT(t.sm, sms);
+      EXPECT_GE(t.taken, 0);
+      EXPECT_GE(t.ready, t.taken);  // both by the producer's lane 0
+      EXPECT_GE(t.started, 0);
+      EXPECT_GE(t.computed, t.started);
+      EXPECT_GE(t.done, t.computed);
+      if (g.graph().op(0).tiling.split_k > 1) EXPECT_GE(t.mark1, t.computed);  // arrived after its partial sum
+      first = std::min(first, t.taken);
+      by_sm[t.sm].push_back(t);
+    }
+    EXPECT_EQ(first, 0);  // times count from the launch's first ticket
+    for (auto& [sm, ts] : by_sm) {
+      std::sort(ts.begin(), ts.end(), [](const auto& a, const auto& b) { return a.started < b.started; });
+      for (size_t i = 1; i < ts.size(); ++i) {
+        EXPECT_GE(ts[i].started, ts[i - 1].done) << "M=" << m << " SM " << sm << ": tiles overlap";
+        EXPECT_GT(position[size_t(ts[i].tile)], position[size_t(ts[i - 1].tile)]) << "M=" << m << " SM " << sm;
+      }
+    }
+  }
 }
 
 TEST(DecodeGemm, BadInputIsRefusedBeforeLaunch) {

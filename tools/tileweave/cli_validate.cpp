@@ -2,13 +2,12 @@
 // bench/bench_model_vs_ncu (the same graphs, schedules and grid, through model/validation.hpp, the
 // code the bench runs) against the GPU's columns of a merged model_vs_ncu.json (ncu's DRAM read
 // bytes, the measured time): per case and, per op family and shape, the largest and the median
-// |error|. Without --measured it prints the model's columns of the grid alone. With --timelines, FFN
-// cases whose tile timeline was recorded (bench_ffn --trace) replay it instead of drawn drift.
+// |error|. Without --measured it prints the model's columns of the grid alone. With --timelines, the
+// cases whose tile timeline was recorded (FFN: bench_ffn --trace; GEMM: bench_model_vs_ncu
+// --trace-dir) replay it instead of drawn drift.
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <array>
 #include <cmath>
-#include <filesystem>
 #include <fmt/format.h>
 #include <fstream>
 #include <iostream>
@@ -16,7 +15,6 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <tuple>
 
 #include "cli_commands.hpp"
 #include "tileweave/model/validation.hpp"
@@ -33,7 +31,7 @@ struct ValidateOptions {
   std::string only;      // op or shape name
   std::string ms = "256,512,1024,2048,4096";
   std::string time_from = "partitioned";
-  std::string timelines;  // a folder of bench_ffn --trace files
+  std::string timelines;  // a folder of recorded tile timelines (model/validation.hpp, RecordedTimeline)
   bool per_tensor = false, json_out = false;
 };
 
@@ -46,46 +44,6 @@ struct Row {
   bool replayed = false;  // the partitioned bytes replay a recorded timeline
   TrafficReport part;
 };
-
-// bench_ffn --trace files (benchmark "ffn_trace") in `dir`, by (d, f, m, order): each tile's SM and
-// times, by tile id, and the tiles' coordinates to check them against the host's graph.
-struct RecordedTimeline {
-  std::string file;
-  std::vector<TileSpan> spans;
-  std::vector<std::array<int64_t, 4>> coords;  // op, tm, tn, ks
-};
-using TimelineKey = std::tuple<int64_t, int64_t, int64_t, std::string>;
-std::map<TimelineKey, RecordedTimeline> load_timelines(const std::string& dir) {
-  std::map<TimelineKey, RecordedTimeline> out;
-  if (dir.empty()) return out;
-  if (!std::filesystem::is_directory(dir)) throw InvalidArgument("--timelines: '" + dir + "' is not a folder");
-  for (const auto& e : std::filesystem::directory_iterator(dir)) {
-    if (e.path().extension() != ".json") continue;
-    std::ifstream in(e.path());
-    json d;
-    try {
-      d = json::parse(in);
-    } catch (const std::exception& ex) {
-      throw InvalidArgument("'" + e.path().string() + "': malformed JSON (" + ex.what() + ")");
-    }
-    if (d.value("benchmark", std::string()) != "ffn_trace" || !d.value("gated", false) || !d.contains("d")) continue;
-    std::string order = "kslices/col_major";  // FusedFfn's default
-    std::stringstream vs(d.value("variant", std::string()));
-    for (std::string kv; std::getline(vs, kv, ',');)
-      if (kv.rfind("order=", 0) == 0) order = kv.substr(6);
-    RecordedTimeline t;
-    t.file = e.path().string();
-    for (const json& x : d.at("tiles")) {
-      const size_t id = x.at("id");
-      if (id >= t.spans.size()) t.spans.resize(id + 1), t.coords.resize(id + 1, {-1, -1, -1, -1});
-      t.spans[id] = {x.at("sm").get<int>(), x.at("ready").get<double>(), x.at("computed").get<double>(),
-                     x.at("done").get<double>()};
-      t.coords[id] = {x.at("op").get<int64_t>(), x.at("tm").get<int64_t>(), x.at("tn").get<int64_t>(), x.at("ks").get<int64_t>()};
-    }
-    out[{d.at("d").get<int64_t>(), d.at("f").get<int64_t>(), d.at("m").get<int64_t>(), order}] = std::move(t);
-  }
-  return out;
-}
 
 double pct(double model, double truth) { return truth > 0 ? 100.0 * (model - truth) / truth : 0.0; }
 
@@ -142,7 +100,8 @@ void run_validate(const ValidateOptions& o) {
         for (const std::string& order : validation_orders())
           if (order != "search") rows.push_back({s.op, s.name, order, order, m});
   }
-  const std::map<TimelineKey, RecordedTimeline> timelines = load_timelines(o.timelines);
+  const std::vector<RecordedTimeline> timelines =
+      o.timelines.empty() ? std::vector<RecordedTimeline>{} : load_recorded_timelines(o.timelines);
   std::vector<Row> done;
   int skipped = 0;
   for (Row& r : rows) {
@@ -159,18 +118,9 @@ void run_validate(const ValidateOptions& o) {
     r.part_write = vm.partitioned.dram_write;
     r.model_us = vm.time.fused_us;
     r.part = vm.partitioned;
-    if (auto it = timelines.find({vs.d, vs.f, r.m, r.schedule}); r.op == "ffn" && it != timelines.end()) {
-      const RecordedTimeline& t = it->second;
-      const TileGraph& g = vc.graph;
-      bool same = int64_t(t.spans.size()) == g.num_tiles();
-      for (int id = 0; same && id < g.num_tiles(); ++id) {
-        const Tile& x = g.tile(id);
-        same = t.coords[size_t(id)] == std::array<int64_t, 4>{x.op, x.tm, x.tn, x.ks};
-      }
-      if (!same) throw InvalidArgument("--timelines: '" + t.file + "' is not the tiling of " + r.shape + " M=" + std::to_string(r.m));
-      CacheConfig cc = validation_cache_config(preset, vc.grid, true);
-      cc.part.timeline = &t.spans;
-      r.part = simulate(g, vc.schedule, cc);
+    // A search row whose order is one of the named ones replays that order's timeline.
+    if (const RecordedTimeline* t = find_recorded_timeline(timelines, vs, r.m, r.schedule)) {
+      r.part = replay_recorded_timeline(vc, *t, validation_cache_config(preset, vc.grid, true));
       r.part_read = r.part.dram_read;
       r.part_write = r.part.dram_write;
       r.replayed = true;
@@ -256,7 +206,8 @@ void register_validate_command(CLI::App& app) {
   c->add_option("--time-from", o->time_from, "which model's bytes the predicted time uses: partitioned | simple")
       ->capture_default_str();
   c->add_option("--timelines", o->timelines,
-                 "a folder of bench_ffn --trace files: FFN cases with a recorded timeline replay it (T) instead of drawn drift");
+                 "a folder of recorded tile timelines (bench_ffn --trace, bench_model_vs_ncu --trace-dir): cases with one "
+                 "replay it (T) instead of drawn drift");
   c->add_flag("--per-tensor", o->per_tensor, "the partitioned model's bytes per tensor under each case");
   c->add_flag("--json", o->json_out, "JSON output");
   c->callback([o] { run_validate(*o); });

@@ -6,6 +6,7 @@
 // the executor runs (validation_graphs_match).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -104,5 +105,31 @@ CacheConfig validation_cache_config(const GpuPreset& preset, int grid, bool part
 // Both caches of validation_cache_config.
 ValidationModel model_validation_case(const TileGraph& g, const Schedule& s, int grid, const GpuPreset& preset,
                                       bool time_from_simple = false);
+
+// A tile timeline the executor recorded for one case of the grid, as `tileweave validate --timelines`
+// replays it: the FFN's (bench_ffn --trace, benchmark "ffn_trace") or the plain GEMM's
+// (bench_model_vs_ncu --trace-dir, benchmark "gemm_trace"). Both benches write one format
+// (bench/tile_trace.cuh): per tile its id, coordinates (op, tm, tn, ks), SM and times; the header
+// names the case.
+struct RecordedTimeline {
+  std::string file;
+  std::string op;               // "ffn" | "gemm", as ValidationShape::op
+  int64_t d = 0, f = 0, m = 0;  // as ValidationShape: ffn hidden / intermediate; gemm K / N
+  std::string order;            // the schedule's spec (the bench's "schedule" column)
+  std::vector<TileSpan> spans;  // by tile id: the SM, [ready, computed), done
+  std::vector<std::array<int64_t, 4>> coords;  // by tile id: op, tm, tn, ks; -1 where a tile is missing
+};
+// Every timeline file (*.json of benchmark ffn_trace or gemm_trace) in `dir`; other JSON files and
+// plain (ungated) FFNs, which the grid has none of, are left out. InvalidArgument naming the folder
+// or the file when it is missing or malformed.
+std::vector<RecordedTimeline> load_recorded_timelines(const std::string& dir);
+// The timeline recorded for a case (op, shape, M and order spec), or nullptr.
+const RecordedTimeline* find_recorded_timeline(const std::vector<RecordedTimeline>& timelines, const ValidationShape& shape,
+                                               int64_t m, const std::string& order);
+// The partitioned model's replay of a case with its recorded timeline in place of drawn drift
+// (`cache` with l2 = Partitioned, e.g. validation_cache_config(preset, c.grid, true)). The recorded
+// tiles must be the case's graph, tile by tile (the host rebuilds the executor's graph; a timeline of
+// another tiling would replay nonsense): InvalidArgument naming the file and the first tile that differs.
+TrafficReport replay_recorded_timeline(const ValidationCase& c, const RecordedTimeline& t, CacheConfig cache);
 
 }  // namespace tw

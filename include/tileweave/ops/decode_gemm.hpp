@@ -27,6 +27,7 @@ struct DecodeGemmOptions {
   std::string k_slices = "even";    // "even", or "tail:<n>": the last waves of tiles shorter
   std::string tile_rows = "fit";    // activation rows per tile: "fit", "pow2" or a height (FfnOptions::tile_rows)
   uint32_t spin_limit = 0;       // tests: bounded waits
+  bool trace = false;            // record every tile's timeline (plan().read_trace()), as FfnOptions::trace
   // Start on the SMs the previous kernel in the stream leaves and stream the first tiles' weights
   // while it finishes (programmatic dependent launch; FfnOptions::overlap_previous says more).
   bool overlap_previous = false;
