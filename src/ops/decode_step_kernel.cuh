@@ -23,7 +23,9 @@
 //
 // Timelines (opt.trace): besides the executor's words, a gate/up or LM head tile stamps kTraceMark1
 // when its split arrives and kTraceMark2 once it has the split's sums; an attention tile's
-// kTraceComputed is the end of its stages (before the pair counts and merges).
+// kTraceComputed is the end of its stages (before the pair counts and merges), and where its warps
+// share the stages, kTraceMark1 is q finished at its first stage (finish_qkv) and kTraceMark2 the units
+// of its last segment done (before that segment's combine).
 //
 // No deadlock: inside a CTA the producer issues every stage of a tile before it touches the next
 // tile, and arrives on `ready` as soon as it has acquired the tile's producers (before the stages that
@@ -1466,6 +1468,7 @@ __device__ bool attention_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, StepSh
       finish_qkv<D>(p, op, c, ks, vs, qs, ct, kConsumers, rp);
       consumer_sync();
       wrote |= holds_new_row(c);
+      if (ct == 0 && j == 0) runtime::trace_mark(p.ep, id, runtime::kTraceMark1);
     }
     if (c.flags & kSegFirst) load_q(qs);
     const int units = kernels::decode_units(c.ntok);
@@ -1476,6 +1479,7 @@ __device__ bool attention_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, StepSh
     }
     ps.advance();
     if (c.flags & kSegLast) {  // the stage holds the warps' sums before it is released
+      if (ct == 0) runtime::trace_mark(p.ep, id, runtime::kTraceMark2);
       combine_segment<D>(p, scratch, reinterpret_cast<float*>(ring.w_atom(s, 0)), c, t.tn, o, m[0], l[0], ct, op);
       if (!(c.flags & kWhole) && ct == 0) {
         const int which = (c.flags & kWhich) ? 1 : 0;
