@@ -33,15 +33,15 @@ constexpr int64_t kMaxWriterSlices = 8;
 
 // K in `split` slices of whole stages, none empty (as TileGraph cuts them).
 Tiling tiling_in_slices(int64_t k, int64_t out_cols, int act_rows, int64_t split) {
-  const int64_t step = sm90::stage_cols_for(act_rows), slice = ceil_div(ceil_div(k, split), step) * step;
+  const int64_t step = sm90::step_stage_cols(act_rows), slice = ceil_div(ceil_div(k, split), step) * step;
   return {act_rows, out_cols, step, ceil_div(k, slice), {}};
 }
 
-// The most K slices a tile takes: at least two stages per slice (the pipeline's fill and the split's
-// reduction are per tile), each slice's fp32 partial (kTileRows x act_rows floats) at most half its
+// The most K slices a tile takes: at least two stages per slice, counted in 128 columns where a stage
+// is wider (the pipeline's fill and the split's reduction are per tile), each slice's fp32 partial (kTileRows x act_rows floats) at most half its
 // weight bytes, and max_split (when set) or max_slices.
 int64_t slice_cap(int64_t k, int act_rows, int max_split, int64_t max_slices) {
-  const int64_t stages = ceil_div(k, sm90::stage_cols_for(act_rows));
+  const int64_t stages = ceil_div(k, std::min(sm90::step_stage_cols(act_rows), 128));
   return std::min<int64_t>({max_split > 0 ? max_split : max_slices, std::max<int64_t>(1, stages / 2),
                             std::max<int64_t>(1, k / (4 * act_rows))});
 }
@@ -64,10 +64,10 @@ Tiling plan_gemm(int64_t n, int64_t k, int64_t out_cols, int act_rows, int sms, 
 // The last wave of an op with more tiles than SMs, in K slices: its tiles of `stages` stages, `rem`
 // = tiles mod sms of them in the last wave. Unsplit, that wave costs a whole tile's stages while most
 // SMs have nothing of the op left; in s slices it costs ceil(rem s / sms) rounds of stages / s plus
-// each slice's reduction and arrival (kSliceCost stages: ~2.8 us a slice beyond its bytes, measured in
-// stream-K's tile timelines, executor.md). Taken where that is under max_cost of the unsplit wave: t
-// (unsplit) becomes the slices, and the tiles before the last wave, returned, run whole
-// (StepTiling::gate_up_whole; 0: t unchanged). Splitting every tile instead (session 24) lost 6-11%:
+// each slice's reduction and arrival (kSliceCost stages of up to 128 columns, half as many of 256: ~2.8
+// us a slice beyond its bytes, measured in stream-K's tile timelines, executor.md). Taken where that
+// is under max_cost of the unsplit wave: t (unsplit) becomes the slices, and the tiles before the last
+// wave, returned, run whole (StepTiling::gate_up_whole; 0: t unchanged). Splitting every tile instead (session 24) lost 6-11%:
 // each slice pays the reduction.
 constexpr double kSliceCost = 3.0;
 int64_t split_last_wave(Tiling& t, int64_t n, int64_t k, int sms, int max_split, double max_cost) {
@@ -76,9 +76,10 @@ int64_t split_last_wave(Tiling& t, int64_t n, int64_t k, int sms, int max_split,
   if (tiles <= sms || rem == 0) return 0;
   int64_t best = 1;
   double best_cost = max_cost * double(stages);
+  const double slice_cost = kSliceCost * std::min(1.0, 128.0 / double(t.bk));
   for (int64_t s = 2; s <= slice_cap(k, act_rows, max_split, kMaxStepSlices); ++s) {
     if (tiling_in_slices(k, t.bn, act_rows, s).split_k != s) continue;  // an empty slice
-    const double cost = double(ceil_div(rem * s, sms)) * (double(stages) / double(s) + kSliceCost);
+    const double cost = double(ceil_div(rem * s, sms)) * (double(stages) / double(s) + slice_cost);
     if (cost < best_cost) best = s, best_cost = cost;
   }
   if (best == 1) return 0;

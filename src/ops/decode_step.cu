@@ -22,9 +22,13 @@ using step::StepOpArgs;
 
 [[noreturn]] void bad(const std::string& what) { throw InvalidArgument("decode step: " + what); }
 
-// Elements of an act-layout buffer holding `cols` columns (the packed weights' atoms: K padded to
-// whole stages with zeros).
-int64_t act_elems(int rows, int64_t cols) { return int64_t(rows) * ffn_sm90::packed_atoms(cols) * 64; }
+// Elements of an act-layout buffer holding `cols` columns for tiles of `rows` rows: K padded with zeros
+// to whole stages (4 atoms at 8 rows, where the packed weights' last stage may hold 2: the kernel's
+// issue_weights copies zeros for the other 2, and the stage's activations there must be zeros too).
+int64_t act_elems(int rows, int64_t cols) {
+  const int64_t stage = sm90::step_stage_cols(rows) / 64, atoms = ffn_sm90::packed_atoms(cols);
+  return int64_t(rows) * ((atoms + stage - 1) / stage * stage) * 64;
+}
 // Elements of a packed weight [rows, cols] (pairs: rows pairs of [first; second] halves).
 int64_t packed_elems(int64_t rows, int64_t cols, bool pairs) {
   return ffn_sm90::packed_tiles(rows, pairs) * ffn_sm90::packed_atoms(cols) * ffn_sm90::kTileRows * 64;
@@ -97,6 +101,7 @@ struct DecodeStep::Buffers {
   std::vector<float*> ws;  // split-K partials of each op (null: unsplit)
   std::vector<int64_t> ws_elems;
   StepOpArgs* ops = nullptr;
+  bf16* zero_atoms = nullptr;
   step::StepParams params{};
   std::vector<step::StepParams> segment_params;  // params with each segment's ticket range and signals
   char* exchange = nullptr;  // collectives in the launch: this rank's exchange region (decode_step_sm90.hpp)
@@ -120,7 +125,7 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : mod
         " must be multiples of 8");
   check_step_batch(opt.batch, opt.tp);
   {  // residual_at's int index: blocks x batch x columns of the stream
-    const int64_t x_cols = sm90::stage_cols_for(step_act_rows(opt.batch, opt.tp));
+    const int64_t x_cols = sm90::step_stage_cols(step_act_rows(opt.batch, opt.tp));
     if ((cfg_.hidden_size + x_cols - 1) / x_cols * x_cols * opt.batch >= (int64_t(1) << 31))
       bad("hidden_size " + std::to_string(cfg_.hidden_size) + " x batch " + std::to_string(opt.batch) +
           " is over 2^31 elements of the residual stream");
@@ -185,7 +190,7 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : mod
   const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), qkv = qd + 2 * kvd, Hkv = cfg_.num_kv_heads;
   const int G = cfg_.num_q_heads / cfg_.num_kv_heads;
   b.cache_elems = (opt.layout == KvLayout::Paged ? int64_t(pool) * opt.page_size : int64_t(B) * opt.max_seq_len) * Hkv * D;
-  const int x_cols = sm90::stage_cols_for(R), x_blocks = int((d + x_cols - 1) / x_cols);
+  const int x_cols = sm90::step_stage_cols(R), x_blocks = int((d + x_cols - 1) / x_cols);
   b.xres_elems = step::kResidualBuffers * int64_t(x_blocks) * B * x_cols;
   // Collectives in the launch: the stream lives in the exchange region (below) instead.
   if (!(opt.tp > 1 && opt.collectives_in_launch)) b.xres = b.alloc<float>(b.xres_elems);
@@ -197,6 +202,7 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : mod
   }
   b.qkv_acc_elems = int64_t(B) * (qkv + 4);
   b.qkv_acc = b.alloc<float>(b.qkv_acc_elems);
+  b.zero_atoms = b.alloc<bf16>(2 * ffn_sm90::kTileRows * 64);  // zeroed (StepParams::zero_atoms)
   for (int l = 0; l < L; ++l) {
     Buffers::Layer y{};
     y.w_qkv = b.alloc<bf16>(packed_elems(qkv, d, false));
@@ -368,6 +374,7 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : mod
   p.x_atoms = b.x_atoms;
   p.qkv_acc = b.qkv_acc;
   p.qkv_ss = b.qkv_acc + int64_t(B) * qkv;
+  p.zero_atoms = b.zero_atoms;
   p.qkv_cols = int32_t(qkv);
   const std::vector<float> inv = cfg_.rope_inv_freq();
   std::copy(inv.begin(), inv.end(), p.inv_freq);

@@ -71,7 +71,7 @@ constexpr uint32_t kMailEnd = ~0u;
 
 template <int R>
 struct StepConfig {
-  static constexpr int kKAtoms = sm90::stage_cols_for(R) / 64;
+  static constexpr int kKAtoms = sm90::step_stage_cols(R) / 64;
   static constexpr int kStageBytes = kKAtoms * (sm90::kTileRows + R) * 128;
   static constexpr int kFit = (sm90::kMaxDynSmem - 1024 - 512 - kScratchBytes - kStaticReserve) / kStageBytes;
   using Cfg = sm90::MainloopConfig<R, kKAtoms, 1, (kFit < kMaxStages ? kFit : kMaxStages)>;
@@ -520,11 +520,23 @@ template <class Cfg>
 __device__ __forceinline__ void arm_stage(const Ring<Cfg>& ring, int s, uint32_t bytes) {
   ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &ring.full[s], bytes);
 }
+// A stage's weights. A tile's packed atoms are rounded up to 2, so where a stage holds 4 (8 rows:
+// sm90::step_stage_cols) the tile's last one may hold 2: the other 2 come from zero_atoms (in L2), so
+// that the stage's bytes, and its wgmmas, are the same as a whole one's (a wgmma skipped on a runtime
+// count had ptxas serialise them all, C7520), and its activations there are zeros (act_elems).
 template <class Cfg>
-__device__ __forceinline__ void issue_weights(const Ring<Cfg>& ring, int s, const StepOpArgs& o, int tn, int kst,
-                                              uint64_t policy) {
+__device__ __forceinline__ void issue_weights(const StepParams& p, const Ring<Cfg>& ring, int s, const StepOpArgs& o,
+                                              int tn, int kst, uint64_t policy) {
   const bf16* src = o.w + (int64_t(tn) * o.packed_atoms + kst * Cfg::kKAtoms) * (kTileRows * 64);
-  bulk_load(ring.w_atom(s, 0), src, Cfg::kKAtoms * Cfg::kWAtomBytes, &ring.full[s], policy);
+  if constexpr (Cfg::kKAtoms > 2) {
+    const int atoms = min(Cfg::kKAtoms, o.packed_atoms - kst * Cfg::kKAtoms);
+    bulk_load(ring.w_atom(s, 0), src, atoms * Cfg::kWAtomBytes, &ring.full[s], policy);
+    if (atoms < Cfg::kKAtoms)
+      bulk_load(ring.w_atom(s, atoms), p.zero_atoms, (Cfg::kKAtoms - atoms) * Cfg::kWAtomBytes, &ring.full[s],
+                l2_evict_last());
+  } else {
+    bulk_load(ring.w_atom(s, 0), src, Cfg::kKAtoms * Cfg::kWAtomBytes, &ring.full[s], policy);
+  }
 }
 // The activations of stage kst: o.act, or for a norm consumer above 32 rows its input's bf16 copy.
 template <class Cfg>
@@ -634,7 +646,7 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
     if (lane == 0 && n > 0) {
       const int s = acquire_stage(ring, ps);
       arm_stage(ring, s, stage_bytes(kst0));
-      issue_weights(ring, s, o, t.tn, kst0, w_policy);
+      issue_weights(p, ring, s, o, t.tn, kst0, w_policy);
     }
     if (first) {
       runtime::grid_dependency_wait();  // from here on the previous kernel has finished
@@ -685,7 +697,7 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
         for (int j = 1; j < pre; ++j) {
           const int s = acquire_stage(ring, ps);
           arm_stage(ring, s, stage_bytes(kst0 + j));
-          issue_weights(ring, s, o, t.tn, kst0 + j, w_policy);
+          issue_weights(p, ring, s, o, t.tn, kst0 + j, w_policy);
         }
       if (!ready) runtime::wait_counters_warp(ep, sh.slots.epoch, t);
       if (lane == 0) {
@@ -699,7 +711,7 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
         for (int j = pre; j < n; ++j) {
           const int s = acquire_stage(ring, ps);
           arm_stage(ring, s, stage_bytes(kst0 + j));
-          issue_weights(ring, s, o, t.tn, kst0 + j, w_policy);
+          issue_weights(p, ring, s, o, t.tn, kst0 + j, w_policy);
           if (staged) issue_residual_block(p, ring, s, xres, kst0 + j, x_policy);
           else issue_acts(p, ring, s, o, sh.slots.epoch, kst0 + j, x_policy);
         }
@@ -1016,15 +1028,17 @@ __device__ __forceinline__ void add_to_residual(const StepParams& p, const StepO
 template <class Cfg>
 struct Staging {
   static constexpr int kCols = Cfg::kKAtoms * 64;
-  static constexpr int kF4 = kCols / 4;                                                // float4s per row
-  static constexpr int kItems = (Cfg::kMPad / 2 * kF4 + kConsumers - 1) / kConsumers;  // per thread (B <= R / 2)
+  static constexpr int kF4 = kCols / 4;                 // float4s per row
+  static constexpr int kLanes = kF4 < 32 ? kF4 : 32;    // threads per row (one warp's at most)
+  static constexpr int kPer = kF4 / kLanes;             // float4s per item: 2 at 256 columns (R = 8)
+  static constexpr int kItems = (Cfg::kMPad / 2 * kLanes + kConsumers - 1) / kConsumers;  // per thread (B <= R / 2)
   // Registers beside R = 256's 128 accumulators: its rows go in two halves, each read, then written.
   // In place, that needs one barrier: with one 64-column atom, fp32 row m is at 256 m bytes and act
   // row m at 128 m, so the first half's act rows [0, 64) overwrite fp32 rows [0, 32), read by then,
   // and the second half's, fp32 rows [32, 64): read before the barrier too; neither touches rows >= 64.
   static constexpr int kChunk = kItems <= 4 ? kItems : 4;
   static constexpr int kPasses = kItems / kChunk;
-  static_assert(kF4 <= 32 && kConsumers % kF4 == 0, "staging items");
+  static_assert(kF4 % kLanes == 0 && kConsumers % kLanes == 0, "staging items");
   static_assert(kPasses == 1 || (kPasses == 2 && Cfg::kKAtoms == 1 && Cfg::kMPad == 256), "staging passes");
 };
 // One mainloop for every weight tile (`staged`: a norm consumer's), so that the kernel has one wgmma
@@ -1048,26 +1062,33 @@ __device__ void consume_weight_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, S
     if (staged) {
 #pragma unroll
     for (int pass = 0; pass < S::kPasses; ++pass) {
-      float4 v[S::kChunk];
+      float4 v[S::kChunk][S::kPer];
 #pragma unroll
-      for (int kk = 0; kk < S::kChunk; ++kk) {
-        const int k = pass * S::kChunk + kk, i = ct + kConsumers * k, m = i / S::kF4, c = 4 * (i % S::kF4);
-        // Columns >= K were not copied: zero, as the weights' padding there.
-        const bool valid = m < B && (kst0 + j) * S::kCols + c < K;
-        v[kk] = valid ? *reinterpret_cast<const float4*>(xs + (m * S::kCols + c) * 4) : make_float4(0.f, 0.f, 0.f, 0.f);
-        ss[k] += v[kk].x * v[kk].x + v[kk].y * v[kk].y + v[kk].z * v[kk].z + v[kk].w * v[kk].w;
-      }
+      for (int kk = 0; kk < S::kChunk; ++kk)
+#pragma unroll
+        for (int q = 0; q < S::kPer; ++q) {
+          const int k = pass * S::kChunk + kk, i = ct + kConsumers * k, m = i / S::kLanes;
+          const int c = 4 * (i % S::kLanes + S::kLanes * q);
+          // Columns >= K were not copied: zero, as the weights' padding there.
+          const bool valid = m < B && (kst0 + j) * S::kCols + c < K;
+          const float4 x = valid ? *reinterpret_cast<const float4*>(xs + (m * S::kCols + c) * 4) : make_float4(0.f, 0.f, 0.f, 0.f);
+          v[kk][q] = x;
+          ss[k] += x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;
+        }
       if (pass == 0) consumer_sync();  // the rows read before the act layout overwrites them
 #pragma unroll
-      for (int kk = 0; kk < S::kChunk; ++kk) {
-        const int k = pass * S::kChunk + kk, i = ct + kConsumers * k, m = i / S::kF4, c = 4 * (i % S::kF4), cc = c & 63;
-        if (m >= B) continue;
-        __nv_bfloat162 lo = __floats2bfloat162_rn(v[kk].x, v[kk].y), hi = __floats2bfloat162_rn(v[kk].z, v[kk].w);
-        const uint32_t at = xa + (c >> 6) * Cfg::kXAtomBytes + m * 128 + ((((cc >> 3) ^ (m & 7)) << 4) | ((cc & 4) << 1));
-        asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(at), "r"(*reinterpret_cast<uint32_t*>(&lo)),
-                     "r"(*reinterpret_cast<uint32_t*>(&hi))
-                     : "memory");
-      }
+      for (int kk = 0; kk < S::kChunk; ++kk)
+#pragma unroll
+        for (int q = 0; q < S::kPer; ++q) {
+          const int k = pass * S::kChunk + kk, i = ct + kConsumers * k, m = i / S::kLanes;
+          const int c = 4 * (i % S::kLanes + S::kLanes * q), cc = c & 63;
+          if (m >= B) continue;
+          __nv_bfloat162 lo = __floats2bfloat162_rn(v[kk][q].x, v[kk][q].y), hi = __floats2bfloat162_rn(v[kk][q].z, v[kk][q].w);
+          const uint32_t at = xa + (c >> 6) * Cfg::kXAtomBytes + m * 128 + ((((cc >> 3) ^ (m & 7)) << 4) | ((cc & 4) << 1));
+          asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(at), "r"(*reinterpret_cast<uint32_t*>(&lo)),
+                       "r"(*reinterpret_cast<uint32_t*>(&hi))
+                       : "memory");
+        }
     }
     ptx::fence_proxy_async(ptx::space_shared);  // the generic stores, before the wgmmas read them
     consumer_sync();
@@ -1079,15 +1100,15 @@ __device__ void consume_weight_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, S
     prev = s;
     ps.advance();
   }
-  // The rows' sums of squares, while the last wgmmas run: the kF4 threads of a row's items are
-  // consecutive (kF4 divides 32); the first of them writes the row's sum.
+  // The rows' sums of squares, while the last wgmmas run: the kLanes threads of a row's items are
+  // consecutive (kLanes divides 32); the first of them writes the row's sum.
 #pragma unroll
   for (int k = 0; k < S::kItems; ++k) {
     float v = ss[k];
 #pragma unroll
-    for (int off = 1; off < S::kF4; off *= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+    for (int off = 1; off < S::kLanes; off *= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
     const int i = ct + kConsumers * k;
-    if (staged && i % S::kF4 == 0 && i / S::kF4 < B) sh.rstd[i / S::kF4] = v;
+    if (staged && i % S::kLanes == 0 && i / S::kLanes < B) sh.rstd[i / S::kLanes] = v;
   }
   wgmma_wait<0>();
   fence_operands(acc);

@@ -78,8 +78,8 @@ TEST(StepGraph, PlannerFillsTheGpu) {
   const StepTiling t = plan_step_tiling(c, 1, 132);
   // qkv (24 tiles), o_proj and down (16 each) would need more slices to fill 132 SMs. They add their
   // slices into a buffer (no reduction): as many as keep one wave, up to 8 -- qkv 5, cut into whole
-  // 128-column stages: 4 slices of 4 stages; o_proj and down 8. Gate/up (128 tiles) and the LM head
-  // (1002) none.
+  // stages (256 columns at 8 rows): 4 slices of 2 stages; o_proj and down 8. Gate/up (128 tiles) and
+  // the LM head (1002) none.
   EXPECT_EQ(t.qkv.split_k, 4);
   EXPECT_EQ(t.o_proj.split_k, 8);
   EXPECT_EQ(t.down.split_k, 8);
@@ -108,6 +108,19 @@ TEST(StepGraph, PlannerFillsTheGpu) {
   EXPECT_NE(error_of([&] { plan_step_tiling(c, 257, 132); }).find("batch 257 is outside [1, 256]"), std::string::npos);
   EXPECT_NE(error_of([&] { plan_step_tiling(c, 129, 132, 0, 2); }).find("batch 129 is outside [1, 128]"), std::string::npos);
   EXPECT_LE(big.qkv.split_k, t.qkv.split_k);
+}
+
+// At 8 activation rows (B <= 4) a stage is 256 columns: 64 KiB of weights a copy (an SM's bulk copies
+// finish at about a fixed rate per copy); 128 above, 64 from 128 rows.
+TEST(StepGraph, WideStagesAtEightRows) {
+  const ModelConfig c = named_config("qwen2-0.5b");  // hidden 896: its tiles' last stage holds 2 of 4 atoms
+  const StepTiling t = plan_step_tiling(c, 4, 132);
+  for (const Tiling* x : {&t.qkv, &t.o_proj, &t.gate_up, &t.down, &t.lm_head}) {
+    EXPECT_EQ(x->bm, 8);
+    EXPECT_EQ(x->bk, 256);
+  }
+  EXPECT_EQ(plan_step_tiling(c, 5, 132).qkv.bk, 128);   // 16 rows
+  EXPECT_EQ(plan_step_tiling(c, 100, 132).qkv.bk, 64);  // 128 rows
 }
 
 // Gate/up of more tiles than SMs: the last partial wave in K slices, the whole waves' tiles unsplit,

@@ -216,6 +216,28 @@ TEST(DecodeStep, TinyLlamaBatch1Contiguous) {
   run_against_reference(k, fresh_seed());
 }
 
+// Wide stages (256 columns at 8 rows, B <= 4) whose last stage holds 2 of its 4 atoms, the rest zeros
+// (issue_weights): tiny Llama's down (intermediate 640 = 10 atoms) on one GPU and on each of two
+// tensor-parallel ranks (320 columns each), tiny Qwen2's qkv, gate/up and LM head (hidden 320).
+TEST(DecodeStep, WideStagesWithPartialLastStages) {
+  TW_REQUIRE_SM90();
+  const ModelConfig llama = named_config("tiny-llama"), qwen = named_config("tiny-qwen2");
+  for (int batch : {1, 3, 4}) {
+    const ModelConfig& c = batch == 3 ? qwen : llama;
+    DecodeStepOptions opt;
+    opt.batch = batch;
+    opt.max_seq_len = 64;
+    opt.tp = batch == 4 ? 2 : 1;
+    const DecodeStep probe(c, opt);
+    ASSERT_EQ(probe.act_rows(), 8) << "batch " << batch << ": the case does not test what it is for";
+    ASSERT_EQ(probe.tiling().qkv.bk, 256) << "batch " << batch;
+    StepCase k{c, batch == 4 ? 2 : batch, batch == 3 ? KvLayout::Paged : KvLayout::Contiguous, 16};
+    k.tp = opt.tp;
+    k.max_prompt = 20;
+    run_against_reference(k, fresh_seed());
+  }
+}
+
 TEST(DecodeStep, TinyLlamaBatch3PagedRagged) {
   TW_REQUIRE_SM90();
   StepCase k{named_config("tiny-llama"), 3, KvLayout::Paged, 16};

@@ -18,6 +18,14 @@ constexpr int act_rows_for(int64_t m) {
 // stage's activation bytes grow with the rows; one atom keeps enough stages in shared memory).
 constexpr int stage_cols_for(int act_rows) { return act_rows <= 64 ? 128 : 64; }
 constexpr int kMaxActRows = 256;
+// The decode step's K columns per stage: at 8 rows (B <= 4) four atoms, 64 KiB of weights a copy
+// (three stages in the ring instead of six of 32 KiB: the same bytes in flight). An SM's bulk copies
+// complete at about a fixed rate per copy, not per byte: one SM alone streams ~74 GB/s in 32 KiB
+// copies and ~119 GB/s in 64 KiB ones (bench_stream_patterns, H200), and at small batches most of a
+// step's phases stream on fewer SMs than the GPU has (qkv's 96 tiles, gate/up's last wave, tails).
+// Measured: -2.1 to -5.7% a step at B = 1-4 (decode_step_wide_stages_ab.json). A tile whose K is not
+// a multiple of 256 ends on a stage of 2 atoms, completed with zeros (the step kernel's issue_weights).
+constexpr int step_stage_cols(int act_rows) { return act_rows <= 8 ? 256 : stage_cols_for(act_rows); }
 
 // Every height the FFN / GEMM body runs (a wgmma N of each): the powers of two above, and from 96
 // up every multiple of 32.
