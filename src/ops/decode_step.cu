@@ -23,8 +23,8 @@ using step::StepOpArgs;
 [[noreturn]] void bad(const std::string& what) { throw InvalidArgument("decode step: " + what); }
 
 // Elements of an act-layout buffer holding `cols` columns for tiles of `rows` rows: K padded with zeros
-// to whole stages (4 atoms at 8 rows, where the packed weights' last stage may hold 2: the kernel's
-// issue_weights copies zeros for the other 2, and the stage's activations there must be zeros too).
+// to whole stages (3 or 4 atoms at 8-32 rows, where the packed weights' last stage may hold fewer: the
+// kernel's issue_weights copies zeros for the rest, and the stage's activations there must be zeros too).
 int64_t act_elems(int rows, int64_t cols) {
   const int64_t stage = sm90::step_stage_cols(rows) / 64, atoms = ffn_sm90::packed_atoms(cols);
   return int64_t(rows) * ((atoms + stage - 1) / stage * stage) * 64;

@@ -520,8 +520,8 @@ template <class Cfg>
 __device__ __forceinline__ void arm_stage(const Ring<Cfg>& ring, int s, uint32_t bytes) {
   ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &ring.full[s], bytes);
 }
-// A stage's weights. A tile's packed atoms are rounded up to 2, so where a stage holds 4 (8 rows:
-// sm90::step_stage_cols) the tile's last one may hold 2: the other 2 come from zero_atoms (in L2), so
+// A stage's weights. A tile's packed atoms are rounded up to 2, so where a stage holds 3 or 4 (8-32
+// rows: sm90::step_stage_cols) the tile's last one may hold fewer: the rest come from zero_atoms (L2), so
 // that the stage's bytes, and its wgmmas, are the same as a whole one's (a wgmma skipped on a runtime
 // count had ptxas serialise them all, C7520), and its activations there are zeros (act_elems).
 template <class Cfg>
@@ -1029,8 +1029,8 @@ template <class Cfg>
 struct Staging {
   static constexpr int kCols = Cfg::kKAtoms * 64;
   static constexpr int kF4 = kCols / 4;                 // float4s per row
-  static constexpr int kLanes = kF4 < 32 ? kF4 : 32;    // threads per row (one warp's at most)
-  static constexpr int kPer = kF4 / kLanes;             // float4s per item: 2 at 256 columns (R = 8)
+  static constexpr int kLanes = kF4 <= 32 ? kF4 : kF4 % 32 == 0 ? 32 : 16;  // threads per row (one warp's at most)
+  static constexpr int kPer = kF4 / kLanes;             // float4s per item: 3 at 192 columns, 2 at 256
   static constexpr int kItems = (Cfg::kMPad / 2 * kLanes + kConsumers - 1) / kConsumers;  // per thread (B <= R / 2)
   // Registers beside R = 256's 128 accumulators: its rows go in two halves, each read, then written.
   // In place, that needs one barrier: with one 64-column atom, fp32 row m is at 256 m bytes and act

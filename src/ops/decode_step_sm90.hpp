@@ -163,8 +163,8 @@ struct StepParams {
   // the next layer's QKV tiles add (they wait for down, which waits for gate/up, which waits for o_proj).
   float* qkv_acc;
   float* qkv_ss;
-  // 8-row tiles (B <= 4): zeros for the 2 atoms a tile's last 4-atom stage may lack (its packed weights
-  // are rounded to 2 atoms), 2 atoms of kTileRows x 64 bf16.
+  // Tiles of 8-32 rows: zeros for the 1-2 atoms a tile's last 3- or 4-atom stage may lack (its packed
+  // weights are rounded to 2 atoms), 2 atoms of kTileRows x 64 bf16.
   const __nv_bfloat16* zero_atoms;
   int32_t qkv_cols;               // q_dim + 2 kv_dim
   float inv_freq[64];             // RoPE: angle_i = pos * inv_freq[i], i < D/2

@@ -119,7 +119,9 @@ TEST(StepGraph, WideStagesAtEightRows) {
     EXPECT_EQ(x->bm, 8);
     EXPECT_EQ(x->bk, 256);
   }
-  EXPECT_EQ(plan_step_tiling(c, 5, 132).qkv.bk, 128);   // 16 rows
+  EXPECT_EQ(plan_step_tiling(c, 5, 132).qkv.bk, 192);   // 16 rows
+  EXPECT_EQ(plan_step_tiling(c, 16, 132).qkv.bk, 192);  // 32 rows
+  EXPECT_EQ(plan_step_tiling(c, 33, 132).qkv.bk, 128);  // 64 rows
   EXPECT_EQ(plan_step_tiling(c, 100, 132).qkv.bk, 64);  // 128 rows
 }
 

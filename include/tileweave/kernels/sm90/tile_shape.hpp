@@ -23,9 +23,13 @@ constexpr int kMaxActRows = 256;
 // complete at about a fixed rate per copy, not per byte: one SM alone streams ~74 GB/s in 32 KiB
 // copies and ~119 GB/s in 64 KiB ones (bench_stream_patterns, H200), and at small batches most of a
 // step's phases stream on fewer SMs than the GPU has (qkv's 96 tiles, gate/up's last wave, tails).
-// Measured: -2.1 to -5.7% a step at B = 1-4 (decode_step_wide_stages_ab.json). A tile whose K is not
-// a multiple of 256 ends on a stage of 2 atoms, completed with zeros (the step kernel's issue_weights).
-constexpr int step_stage_cols(int act_rows) { return act_rows <= 8 ? 256 : stage_cols_for(act_rows); }
+// Measured: -2.1 to -5.7% a step at B = 1-4 (decode_step_wide_stages_ab.json). At 16 and 32 rows
+// (B = 5-16) three atoms, 48 KiB a copy, three stages: -0.2 to -2.5% (decode_step_stages_192_ab.json).
+// A tile whose K is not a whole number of stages ends on a shorter one, completed with zeros (the step
+// kernel's issue_weights; its packed weights are rounded to 2 atoms).
+constexpr int step_stage_cols(int act_rows) {
+  return act_rows <= 8 ? 256 : act_rows <= 32 ? 192 : stage_cols_for(act_rows);
+}
 
 // Every height the FFN / GEMM body runs (a wgmma N of each): the powers of two above, and from 96
 // up every multiple of 32.
