@@ -39,6 +39,8 @@ grep -q "bound compulsory" "$tmp/out" || fail "main job lacks the bounds"
 # Subcommands.
 expect_ok "model:  DRAM read" step --model tiny-qwen2 --batch 3 --kv 40 --layout paged --page-size 32
 expect_json step --model tiny-llama --json
+expect_ok "a stage is 256 K columns, one 64 KiB copy" step --model llama-3-8b --batch 1
+expect_ok "a stage is 192 K columns, one 48 KiB copy" step --model llama-3-8b --batch 16
 expect_error "unknown model config 'nope'" step --model nope
 expect_error "batch 0" step --model tiny-llama --batch 0
 expect_ok "all-reduces of 32.8 KB" step --model llama-3-70b --tp 2

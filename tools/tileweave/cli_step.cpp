@@ -62,6 +62,7 @@ void run_step(const StepOptions& o) {
                                 {"weight_bytes", wbytes}, {"kv_bytes", kvbytes}, {"floor_us", floor_us},
                                 {"model_read_bytes", r.dram_read}, {"model_write_bytes", r.dram_write},
                                 {"model_us", model_us}, {"attention_tiles", t.attention_tiles},
+                                {"act_rows", t.qkv.bm}, {"stage_cols", t.qkv.bk},
                                 {"splits", {{"qkv", split(t.qkv)}, {"o_proj", split(t.o_proj)},
                                             {"gate_up", split(t.gate_up)}, {"down", split(t.down)}}},
                                 {"gate_up_whole", t.gate_up_whole},
@@ -84,6 +85,8 @@ void run_step(const StepOptions& o) {
   fmt::print("  {} tiles in {} ops; K slices: qkv {}, o_proj {}, gate/up {}, down {}; {} attention tiles per layer\n",
              g.graph.num_tiles(), g.graph.ops().size(), split(t.qkv), split(t.o_proj), gate_up, split(t.down),
              t.attention_tiles);
+  fmt::print("  tiles of {} activation rows x {} weight rows; a stage is {} K columns, one {} KiB copy of weights\n",
+             t.qkv.bm, sm90::kTileRows, t.qkv.bk, sm90::kTileRows * t.qkv.bk * 2 / 1024);
   fmt::print("  floor:  weights {:.1f} MB + K/V {:.1f} MB = {:.1f} MB, {:.1f} us at {:.2f} TB/s\n", wbytes / 1e6,
              kvbytes / 1e6, (wbytes + kvbytes) / 1e6, floor_us, gpu.read_tbps);
   fmt::print("  model:  DRAM read {:.1f} MB, write {:.1f} MB ({:.2f}x the floor's bytes), {:.1f} us at that bandwidth\n",
