@@ -38,8 +38,8 @@ Tiling tiling_in_slices(int64_t k, int64_t out_cols, int act_rows, int64_t split
 }
 
 // The most K slices a tile takes: at least two stages per slice, counted in 128 columns where a stage
-// is wider (the pipeline's fill and the split's reduction are per tile), each slice's fp32 partial (kTileRows x act_rows floats) at most half its
-// weight bytes, and max_split (when set) or max_slices.
+// is wider (the pipeline's fill and the split's reduction are per tile), each slice's fp32 partial
+// (kTileRows x act_rows floats) at most half its weight bytes, and max_split (when set) or max_slices.
 int64_t slice_cap(int64_t k, int act_rows, int max_split, int64_t max_slices) {
   const int64_t stages = ceil_div(k, std::min(sm90::step_stage_cols(act_rows), 128));
   return std::min<int64_t>({max_split > 0 ? max_split : max_slices, std::max<int64_t>(1, stages / 2),
@@ -67,8 +67,8 @@ Tiling plan_gemm(int64_t n, int64_t k, int64_t out_cols, int act_rows, int sms, 
 // each slice's reduction and arrival (kSliceCost stages of up to 128 columns, half as many of 256: ~2.8
 // us a slice beyond its bytes, measured in stream-K's tile timelines, executor.md). Taken where that
 // is under max_cost of the unsplit wave: t (unsplit) becomes the slices, and the tiles before the last
-// wave, returned, run whole (StepTiling::gate_up_whole; 0: t unchanged). Splitting every tile instead (session 24) lost 6-11%:
-// each slice pays the reduction.
+// wave, returned, run whole (StepTiling::gate_up_whole; 0: t unchanged). Splitting every tile instead
+// (session 24) lost 6-11%: each slice pays the reduction.
 constexpr double kSliceCost = 3.0;
 int64_t split_last_wave(Tiling& t, int64_t n, int64_t k, int sms, int max_split, double max_cost) {
   const int act_rows = int(t.bm);

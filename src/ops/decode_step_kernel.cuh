@@ -528,15 +528,12 @@ template <class Cfg>
 __device__ __forceinline__ void issue_weights(const StepParams& p, const Ring<Cfg>& ring, int s, const StepOpArgs& o,
                                               int tn, int kst, uint64_t policy) {
   const bf16* src = o.w + (int64_t(tn) * o.packed_atoms + kst * Cfg::kKAtoms) * (kTileRows * 64);
-  if constexpr (Cfg::kKAtoms > 2) {
-    const int atoms = min(Cfg::kKAtoms, o.packed_atoms - kst * Cfg::kKAtoms);
-    bulk_load(ring.w_atom(s, 0), src, atoms * Cfg::kWAtomBytes, &ring.full[s], policy);
-    if (atoms < Cfg::kKAtoms)
-      bulk_load(ring.w_atom(s, atoms), p.zero_atoms, (Cfg::kKAtoms - atoms) * Cfg::kWAtomBytes, &ring.full[s],
-                l2_evict_last());
-  } else {
-    bulk_load(ring.w_atom(s, 0), src, Cfg::kKAtoms * Cfg::kWAtomBytes, &ring.full[s], policy);
-  }
+  int atoms = Cfg::kKAtoms;  // up to 2 atoms a stage, every stage is whole
+  if constexpr (Cfg::kKAtoms > 2) atoms = min(atoms, o.packed_atoms - kst * Cfg::kKAtoms);
+  bulk_load(ring.w_atom(s, 0), src, atoms * Cfg::kWAtomBytes, &ring.full[s], policy);
+  if (atoms < Cfg::kKAtoms)
+    bulk_load(ring.w_atom(s, atoms), p.zero_atoms, (Cfg::kKAtoms - atoms) * Cfg::kWAtomBytes, &ring.full[s],
+              l2_evict_last());
 }
 // The activations of stage kst: o.act, or for a norm consumer above 32 rows its input's bf16 copy.
 template <class Cfg>
@@ -1028,10 +1025,10 @@ __device__ __forceinline__ void add_to_residual(const StepParams& p, const StepO
 template <class Cfg>
 struct Staging {
   static constexpr int kCols = Cfg::kKAtoms * 64;
-  static constexpr int kF4 = kCols / 4;                 // float4s per row
-  static constexpr int kLanes = kF4 <= 32 ? kF4 : kF4 % 32 == 0 ? 32 : 16;  // threads per row (one warp's at most)
-  static constexpr int kPer = kF4 / kLanes;             // float4s per item: 3 at 192 columns, 2 at 256
-  static constexpr int kItems = (Cfg::kMPad / 2 * kLanes + kConsumers - 1) / kConsumers;  // per thread (B <= R / 2)
+  static constexpr int kF4 = kCols / 4;                                  // float4s per row
+  static constexpr int kLanes = kF4 <= 32 ? kF4 : kF4 % 32 == 0 ? 32 : 16;  // threads per row (one warp at most)
+  static constexpr int kPer = kF4 / kLanes;  // float4s per item: 3 at 192 columns, 2 at 256
+  static constexpr int kItems = (Cfg::kMPad / 2 * kLanes + kConsumers - 1) / kConsumers;  // a thread's (B <= R / 2)
   // Registers beside R = 256's 128 accumulators: its rows go in two halves, each read, then written.
   // In place, that needs one barrier: with one 64-column atom, fp32 row m is at 256 m bytes and act
   // row m at 128 m, so the first half's act rows [0, 64) overwrite fp32 rows [0, 32), read by then,
@@ -1071,7 +1068,8 @@ __device__ void consume_weight_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, S
           const int c = 4 * (i % S::kLanes + S::kLanes * q);
           // Columns >= K were not copied: zero, as the weights' padding there.
           const bool valid = m < B && (kst0 + j) * S::kCols + c < K;
-          const float4 x = valid ? *reinterpret_cast<const float4*>(xs + (m * S::kCols + c) * 4) : make_float4(0.f, 0.f, 0.f, 0.f);
+          const float4 x =
+              valid ? *reinterpret_cast<const float4*>(xs + (m * S::kCols + c) * 4) : make_float4(0.f, 0.f, 0.f, 0.f);
           v[kk][q] = x;
           ss[k] += x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;
         }
@@ -1083,7 +1081,8 @@ __device__ void consume_weight_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, S
           const int k = pass * S::kChunk + kk, i = ct + kConsumers * k, m = i / S::kLanes;
           const int c = 4 * (i % S::kLanes + S::kLanes * q), cc = c & 63;
           if (m >= B) continue;
-          __nv_bfloat162 lo = __floats2bfloat162_rn(v[kk][q].x, v[kk][q].y), hi = __floats2bfloat162_rn(v[kk][q].z, v[kk][q].w);
+          const float4 x = v[kk][q];
+          __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y), hi = __floats2bfloat162_rn(x.z, x.w);
           const uint32_t at = xa + (c >> 6) * Cfg::kXAtomBytes + m * 128 + ((((cc >> 3) ^ (m & 7)) << 4) | ((cc & 4) << 1));
           asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(at), "r"(*reinterpret_cast<uint32_t*>(&lo)),
                        "r"(*reinterpret_cast<uint32_t*>(&hi))
