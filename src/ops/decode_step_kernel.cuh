@@ -540,10 +540,12 @@ template <class Cfg>
 __device__ __forceinline__ void issue_acts(const StepParams& p, const Ring<Cfg>& ring, int s, const StepOpArgs& o,
                                            uint32_t epoch, int kst, uint64_t policy) {
   const bf16* act = bf16_stream<Cfg>(p) && stages_residual(o.kind) ? stream_bf16(p, epoch, o.x_in) : o.act;
-#pragma unroll
-  for (int a = 0; a < Cfg::kKAtoms; ++a)
-    bulk_load(ring.x_atom(s, a), act + int64_t(kst * Cfg::kKAtoms + a) * Cfg::kMPad * 64, Cfg::kXAtomBytes,
-              &ring.full[s], policy);
+  // One copy for the stage's atoms: they are contiguous in the act layout and in the slot, and the
+  // buffers are padded to whole stages (act_elems). An SM's bulk copies finish at about a fixed rate
+  // per copy (stream_patterns.json), so four 1 KiB copies beside a 64 KiB one at 8 rows cost more
+  // than their bytes.
+  bulk_load(ring.x_atom(s, 0), act + int64_t(kst) * Cfg::kKAtoms * Cfg::kMPad * 64, Cfg::kKAtoms * Cfg::kXAtomBytes,
+            &ring.full[s], policy);
 }
 // An attention stage: K at the stage's start, V after `stage_tokens` rows of K, then the q rows of
 // the pair's group (bf16, written by the consumers: finish_qkv). The copies bring the cached rows of
