@@ -1417,7 +1417,8 @@ __device__ void finish_segment_warp(const StepParams& p, StepShared& sh, const A
 template <class Cfg, int D>
 __device__ bool attention_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, StepShared& sh, float* scratch,
                                const StepParams& p, const StepOpArgs& op, const DeviceTile& t, int32_t id, int count,
-                               bool by_warp, uint64_t* ready, uint32_t ready_phase, int ct, uint32_t epoch) {
+                               bool by_warp, uint64_t* ready, uint32_t ready_phase, int ct, uint32_t epoch,
+                               int& held) {
   constexpr int kStageTokens = attention_tokens(Cfg::kStageBytes, D);
   const int lane = ct % 32, warp = ct / 32, g = lane / 4, tq = lane % 4;
   kernels::decode_detail::QFrags<D, 1, false> qa;
@@ -1511,7 +1512,8 @@ __device__ bool attention_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, StepSh
     }
     __syncwarp();
     if (lane == 0) TW_STAGE_MARK(t.op, j, 6 + 3 * warp);
-    if (lane == 0) mbar_arrive(&ring.empty[s]);
+    if (j + 1 == count) held = s;  // released after the tile's publication (run_consumer)
+    else if (lane == 0) mbar_arrive(&ring.empty[s]);
   }
   if (kWarpSegments<Cfg> && by_warp) {
     // Past the tile's stages. A parity wait tells apart only a barrier's current phase and the one
@@ -1738,11 +1740,15 @@ __device__ void run_consumer(const Ring<Cfg>& ring, StepShared& sh, float* scrat
       }
       case kAttention:
       {
-        const bool wrote =
-            attention_tile<Cfg, D>(ring, ps, sh, scratch, p, o, t, id, count, sh.by_warp[qs], &sh.ready[qs], qphase, ct, epoch);
+        int held = -1;
+        const bool wrote = attention_tile<Cfg, D>(ring, ps, sh, scratch, p, o, t, id, count, sh.by_warp[qs],
+                                                  &sh.ready[qs], qphase, ct, epoch, held);
         mbar_wait(&sh.ready[qs], qphase, "ready");
         // Partials only, or nothing: a relaxed count (finish_tile).
         finish_tile(p, t, id, ct, wrote, wrote ? cuda::memory_order_release : cuda::memory_order_relaxed);
+        // The last stage's slot, held through the pair count and the release: a gpu-scope fence waits
+        // for every copy the SM has in flight, and the producer refills a freed slot at once.
+        if (held >= 0 && ct == 0) mbar_arrive(&ring.empty[held], Cfg::kConsumerWarps);
         break;
       }
       case kEmbed:

@@ -131,7 +131,11 @@ __device__ __forceinline__ int32_t next_tile(const ExecParams& p, BlockSlots& s)
 // The default kBatch = 1 keeps the FFN bodies spill-free (4 or 8 spilled in the sm90 producer warp,
 // 56 registers after setmaxnreg, and in two sm80 kernels); their tiles have a few dozen producers.
 // The attention -> o_proj kernel polls with 8.
-// Callers that see true issue the acquire fence (see below) before reading produced data.
+// kBatch = 1 polls with acquire loads (a lane has one or two counters); kBatch > 1 with relaxed ones,
+// and callers that see true then issue the acquire fence (acquire_after_poll). The fence is not free:
+// on the H200 a gpu-scope fence waits for every bulk copy the SM has in flight (2.6 us behind one
+// 64 KiB copy, 6.5 behind three, with all SMs copying; an acquire load costs what a relaxed one does:
+// bench_sync_latency, sync_latency.json), and a producer polls right after issuing its tile's weights.
 template <int kBatch>
 __device__ __forceinline__ bool counters_reached_warp(const ExecParams& p, uint32_t epoch, const DeviceTile& t) {
   bool mine = true;
@@ -143,7 +147,7 @@ __device__ __forceinline__ bool counters_reached_warp(const ExecParams& p, uint3
       const WaitEntry w = i < t.wait_end ? p.waits[i] : WaitEntry{0, 0};
       target[j] = w.count * (epoch + 1);
       value[j] = cuda::atomic_ref<const uint32_t, cuda::thread_scope_device>(p.signals[w.counter])
-                     .load(cuda::memory_order_relaxed);
+                     .load(kBatch == 1 ? cuda::memory_order_acquire : cuda::memory_order_relaxed);
     }
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) mine &= detail::reached(value[j], target[j]);
@@ -151,11 +155,13 @@ __device__ __forceinline__ bool counters_reached_warp(const ExecParams& p, uint3
   return __all_sync(0xffffffffu, mine);
 }
 
-// After a poll that saw every counter reached: a relaxed read of a release write followed by an
-// acquire fence synchronises with that write, as an acquire load would. The __syncwarp orders every
-// lane's fence before what any lane does next (e.g. lane 0's copies).
+// After a poll that saw every counter reached. kBatch > 1: a relaxed read of a release write followed
+// by an acquire fence synchronises with that write, as an acquire load would. kBatch = 1: the loads
+// were acquire loads. The __syncwarp orders every lane's acquire before what any lane does next (e.g.
+// lane 0's copies).
+template <int kBatch>
 __device__ __forceinline__ void acquire_after_poll() {
-  cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
+  if constexpr (kBatch > 1) cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
   __syncwarp();
 }
 
@@ -173,7 +179,7 @@ __device__ __forceinline__ bool wait_counters_warp(const ExecParams& p, uint32_t
       return false;
     }
   }
-  acquire_after_poll();
+  acquire_after_poll<kBatch>();
   return true;
 }
 
@@ -182,7 +188,7 @@ __device__ __forceinline__ bool wait_counters_warp(const ExecParams& p, uint32_t
 template <int kBatch = 1>
 __device__ __forceinline__ bool counters_ready_warp(const ExecParams& p, uint32_t epoch, const DeviceTile& t) {
   const bool ready = counters_reached_warp<kBatch>(p, epoch, t);
-  if (ready) acquire_after_poll();
+  if (ready) acquire_after_poll<kBatch>();
   return ready;
 }
 
