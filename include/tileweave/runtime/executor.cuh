@@ -131,13 +131,20 @@ __device__ __forceinline__ int32_t next_tile(const ExecParams& p, BlockSlots& s)
 // The default kBatch = 1 keeps the FFN bodies spill-free (4 or 8 spilled in the sm90 producer warp,
 // 56 registers after setmaxnreg, and in two sm80 kernels); their tiles have a few dozen producers.
 // The attention -> o_proj kernel polls with 8.
-// kBatch = 1 polls with acquire loads (a lane has one or two counters); kBatch > 1 with relaxed ones,
-// and callers that see true then issue the acquire fence (acquire_after_poll). The fence is not free:
-// on the H200 a gpu-scope fence waits for every bulk copy the SM has in flight (2.6 us behind one
-// 64 KiB copy, 6.5 behind three, with all SMs copying; an acquire load costs what a relaxed one does:
-// bench_sync_latency, sync_latency.json), and a producer polls right after issuing its tile's weights.
+// A tile of at most 32 counters (kBatch = 1) is polled with acquire loads, one a lane, and needs no
+// fence after; otherwise the loads are relaxed and callers that see true issue the acquire fence
+// (acquire_after_poll). The fence is not free: on the H200 a gpu-scope fence waits for every bulk copy
+// the SM has in flight (2.6 us behind one 64 KiB copy, 6.5 behind three, with all SMs copying; an
+// acquire load costs what a relaxed one does: bench_sync_latency, sync_latency.json), and a producer
+// polls right after issuing its tile's weights. Acquire loads of one lane are ordered one after
+// another, so a lane with several counters would pay a round trip for each at every poll.
+template <int kBatch>
+__device__ __forceinline__ bool acquire_loads(const DeviceTile& t) {
+  return kBatch == 1 && t.wait_end - t.wait_begin <= 32;
+}
 template <int kBatch>
 __device__ __forceinline__ bool counters_reached_warp(const ExecParams& p, uint32_t epoch, const DeviceTile& t) {
+  const cuda::memory_order order = acquire_loads<kBatch>(t) ? cuda::memory_order_acquire : cuda::memory_order_relaxed;
   bool mine = true;
   for (int32_t base = t.wait_begin + int32_t(threadIdx.x % 32); base < t.wait_end; base += 32 * kBatch) {
     uint32_t value[kBatch], target[kBatch];
@@ -147,7 +154,7 @@ __device__ __forceinline__ bool counters_reached_warp(const ExecParams& p, uint3
       const WaitEntry w = i < t.wait_end ? p.waits[i] : WaitEntry{0, 0};
       target[j] = w.count * (epoch + 1);
       value[j] = cuda::atomic_ref<const uint32_t, cuda::thread_scope_device>(p.signals[w.counter])
-                     .load(kBatch == 1 ? cuda::memory_order_acquire : cuda::memory_order_relaxed);
+                     .load(order);
     }
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) mine &= detail::reached(value[j], target[j]);
@@ -155,13 +162,12 @@ __device__ __forceinline__ bool counters_reached_warp(const ExecParams& p, uint3
   return __all_sync(0xffffffffu, mine);
 }
 
-// After a poll that saw every counter reached. kBatch > 1: a relaxed read of a release write followed
-// by an acquire fence synchronises with that write, as an acquire load would. kBatch = 1: the loads
-// were acquire loads. The __syncwarp orders every lane's acquire before what any lane does next (e.g.
-// lane 0's copies).
+// After a poll that saw every counter reached: a relaxed read of a release write followed by an
+// acquire fence synchronises with that write, as an acquire load would (acquire loads need no fence).
+// The __syncwarp orders every lane's acquire before what any lane does next (e.g. lane 0's copies).
 template <int kBatch>
-__device__ __forceinline__ void acquire_after_poll() {
-  if constexpr (kBatch > 1) cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
+__device__ __forceinline__ void acquire_after_poll(const DeviceTile& t) {
+  if (!acquire_loads<kBatch>(t)) cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
   __syncwarp();
 }
 
@@ -179,7 +185,7 @@ __device__ __forceinline__ bool wait_counters_warp(const ExecParams& p, uint32_t
       return false;
     }
   }
-  acquire_after_poll<kBatch>();
+  acquire_after_poll<kBatch>(t);
   return true;
 }
 
@@ -188,7 +194,7 @@ __device__ __forceinline__ bool wait_counters_warp(const ExecParams& p, uint32_t
 template <int kBatch = 1>
 __device__ __forceinline__ bool counters_ready_warp(const ExecParams& p, uint32_t epoch, const DeviceTile& t) {
   const bool ready = counters_reached_warp<kBatch>(p, epoch, t);
-  if (ready) acquire_after_poll<kBatch>();
+  if (ready) acquire_after_poll<kBatch>(t);
   return ready;
 }
 
