@@ -1413,7 +1413,9 @@ __device__ void finish_segment_warp(const StepParams& p, StepShared& sh, const A
 }
 
 // Returns whether the tile wrote what others read: attention outputs (a whole pair's, or a merge's),
-// which the o_proj tiles read, or a new row of the caches, which later launches read.
+// which the o_proj tiles read, or a new row of the caches, which later launches read. `held`: the ring
+// slot of the tile's last stage where the warps share the stages, for the caller to free after the
+// tile's publication (-1: no stage, or a segment per warp, whose warps free their own).
 template <class Cfg, int D>
 __device__ bool attention_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, StepShared& sh, float* scratch,
                                const StepParams& p, const StepOpArgs& op, const DeviceTile& t, int32_t id, int count,
