@@ -57,10 +57,7 @@ __global__ void stream_tiles(const char* src, uint64_t nchunks, int chunk, int s
 int main() {
   using namespace tw::bench;
   const Gpu gpu = current_gpu();
-  if (gpu.prop.major < 9) {
-    std::printf("bench_stream_patterns: needs sm_90 (bulk copies); skipped on %s\n", gpu.prop.name);
-    return 0;
-  }
+  if (!has_bulk_copies(gpu, "bench_stream_patterns")) return 0;
   const Floor floor = measure_floor(gpu);
   const int sms = gpu.prop.multiProcessorCount;
   const size_t pool = size_t(2) << 30;

@@ -106,10 +106,7 @@ __global__ void sync_probe(const char* src, uint64_t src_chunks, uint64_t round,
 int main() {
   using namespace tw::bench;
   const Gpu gpu = current_gpu();
-  if (gpu.prop.major < 9) {
-    std::printf("bench_sync_latency: needs sm_90 (bulk copies); skipped on %s\n", gpu.prop.name);
-    return 0;
-  }
+  if (!has_bulk_copies(gpu, "bench_sync_latency")) return 0;
   const Floor floor = measure_floor(gpu);
   const int P = gpu.prop.multiProcessorCount;
   const uint64_t src_bytes = 2ull << 30, chunks = src_bytes / kCopyBytes;

@@ -45,6 +45,13 @@ inline Gpu current_gpu() {
   return g;
 }
 
+// Benchmarks of Hopper's bulk copies: false (with a message naming the bench and the GPU) below sm_90.
+inline bool has_bulk_copies(const Gpu& gpu, const char* bench) {
+  if (gpu.prop.major >= 9) return true;
+  std::printf("%s: needs sm_90 (bulk copies); skipped on %s\n", bench, gpu.prop.name);
+  return false;
+}
+
 namespace detail {
 // Median device time (µs) of one replay of execs[i % size], each replay timed alone (an event pair
 // around it, the queue kept full): the median is robust to the odd slow replay, and no replay
