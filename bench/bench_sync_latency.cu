@@ -34,12 +34,12 @@ const char* const kOpNames[kOps] = {"nothing",          "fence_acq_rel_gpu", "fe
                                     "fetch_add_release", "fetch_add_relaxed", "store_4k_then_fetch_add_release"};
 
 constexpr int kCopyBytes = 64 << 10;
+constexpr int kMaxCopies = 3;
 
 double quantile(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
   return v[size_t(q * double(v.size() - 1))];
 }
-constexpr int kMaxCopies = 3;
 
 // out[block] = {cycles of the op, cycles from the copies' issue to their completion}.
 __global__ void sync_probe(const char* src, uint64_t src_chunks, uint64_t round, int copies, int actor_warp, int op,
