@@ -4,6 +4,9 @@
 // every hop of the chain pays for them. One CTA per SM: warp 0's lane 0 issues `copies` bulk copies of
 // 64 KiB from DRAM (all SMs at once, as in the step), then one thread -- the issuer itself or a lane of
 // warp 1 -- times one operation with the SM clock; then the copies are waited for and timed too.
+// `quiet` SMs (the first quarter, in rows marked so) issue no copies while the others do: whether an SM
+// off the stream sees its own operations at the unloaded cost, or the DRAM traffic of the others slows
+// them too.
 //   bench_sync_latency   JSON -> $TW_RESULTS_DIR/<gpu>/sync_latency.json
 #include <cuda/atomic>
 #include <cuda/ptx>
@@ -42,8 +45,8 @@ double quantile(std::vector<double> v, double q) {
 }
 
 // out[block] = {cycles of the op, cycles from the copies' issue to their completion}.
-__global__ void sync_probe(const char* src, uint64_t src_chunks, uint64_t round, int copies, int actor_warp, int op,
-                           uint32_t* counters, float* partials, long long* out) {
+__global__ void sync_probe(const char* src, uint64_t src_chunks, uint64_t round, int copies, int quiet, int actor_warp,
+                           int op, uint32_t* counters, float* partials, long long* out) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) char smem[];
   __shared__ uint64_t bar;
@@ -54,6 +57,7 @@ __global__ void sync_probe(const char* src, uint64_t src_chunks, uint64_t round,
     ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
   }
   __syncthreads();
+  if (int(blockIdx.x) < quiet) copies = 0;
   long long issued = 0;
   if (threadIdx.x == 0) {
     ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &bar,
@@ -123,31 +127,37 @@ int main() {
   const double ns_per_cycle = 1e6 / clock_khz;
   std::printf("%s: floor %.3f TB/s; SM clock %.0f MHz (max), ns = cycles x %.3f\n", gpu.prop.name, floor.tbps(),
               clock_khz / 1e3, ns_per_cycle);
-  std::printf("%-34s %6s %6s %10s %10s %12s\n", "op", "copies", "actor", "op_cyc", "op_ns", "copies_us");
+  std::printf("%-34s %6s %6s %6s %10s %10s %12s\n", "op", "copies", "actor", "sms", "op_cyc", "op_ns", "copies_us");
   ResultFile res("sync_latency", gpu, floor);
   res.doc["copy_bytes"] = kCopyBytes;
   res.doc["sm_clock_mhz_max"] = clock_khz / 1e3;
   uint64_t round = 0;
   const int reps = 20;
+  const int quarter = P / 4;
   for (int op = 0; op < kOps; ++op)
     for (int copies : {0, 1, 3})
-      for (int actor : {0, 1}) {
-        std::vector<double> op_c, copy_c;
-        std::vector<long long> host(2 * P);
-        for (int r = 0; r < reps; ++r) {
-          sync_probe<<<P, 64, smem>>>(src, chunks, round++, copies, actor, op, counters, partials, out);
-          TW_CUDA_CHECK(cudaGetLastError());
-          TW_CUDA_CHECK(cudaMemcpy(host.data(), out, host.size() * sizeof(long long), cudaMemcpyDeviceToHost));
-          if (r == 0) continue;  // warm-up
-          for (int b = 0; b < P; ++b) op_c.push_back(double(host[2 * b])), copy_c.push_back(double(host[2 * b + 1]));
+      for (int actor : {0, 1})
+        for (int quiet : {0, quarter}) {
+          if (quiet && (copies == 0 || actor == 0)) continue;
+          std::vector<double> op_c, copy_c;
+          std::vector<long long> host(2 * P);
+          for (int r = 0; r < reps; ++r) {
+            sync_probe<<<P, 64, smem>>>(src, chunks, round++, copies, quiet, actor, op, counters, partials, out);
+            TW_CUDA_CHECK(cudaGetLastError());
+            TW_CUDA_CHECK(cudaMemcpy(host.data(), out, host.size() * sizeof(long long), cudaMemcpyDeviceToHost));
+            if (r == 0) continue;  // warm-up
+            for (int b = 0; b < (quiet ? quiet : P); ++b) op_c.push_back(double(host[2 * b]));
+            for (int b = quiet; b < P; ++b) copy_c.push_back(double(host[2 * b + 1]));
+          }
+          const double oc = quantile(op_c, 0.5), cc = quantile(copy_c, 0.5), p90 = quantile(op_c, 0.9);
+          const char* sms = quiet ? "quiet" : "all";  // quiet: timed on the SMs that copy nothing
+          std::printf("%-34s %6d %6s %6s %10.0f %10.0f %12.2f\n", kOpNames[op], copies, actor ? "other" : "issuer", sms,
+                      oc, oc * ns_per_cycle, copies ? cc * ns_per_cycle / 1e3 : 0.0);
+          res.add({{"op", kOpNames[op]}, {"copies", copies}, {"actor", actor ? "other_warp" : "issuing_thread"},
+                   {"timed_on", quiet ? "quiet_sms" : "every_sm"}, {"quiet_sms", quiet},
+                   {"op_cycles_median", oc}, {"op_cycles_p90", p90}, {"op_ns_median", oc * ns_per_cycle},
+                   {"copies_cycles_median", copies ? cc : 0.0}});
         }
-        const double oc = quantile(op_c, 0.5), cc = quantile(copy_c, 0.5), p90 = quantile(op_c, 0.9);
-        std::printf("%-34s %6d %6s %10.0f %10.0f %12.2f\n", kOpNames[op], copies, actor ? "other" : "issuer", oc,
-                    oc * ns_per_cycle, copies ? cc * ns_per_cycle / 1e3 : 0.0);
-        res.add({{"op", kOpNames[op]}, {"copies", copies}, {"actor", actor ? "other_warp" : "issuing_thread"},
-                 {"op_cycles_median", oc}, {"op_cycles_p90", p90}, {"op_ns_median", oc * ns_per_cycle},
-                 {"copies_cycles_median", copies ? cc : 0.0}});
-      }
   std::printf("-> %s\n", res.write(gpu).c_str());
   for (void* q : {static_cast<void*>(src), static_cast<void*>(counters), static_cast<void*>(partials), static_cast<void*>(out)})
     TW_CUDA_CHECK(cudaFree(q));

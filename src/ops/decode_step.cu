@@ -133,6 +133,8 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : mod
   if (opt.max_seq_len < 1) bad("max_seq_len " + std::to_string(opt.max_seq_len) + " must be >= 1");
   if (opt.history < 0) bad("history " + std::to_string(opt.history) + " must be >= 0");
   if (opt.sms < 0) bad("sms " + std::to_string(opt.sms) + " must be >= 0");
+  if (opt.hold_every_tile_max_batch < 0)
+    bad("hold_every_tile_max_batch " + std::to_string(opt.hold_every_tile_max_batch) + " must be >= 0");
   if (opt.attention_warp_segments < 0)
     bad("attention_warp_segments " + std::to_string(opt.attention_warp_segments) + " must be >= 0");
   if (!(opt.last_wave_cost >= 0))
@@ -349,6 +351,9 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : mod
                            : step::kMinAttentionUnits;
   }
   p.attn_warp_segments = opt.attention_warp_segments;
+  p.hold_kinds = 1 << step::kResidual;
+  if (B <= opt.hold_every_tile_max_batch)
+    p.hold_kinds |= (1 << step::kQkv) | (1 << step::kAttention) | (1 << step::kGateUp);
   p.o_part = b.o_part;
   p.lse_part = b.lse_part;
   p.merge_count = b.merge_count;

@@ -31,7 +31,7 @@
 // tile, and arrives on `ready` as soon as it has acquired the tile's producers (before the stages that
 // wait for ring slots), so a tile the consumers have popped never waits on the producer for
 // anything that waits on them; the producer's own waits
-// (queue slot, ring slot, counters, an o_proj / down tile's publication) are released by the consumers
+// (queue slot, ring slot, counters, a held tile's publication) are released by the consumers
 // finishing earlier tiles or by other CTAs. Across CTAs the executor's argument holds (runtime/executor.cuh): one CTA per SM, all
 // resident, tickets in topological order, the next ticket drawn only after the current tile is issued.
 #pragma once
@@ -140,7 +140,7 @@ struct StepShared {
   int32_t id[kQueue], count[kQueue];
   bool by_warp[kQueue];  // an attention tile run a segment per warp (its stages reach their warps by mail)
   uint64_t full[kQueue], empty[kQueue], ready[kQueue];
-  uint64_t released;  // an o_proj / down tile has published (one phase per such tile: run_producer)
+  uint64_t released;  // a tile of a held kind has published (one phase per such tile: run_producer)
   AttnChunk chunk[kMaxStages];
   // The cache lengths of the launch (constant while it runs) and the units before each sequence,
   // filled by the producer at its first attention tile.
@@ -607,7 +607,7 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
   uint32_t qphase = 0;
   bool lengths_loaded = false;
   int prev_kind = -1;
-  uint32_t held = 0;  // o_proj / down tiles waited for (the phase of `released`)
+  uint32_t held = 0;  // tiles of the held kinds waited for (the phase of `released`)
   for (bool first = true;; first = false) {
     __syncwarp();  // lane 0's prefetch (slots.next*) is visible to the warp
     int32_t id = sh.slots.next_id;
@@ -621,16 +621,18 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
       return staged ? uint32_t(Cfg::kKAtoms * Cfg::kWAtomBytes) + residual_stage_bytes<Cfg>(p) : uint32_t(Cfg::kStageBytes);
     };
     const int kst0 = weights ? o.slice_start[t.ks] : 0, n = weights ? stages_of(o, t) : 0;
-    // After an o_proj or down tile, nothing of the next tile goes out before that tile has published
-    // its part of the stream. The SM's copies in flight delay its own later memory operations: with
-    // the next tile's weights (6 stages) issued ahead of them, the writer's reductions and release
-    // reached L2 late, and its consumers saw it late (trace, H200, Llama-3.2-1B B = 1: gate/up's mean
-    // wait for its producers 6.3 -> 1.5 us held). The weights then start later; end to end the hold
-    // gains 1-1.5% (1B B = 1 970.5 -> 959.7, B = 16 1688.4 -> 1674.5, 8B 4534.9 -> 4470.5 us,
-    // decode_step_hold_ab.json). Holding after qkv and attention tiles too, or only after the next
-    // tile's first stage, gained less or lost at B = 16; after the QKV tiles as sums writers, mixed
-    // (1B B = 1 +1.5%, 8B B = 16 -0.9%: decode_step_hold_qkv_ab.json).
-    if (prev_kind == kResidual) {
+    // After a tile of a kind in `p.hold_kinds`, nothing of the next tile goes out before that tile has
+    // published. A gpu-scope fence, and so every release, waits until every bulk copy its SM has in
+    // flight has landed (sync_latency.json: 0.3-0.4 us alone, 2.6 behind one 64 KiB copy, 6.5 behind three;
+    // on an SM with none in flight while the others stream, 0.4 as alone), and loads wait about half as long:
+    // with the next tile's weights issued ahead of them, a tile's reductions and release reached L2
+    // late and its consumers saw it late (Llama-3.2-1B B = 1: gate/up's mean wait for its producers
+    // 6.3 -> 1.5 us with o_proj and down held). The weights then start later. Measured (H200,
+    // decode_step_hold_kinds_ab.json): after o_proj and down always; after every QKV, attention and
+    // gate/up tile too at B <= 4 (hold_every_tile_max_batch), where the chain's hops are the time:
+    // Qwen2-0.5B -4.3%, Llama-3.2-3B -2.0%, Llama-3-8B -1.3% (B = 4 -1.6%), Llama-3.2-1B -1.45%;
+    // at B = 16 within +-0.6%, and at B = 64, where the ring's lead is the bandwidth, +2.4%.
+    if (prev_kind >= 0 && ((p.hold_kinds >> prev_kind) & 1)) {
       if (lane == 0) mbar_wait(&sh.released, held & 1u, "released");
       ++held;
       __syncwarp();
@@ -1769,7 +1771,7 @@ __device__ void run_consumer(const Ring<Cfg>& ring, StepShared& sh, float* scrat
         finish_tile(p, t, id, ct);
         break;
     }
-    if (o.kind == kResidual && ct == 0) mbar_arrive(&sh.released);  // after its release (run_producer)
+    if (((p.hold_kinds >> o.kind) & 1) && ct == 0) mbar_arrive(&sh.released);  // after its release (run_producer)
     // The queue slot is free once every consumer warp is past its `ready` wait.
     __syncwarp();
     if (ct % 32 == 0) mbar_arrive(&sh.empty[qs]);

@@ -101,6 +101,7 @@ struct StepParams {
   // Attention: work tiles per layer, each tile's partial results (2 slots) and the merge counts.
   int32_t attn_tiles;
   int32_t attn_min_units;  // 16-token units a tile takes at least (fewer tiles at short contexts)
+  int32_t hold_kinds;  // a mask of StepKinds: after such a tile its SM issues nothing more until it has published
   int32_t attn_warp_segments;  // tiles of at least this many segments run one per consumer warp (0: none)
   float* o_part;      // [attn_tiles][2][group][D]
   float* lse_part;    // [attn_tiles][2][group]

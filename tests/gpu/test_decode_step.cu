@@ -648,6 +648,10 @@ TEST(DecodeStep, BadInputIsRefusedBeforeAnyLaunch) {
   EXPECT_NE(message([&] { DecodeStep s(named_config("tiny-llama"), opt); }).find("attention_warp_segments -2"),
             std::string::npos);
   opt.attention_warp_segments = 4;
+  opt.hold_every_tile_max_batch = -1;
+  EXPECT_NE(message([&] { DecodeStep s(named_config("tiny-llama"), opt); }).find("hold_every_tile_max_batch -1"),
+            std::string::npos);
+  opt.hold_every_tile_max_batch = 4;
   opt.max_seq_len = 3;
   DecodeStep st(named_config("tiny-llama"), opt);
   HostWeights w = random_weights(named_config("tiny-llama"), 1);

@@ -49,6 +49,10 @@ struct DecodeStepOptions {
   // KV 512 -6.8%, Llama-3.2-1B -8.1%, Qwen2-7B B = 100 -3.0%; 8: the same at B = 128, none at B = 100).
   int attention_warp_segments = 4;
   int max_split = 0;                      // caps every op's K slices (0: the planner's)
+  // Up to this batch, an SM issues nothing of its next tile until its current one has published (above
+  // it, after o_proj and down tiles only): a release waits for every copy its SM has in flight, and at
+  // small batches the chain of those releases is the step's time (decode_step_hold_kinds_ab.json).
+  int hold_every_tile_max_batch = 4;
   // Gate/up's last partial wave in K slices, its whole waves unsplit, where the slices' rounds cost
   // under this fraction of an unsplit tile (plan_step_tiling; 0: never, as the uniform planner cuts it).
   double last_wave_cost = 0.75;
