@@ -34,19 +34,19 @@
 
 namespace {
 
-constexpr uint32_t kChunk = 16u << 10;
-constexpr int kSlots = 2;  // 32 KiB of static shared memory
 constexpr int64_t kMiB = 1 << 20;
 
 enum Policy : int { kEvictFirst, kEvictNormal, kEvictLast };
 const char* const kPolicyNames[] = {"evict_first", "evict_normal", "evict_last"};
 
-// One CTA per SM: thread 0 streams chunks blockIdx.x, blockIdx.x + grid, ... of [src, src + bytes)
+// One CTA per SM: thread 0 streams 16 KiB chunks blockIdx.x, blockIdx.x + grid, ... of [src, src + bytes)
 // into a ring of shared-memory slots with the policy's L2 hint.
 __global__ void stream(const char* src, int64_t bytes, int policy) {
 #if TW_SM90_ENABLED
   using namespace tw::sm90;
   namespace ptx = cuda::ptx;
+  constexpr uint32_t kChunk = 16u << 10;
+  constexpr int kSlots = 2;  // 32 KiB of static shared memory
   __shared__ alignas(128) char slot[kSlots][kChunk];
   __shared__ uint64_t bar[kSlots];
   if (threadIdx.x != 0) return;
