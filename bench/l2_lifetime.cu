@@ -12,8 +12,10 @@
 // again and then A, each kernel alone under ncu: its DRAM bytes say how much of it had survived. All
 // reads are 16 KiB bulk copies with the kernels' L2 cache hints, one CTA per SM.
 //
-//   scripts/l2_lifetime.sh [OUT.json]    ncu around `l2_lifetime`, then `l2_lifetime --report NCU.csv`:
-//     the measured survival of W and A beside the model's (the H200 preset's room, ways and fringe)
+//   scripts/l2_lifetime.sh    ncu around `l2_lifetime --run FLOOR.json` (the cases, and the read floor
+//     measured first, outside the profiled range), then `l2_lifetime --report NCU.csv FLOOR.json`: the
+//     measured survival of W and A beside the model's (this GPU's preset: room, ways, fringe), written to
+//     $TW_RESULTS_DIR/<gpu>/l2_lifetime.json
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
@@ -22,7 +24,6 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -104,10 +105,12 @@ std::vector<double> ncu_dram_reads(const std::string& path) {
   return v;
 }
 
-int run() {
+int run(const std::string& floor_out) {
   using namespace tw::bench;
   const Gpu gpu = current_gpu();
   if (!has_bulk_copies(gpu, "l2_lifetime")) return 0;
+  const Floor floor = measure_floor(gpu);
+  std::ofstream(floor_out) << nlohmann::json{{"bulk_tbps", floor.bulk_tbps}, {"vec_tbps", floor.vec_tbps}}.dump() << "\n";
   const int sms = gpu.prop.multiProcessorCount;
   const int64_t cap = gpu.prop.l2CacheSize, flush = 2 * cap, w = kMiB;
   const std::vector<Case> cs = cases();
@@ -149,7 +152,13 @@ int run() {
 // read once by one SM a line allocates 3/4 S (its home half, and a far copy of the other half for the
 // reading SM's side), so W's lines see 3/4 X (and half of W's own) allocated since their read, with
 // 3/4 A of other lines held.
-int report(const std::string& csv, const std::string& out) {
+int report(const std::string& csv, const std::string& floor_file) {
+  using namespace tw::bench;
+  const Gpu gpu = current_gpu();
+  std::ifstream ff(floor_file);
+  if (!ff) throw tw::InvalidArgument("l2_lifetime: cannot read " + floor_file + " (written by l2_lifetime --run)");
+  const nlohmann::json fj = nlohmann::json::parse(ff);
+  const Floor floor{fj.at("bulk_tbps").get<double>(), fj.at("vec_tbps").get<double>()};
   const std::vector<Case> cs = cases();
   const std::vector<double> r = ncu_dram_reads(csv);
   size_t want = 0;
@@ -157,14 +166,13 @@ int report(const std::string& csv, const std::string& out) {
   if (r.size() != want)
     throw tw::InvalidArgument("l2_lifetime: " + csv + " holds " + std::to_string(r.size()) + " profiled kernels, expected " +
                               std::to_string(want));
-  const tw::GpuPreset h200 = tw::gpu_preset("h200");
-  const double part = double(h200.l2_bytes) / h200.l2.partitions;
-  const tw::L2Params& l2 = h200.l2;
-  nlohmann::json doc;
-  doc["benchmark"] = "l2_lifetime";
-  doc["method"] = "ncu dram__bytes_read.sum of each re-read kernel alone (--cache-control none); survival = 1 - read / bytes";
-  doc["model"] = {{"preset", "h200"}, {"ways", l2.ways}, {"set_fringe", l2.set_fringe}, {"partition_bytes", part}};
-  doc["cases"] = nlohmann::json::array();
+  const tw::GpuPreset preset =
+      tw::gpu_preset_for_device(gpu.prop.name, gpu.prop.multiProcessorCount, gpu.prop.l2CacheSize);
+  const double part = double(preset.l2_bytes) / preset.l2.partitions;
+  const tw::L2Params& l2 = preset.l2;
+  ResultFile res("l2_lifetime", gpu, floor);
+  res.doc["method"] = "ncu dram__bytes_read.sum of each re-read kernel alone (--cache-control none); survival = 1 - read / bytes";
+  res.doc["model"] = {{"preset", preset.name}, {"ways", l2.ways}, {"set_fringe", l2.set_fringe}, {"partition_bytes", part}};
   size_t k = 0;
   std::printf("%8s %8s %-12s %5s | %8s %8s | %8s\n", "A MiB", "X MiB", "A policy", "live", "W surv", "model", "A surv");
   for (const Case& c : cs) {
@@ -174,12 +182,11 @@ int report(const std::string& csv, const std::string& out) {
                                               l2.set_fringe);
     std::printf("%8.0f %8.0f %-12s %5s | %8.3f %8.3f | %8.3f\n", double(c.a) / kMiB, double(c.x) / kMiB,
                 kPolicyNames[c.a_policy], c.live ? "yes" : "no", sw, model, sa);
-    doc["cases"].push_back({{"a_bytes", c.a}, {"x_bytes", c.x}, {"w_bytes", kMiB}, {"a_policy", kPolicyNames[c.a_policy]},
+    res.add({{"a_bytes", c.a}, {"x_bytes", c.x}, {"w_bytes", kMiB}, {"a_policy", kPolicyNames[c.a_policy]},
                             {"a_live", c.live}, {"w_dram_read", w_read}, {"a_dram_read", a_read}, {"w_survival", sw},
                             {"a_survival", sa}, {"model_room_w_survival", model}});
   }
-  std::ofstream(out) << doc.dump(1) << "\n";
-  std::printf("-> %s\n", out.c_str());
+  std::printf("-> %s\n", res.write(gpu).c_str());
   return 0;
 }
 
@@ -187,10 +194,10 @@ int report(const std::string& csv, const std::string& out) {
 
 int main(int argc, char** argv) {
   try {
-    if (argc == 1) return run();
-    if (argc >= 3 && !std::strcmp(argv[1], "--report")) return report(argv[2], argc >= 4 ? argv[3] : "l2_lifetime.json");
-    std::fprintf(stderr, "usage: l2_lifetime                   (run the cases; under ncu: scripts/l2_lifetime.sh)\n"
-                         "       l2_lifetime --report NCU.csv [OUT.json]\n");
+    if (argc == 3 && !std::strcmp(argv[1], "--run")) return run(argv[2]);
+    if (argc == 4 && !std::strcmp(argv[1], "--report")) return report(argv[2], argv[3]);
+    std::fprintf(stderr, "usage: l2_lifetime --run FLOOR.json               (the cases; under ncu: scripts/l2_lifetime.sh)\n"
+                         "       l2_lifetime --report NCU.csv FLOOR.json\n");
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());

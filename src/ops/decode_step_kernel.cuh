@@ -624,7 +624,7 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
     // After a tile of a kind in `p.hold_kinds`, nothing of the next tile goes out before that tile has
     // published. A gpu-scope fence, and so every release, waits until every bulk copy its SM has in
     // flight has landed (sync_latency.json: 0.3-0.4 us alone, 2.6 behind one 64 KiB copy, 6.5 behind three;
-    // on an SM with none in flight while the others stream, 0.4 as alone), and loads wait about half as long:
+    // on an SM with none in flight while the others stream, the same as alone), and loads wait about half as long:
     // with the next tile's weights issued ahead of them, a tile's reductions and release reached L2
     // late and its consumers saw it late (Llama-3.2-1B B = 1: gate/up's mean wait for its producers
     // 6.3 -> 1.5 us with o_proj and down held). The weights then start later. Measured (H200,
