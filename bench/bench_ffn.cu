@@ -3,7 +3,7 @@
 // streaming-read floor measured in the same run. Weights are rotated so L2 holds none of them.
 //   bench_ffn [--models 8b,70b,chain,D:F,D:F:plain] [--ms 1,4,16,64,128,256] [--reps 100] [--variants 'spec;spec;...']
 //   a variant spec is key=value pairs joined by ',' (bench/ffn_variant.hpp: mainloop, order, sync, bk,
-//   sg, sd, bps, ks, ds, pw, ov, splits, rows; unset = FfnOptions' default), e.g.
+//   sg, sd, bps, ks, ds, pw, ov, splits, rows, ww; unset = FfnOptions' default), e.g.
 //   mainloop=sm90,order=kslices/col_major,sd=28
 //   bench_ffn --profile spec --models 8b --ms 16   runs one variant 3 times for ncu and prints
 //   the traffic model's DRAM bytes for its schedule
@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--trace") && i + 1 < argc) trace_spec = argv[++i];
     else {
       std::fprintf(stderr, "bench_ffn: unknown argument '%s'\nusage: bench_ffn [--models 8b,70b,chain,D:F[:plain]] [--ms 1,16] [--reps 100]\n"
-                   "                 [--variants 'key=value,...;key=value,...']  (keys: mainloop order sync bk sg sd bps ks ds pw ov splits rows)\n"
+                   "                 [--variants 'key=value,...;key=value,...']  (keys: mainloop order sync bk sg sd bps ks ds pw ov splits rows ww)\n"
                    "                 [--profile variant]   (one variant, 3 launches, for ncu)\n"
                    "                 [--trace variant]     (one variant's tile timeline per case)\n", argv[i]);
       return 2;

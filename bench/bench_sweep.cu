@@ -213,6 +213,7 @@ int main(int argc, char** argv) {
       c[f.prefix + "rel_diff_vs_cublas"] = rel_diff_bf16(y, y_ref, size_t(s.m * s.d));
       c[f.prefix + "mainloop"] = f.ffn->uses_sm90() ? "sm90" : "sm80";
       c[f.prefix + "model_us"] = predicted_us(*f.ffn, preset);
+      c[f.prefix + "schedule"] = f.ffn->schedule().name;  // "waves:..." where the planner split only the last waves
     }
     const double us = times[1], packed_us = times[2];
     std::vector<double> also_us(times.begin() + 3, times.end());

@@ -62,7 +62,7 @@ inline TracedLaunch trace_cold_launch(const Gpu& gpu, const runtime::DevicePlan&
 // The timeline document: `header` (what the case is: "benchmark" and the shape) plus the GPU, the
 // graph's op names, the grid, the launch time, the tiles' span, the floor and `weight_bytes` at the floor
 // ("floor_us"), the tiles and the date. Prints, under `label`, where the time went: per op the tile
-// durations and waits, and when the SMs ran out of work. A tile with no done time is an error.
+// durations and waits, and when the SMs ran out of work. A tile taken with no done time is an error.
 inline nlohmann::json tile_timeline_json(nlohmann::json header, const std::string& label, const Gpu& gpu, const Floor& floor,
                                          const TileGraph& g, int grid, const TracedLaunch& tl, double weight_bytes) {
   nlohmann::json tiles = nlohmann::json::array();
@@ -75,6 +75,7 @@ inline nlohmann::json tile_timeline_json(nlohmann::json header, const std::strin
   double span = 0;
   for (const auto& t : tl.times) {
     const Tile& tile = g.tile(t.tile);
+    if (t.taken < 0 && t.done < 0) continue;  // no ticket of its own: a later K slice of a whole ticket
     if (t.done < 0) throw std::runtime_error("trace: tile " + std::to_string(t.tile) + " has no done time");
     OpStat& o = ops[tile.op];
     ++o.n;

@@ -52,8 +52,10 @@ PlanOp op_summary(const Op& o) {
 }
 
 void score(const PlanRequest& r, const GpuPreset& preset, PlanCandidate& c, bool partitioned) {
-  const TileGraph g = plan_graph(r, c.knobs, preset.sms, &preset);
-  const Schedule s = make_order(g, ffn_order_spec(c.knobs.order, preset.sms));
+  std::string order;
+  const TileGraph g = plan_graph(r, c.knobs, preset.sms, &preset, &order);
+  const Schedule s = make_order(g, order);
+  if (order != c.knobs.order) c.label = label_of(r, PlanKnobs{c.knobs.split_gate_up, c.knobs.split_down, c.knobs.split_k, order, c.knobs.tile_rows});
   const TrafficReport t = simulate(g, s, validation_cache_config(preset, preset.sms, partitioned));
   const double us = predict_time(g, s, t, time_params(preset, preset.sms)).fused_us;
   if (partitioned) {
@@ -70,6 +72,8 @@ void score(const PlanRequest& r, const GpuPreset& preset, PlanCandidate& c, bool
 }
 
 }  // namespace
+
+std::string ffn_whole_waves_order(int sms) { return "waves:" + std::to_string(sms) + "/kslices/col_major"; }
 
 void check_plan_request(const PlanRequest& r) {
   if (r.op != "ffn" && r.op != "gemm") throw InvalidArgument("plan: unknown op '" + r.op + "' (known: ffn, gemm)");
@@ -104,14 +108,20 @@ std::vector<int> plan_splits(int64_t m, int64_t k, int64_t out_tiles, int grid, 
   return v;
 }
 
-TileGraph plan_graph(const PlanRequest& r, const PlanKnobs& k, int sms, const GpuPreset* preset) {
+TileGraph plan_graph(const PlanRequest& r, const PlanKnobs& k, int sms, const GpuPreset* preset, std::string* order) {
+  if (order) *order = ffn_order_spec(k.order, sms);
   if (r.op == "ffn") {
     const FfnShape fs{r.m, r.d, r.f, r.gated};
     if (is_stream_k_order(k.order)) return build_ffn_graph(fs, sm90_ffn_stream_k_tiling(fs, sms, k.tile_rows)).graph;
     FfnSplits sp{k.split_gate_up, k.split_down};
-    // As FusedFfn: the model's splits where it chooses (M <= 64, the executor's tile height).
-    if (preset && !sp.split_gate_up && !sp.split_down && !k.tile_rows) sp = choose_ffn_splits(fs, *preset);
-    return build_ffn_graph(fs, sm90_ffn_tiling(fs, sms, sp.split_gate_up, sp.split_down, "tail:1", k.tile_rows)).graph;
+    // As FusedFfn: the model's splits where it chooses (its default knobs and order, the executor's
+    // tile height), and with them, where it runs only the last waves in slices, its order.
+    if (preset && !sp.split_gate_up && !sp.split_down && !k.tile_rows && k.order == PlanKnobs{}.order)
+      sp = choose_ffn_splits(fs, *preset);
+    if (sp.whole_waves && order) *order = ffn_whole_waves_order(sms);
+    return build_ffn_graph(fs, sm90_ffn_tiling(fs, sms, sp.split_gate_up, sp.split_down, sp.whole_waves ? "even" : "tail:1",
+                                               k.tile_rows))
+        .graph;
   }
   if (is_stream_k_order(k.order))  // as DecodeGemm takes order "streamk"
     return decode_gemm_graph(r.m, r.n, r.k, sms, k.split_k ? k.split_k : stream_k_split(r.m, r.n, r.k, sms, k.tile_rows),
@@ -119,23 +129,58 @@ TileGraph plan_graph(const PlanRequest& r, const PlanKnobs& k, int sms, const Gp
   return decode_gemm_graph(r.m, r.n, r.k, sms, k.split_k, "even", k.tile_rows);
 }
 
-FfnSplits choose_ffn_splits(const FfnShape& s, const GpuPreset& preset) {
+FfnSplits choose_ffn_splits(const FfnShape& s, const GpuPreset& preset, bool whole_waves) {
   FfnSplits best;
-  if (s.m > kFfnModelSplitWideM) return best;
   const int sms = preset.sms;
   const CacheConfig cache = validation_cache_config(preset, sms, false);
   const TimeParams tp = time_params(preset, sms);
-  auto predict = [&](const FfnTiling& t) {
+  auto predict = [&](const FfnTiling& t, bool whole_waves = false) {
     const TileGraph g = build_ffn_graph(s, t).graph;
-    const Schedule order = make_order(g, "kslices/col_major");
+    const Schedule order = make_order(g, whole_waves ? ffn_whole_waves_order(sms) : "kslices/col_major");
     return predict_time(g, order, simulate(g, order, cache), tp).fused_us;
   };
   const FfnTiling rules = sm90_ffn_tiling(s, sms);
   best.rules_us = best.us = predict(rules);
+  if (whole_waves) {
+    // The last wave in slices (ffn_splits.hpp). Each op's candidates with the other op at its rule.
+    const int64_t rows = sm90::fit_act_rows(s.m), row_blocks = (s.m + rows - 1) / rows;
+    double fastest = best.us;
+    FfnSplits pick;
+    int op_best[2] = {0, 0};
+    for (int op = 0; op < 2; ++op) {
+      const int64_t n = op == 0 ? (s.gated ? 2 : 1) * s.f : s.d;
+      const int64_t tiles = row_blocks * ((n + sm90::kTileRows - 1) / sm90::kTileRows), rem = tiles % sms;
+      if (tiles <= sms || rem == 0 || (op == 0 ? rules.gate_up : rules.down).split_k != 1) continue;
+      double op_fastest = best.rules_us;
+      for (int sl : {2, 3, 4, 6, 8, 12, 16}) {
+        if (rem * sl > 2 * int64_t(sms)) break;
+        FfnTiling t;
+        try {
+          t = sm90_ffn_tiling(s, sms, op == 0 ? sl : 0, op == 1 ? sl : 0, op == 1 ? "even" : "tail:1");
+        } catch (const InvalidArgument&) {
+          break;  // more slices than the body takes for this K
+        }
+        const double us = predict(t, true);
+        if (us < op_fastest) op_fastest = us, op_best[op] = sl;
+        if (us < fastest) fastest = us, pick = {op == 0 ? sl : 0, op == 1 ? sl : 0, true};
+      }
+    }
+    if (op_best[0] && op_best[1]) {
+      const double us = predict(sm90_ffn_tiling(s, sms, op_best[0], op_best[1], "even"), true);
+      if (us < fastest) fastest = us, pick = {op_best[0], op_best[1], true};
+    }
+    if (fastest <= (1 - kFfnModelSplitGain) * best.rules_us) {
+      pick.rules_us = best.rules_us;
+      pick.us = fastest;
+      best = pick;
+    }
+  }
+  if (s.m > kFfnModelSplitWideM) return best;
   const int64_t rows = sm90::act_rows_for(s.m), row_blocks = (s.m + rows - 1) / rows;
   const int64_t gate_up_tiles = row_blocks * (((s.gated ? 2 : 1) * s.f + sm90::kTileRows - 1) / sm90::kTileRows);
   const int64_t down_tiles = row_blocks * ((s.d + sm90::kTileRows - 1) / sm90::kTileRows);
   double fastest = best.us;
+  int pick_gu = 0, pick_dn = 0;
   auto consider = [&](int sg, int sd) {
     const int split = sg ? sg : sd;
     if (split * (sg ? gate_up_tiles : down_tiles) > 8 * int64_t(sms)) return;  // split-K only fills waves
@@ -148,18 +193,15 @@ FfnSplits choose_ffn_splits(const FfnShape& s, const GpuPreset& preset) {
     const Tiling &a = sg ? t.gate_up : t.down, &b = sg ? rules.gate_up : rules.down;
     if (a.split_k == b.split_k && a.k_cuts == b.k_cuts) return;  // the rules' own slices
     const double us = predict(t);
-    if (us < fastest) fastest = us, best.split_gate_up = sg, best.split_down = sd;
+    if (us < fastest) fastest = us, pick_gu = sg, pick_dn = sd;
   };
   const bool wide = s.m > kFfnModelSplitMaxM;  // then only gate/up splits finer than the rules' (ffn_splits.hpp)
   for (int sg : {1, 2, 3, 4, 6, 8})
     if (!wide || sg > rules.gate_up.split_k) consider(sg, 0);
   if (!wide)
     for (int sd : {1, 2, 4, 8}) consider(0, sd);
-  if (fastest <= (1 - kFfnModelSplitGain) * best.rules_us) {
-    best.us = fastest;
-  } else {
-    best.split_gate_up = best.split_down = 0;
-  }
+  if (fastest < best.us && fastest <= (1 - kFfnModelSplitGain) * best.rules_us)
+    best = {pick_gu, pick_dn, false, best.rules_us, fastest};
   return best;
 }
 

@@ -255,11 +255,12 @@ double replay(const TileGraph& g, const Schedule& s, const Costs& c, const TimeP
       if (a.left > eps * double(c.tile[id_of(a)].steps)) continue;
       if (dealer.runs_on(a.at.pos)) {
         // The next slice of the same output block: the run goes on, with no epilogue between, but
-        // its K-steps start only after slice_restart_us (GpuPreset says what was measured).
+        // its K-steps start only after slice_restart_us (GpuPreset says what was measured) -- except
+        // in a run of every slice, which the executor runs as one ticket.
         dealer.next(a.at);
         out.take[id_of(a)] = now;
         a.phase = Wait;
-        a.ready = now + p.slice_restart_us;
+        a.ready = now + (dealer.in_whole_run(a.at.pos) ? 0.0 : p.slice_restart_us);
         continue;
       }
       // K-steps done: the epilogue. A split-K run adds its partial sums at the L2 (shared by the

@@ -250,9 +250,11 @@ FfnTiling sm90_tiling(const FfnShape& s, const FfnOptions& opt, const GpuPreset*
   }
   FfnSplits sp{opt.split_gate_up, opt.split_down};
   if (opt.splits != "rules" && !sp.split_gate_up && !sp.split_down && opt.down_slices == "tail:1" &&
-      s.m <= kFfnModelSplitWideM && rows == sm90::fit_act_rows(s.m))  // (the device query only where the model chooses)
-    sp = choose_ffn_splits(s, named ? *named : device_preset(sms));
-  return sm90_ffn_tiling(s, sms, sp.split_gate_up, sp.split_down, opt.down_slices, rows);
+      opt.order == FfnOptions{}.order && rows == sm90::fit_act_rows(s.m))  // (the device query only where the model chooses)
+    sp = choose_ffn_splits(s, named ? *named : device_preset(sms), opt.whole_waves);
+  FfnTiling t = sm90_ffn_tiling(s, sms, sp.split_gate_up, sp.split_down, sp.whole_waves ? "even" : opt.down_slices, rows);
+  t.whole_waves = sp.whole_waves;
+  return t;
 }
 
 }  // namespace
@@ -307,7 +309,8 @@ FusedFfn::FusedFfn(const FfnShape& shape, const FfnOptions& opt, const Schedule&
 }
 
 void FusedFfn::init(const FfnOptions& opt, const Schedule* order) {
-  g_ = build_ffn_graph(shape_, tiling_for(shape_, opt));
+  const FfnTiling tiling = tiling_for(shape_, opt);
+  g_ = build_ffn_graph(shape_, tiling);
   const TileGraph& G = g_.graph;
 
   sm90_ = use_sm90(opt);
@@ -346,9 +349,11 @@ void FusedFfn::init(const FfnOptions& opt, const Schedule* order) {
   } else {
     // "op_by_op_column" / "op_by_op" are the names the H200 results use for the catalog's
     // col_major / row_major (each op's tiles in turn), "streamk" a ticket per block of the grid.
-    sched_ = make_order(G, ffn_order_spec(opt.order, grid_));
+    // (whole_waves: the model's plan for the default order, ffn_splits.hpp)
+    sched_ = make_order(G, tiling.whole_waves ? ffn_whole_waves_order(grid_) : ffn_order_spec(opt.order, grid_));
   }
-  const ExecPlan plan = make_exec_plan(G, sched_, {{g_.op_gate_up, opt.sync}});  // validates the schedule
+  ExecPlan plan = make_exec_plan(G, sched_, {{g_.op_gate_up, opt.sync}});  // validates the schedule
+  if (sm90_) run_whole_units(plan, G);  // the body runs a ticket of every slice of a tile in one go
   TW_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
   TW_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
 

@@ -89,8 +89,13 @@ __device__ __forceinline__ void issue_acts(const Ring<Cfg>& ring, int s, const M
                 &ring.full[s], policy);
 }
 
+// The K slices a ticket covers: all of a split op's where it runs them as one (run_whole_units: no
+// arrival counter), else its own one.
+__device__ __forceinline__ int slices_of(const OpArgs& o, const DeviceTile& t) {
+  return o.split > 1 && t.arrive < 0 ? o.split : 1;
+}
 __device__ __forceinline__ int stages_of(const OpArgs& o, const DeviceTile& t) {
-  return o.slice_start[t.ks + 1] - o.slice_start[t.ks];
+  return o.slice_start[t.ks + slices_of(o, t)] - o.slice_start[t.ks];
 }
 
 // Warp 0, all lanes (lane 0 issues; the warp polls the counters together).
@@ -240,7 +245,9 @@ __device__ __forceinline__ void finish_tile(const runtime::ExecParams& ep, uint3
                                             const DeviceTile& t, int32_t id, float (&acc)[Cfg::kAcc], int ct,
                                             volatile uint32_t* flag, int slices) {
   constexpr int kConsumers = 128 * Cfg::kConsumerWGs;
-  if (o.split > 1) {
+  // A whole ticket of a split op (run_whole_units: no arrival counter) stores like an unsplit tile.
+  const bool split = o.split > 1 && t.arrive >= 0;
+  if (split) {
     // Split-K: every slice adds its partial into the tile's fp32 block with vector reductions
     // (fire-and-forget, 16 B each, in fragment order so a warp's reductions cover 512 contiguous
     // bytes); the slice that arrives last reads the sums, re-zeroes the block for the next launch
@@ -248,7 +255,8 @@ __device__ __forceinline__ void finish_tile(const runtime::ExecParams& ep, uint3
     // orders): slices running together would serialise on the same addresses in L2. (A slot per
     // slice, the last slice adding the others', read back slower: docs/executor.md, "The
     // epilogue's stores".)
-    // A run of every slice adds nothing, but still arrives: the group's counter counts o.split per launch.
+    // A stream-K unit's run of every slice adds nothing, but still arrives: the group's counter counts
+    // o.split per launch.
     const bool whole = slices == o.split;
     float4* block = reinterpret_cast<float4*>(o.ws) + (int64_t(t.tm) * o.grid_n + t.tn) * (kConsumers * Cfg::kAcc / 4);
     if (!whole) add_split_partials<Cfg>(block, acc, ct);
@@ -259,7 +267,7 @@ __device__ __forceinline__ void finish_tile(const runtime::ExecParams& ep, uint3
     if (*flag && !whole) take_split_sums<Cfg>(block, acc, ct);
     if (*flag && ct == 0) runtime::trace_mark(ep, id, runtime::kTraceMark2);  // thread 0 holds the sums
   }
-  if (o.split <= 1 || *flag) store_tile<Cfg, kAct>(o, t, acc, ct);  // one call site: one copy of the unrolled stores
+  if (!split || *flag) store_tile<Cfg, kAct>(o, t, acc, ct);  // one call site: one copy of the unrolled stores
   if (o.publish) ptx::fence_proxy_async(ptx::space_global);  // our stores, before a TMA elsewhere reads them
   named_bar_sync(1, kConsumers);
   if (ct == 0) {
@@ -290,7 +298,7 @@ __device__ void run_consumer(const Ring<Cfg>& ring, TileQueue& q, const runtime:
     if (ct == 0) runtime::trace_mark(ep, id, runtime::kTraceStarted);
     const OpArgs& o = cp.ops[t.op];
     consume_tile(ring, ps, wg, stages_of(o, t), acc, slices > 0);
-    ++slices;
+    slices += slices_of(o, t);
     if (ct == 0) runtime::trace_mark(ep, id, runtime::kTraceComputed);
     // Tickets of several tiles (stream-K, Schedule::units): when this block's next tile is the next
     // K slice of the same output tile, acc keeps summing and this slice has no epilogue. The entry

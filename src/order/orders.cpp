@@ -40,7 +40,7 @@ std::string known_orders() {
   throw InvalidArgument("unknown order '" + spec + "' (known: " + known_orders() +
                         "; swizzle:<W>, grouped:<G>, chain_rows:<k> take any positive W, G, k; "
                         "<grid>+<grid> gives one grid order per op; dataflow:<lag>/<spec>; kslices/<spec>; "
-                        "streamk:<units>/<spec>)");
+                        "streamk:<units>/<spec>; waves:<grid>/<spec>)");
 }
 
 int64_t floor_div2(int64_t v) { return v >= 0 ? v / 2 : -((-v + 1) / 2); }
@@ -232,6 +232,54 @@ void cut_units(const TileGraph& g, const std::vector<int>& order, int begin, int
   units.push_back(end);
 }
 
+// waves:<W>/: the output blocks of each split-K op that fill whole waves of W tickets (the first
+// blocks - blocks % W by their earliest slice) as one ticket of all their slices, the rest (the last,
+// partial wave) slice by slice. A block whose slices wait for a tile placed after its first slice keeps
+// its slices. No block is whole where an op has fewer blocks than W.
+Schedule whole_waves(const TileGraph& g, const Schedule& base, int64_t w) {
+  const int n = g.num_tiles();
+  std::vector<int> pos(n);
+  for (int i = 0; i < n; ++i) pos[base.order[i]] = i;
+  std::vector<char> whole(n, 0);  // by tile id: every slice of a whole block
+  for (int op = 0; op < static_cast<int>(g.ops().size()); ++op) {
+    const Op& o = g.op(op);
+    const int64_t blocks = o.grid_m * o.grid_n, split = o.tiling.split_k;
+    if (split < 2 || blocks < w) continue;
+    std::vector<std::pair<int, int64_t>> first;  // (earliest slice's position, block)
+    for (int64_t b = 0; b < blocks; ++b) {
+      int f = n;
+      for (int64_t ks = 0; ks < split; ++ks) f = std::min(f, pos[g.tile_id(op, b / o.grid_n, b % o.grid_n, ks)]);
+      first.push_back({f, b});
+    }
+    std::sort(first.begin(), first.end());
+    for (int64_t i = 0; i < blocks - blocks % w; ++i) {
+      const auto [f, b] = first[i];
+      bool ok = true;
+      for (int64_t ks = 0; ks < split && ok; ++ks)
+        for (int d : g.tile(g.tile_id(op, b / o.grid_n, b % o.grid_n, ks)).deps) ok &= pos[d] < f;
+      if (ok)
+        for (int64_t ks = 0; ks < split; ++ks) whole[g.tile_id(op, b / o.grid_n, b % o.grid_n, ks)] = 1;
+    }
+  }
+  Schedule s{base.name, {}, {0}};
+  std::vector<char> placed(n, 0);
+  for (int id : base.order) {
+    if (placed[id]) continue;
+    const Tile& t = g.tile(id);
+    if (whole[id])
+      for (int64_t ks = 0; ks < g.op(t.op).tiling.split_k; ++ks) {
+        const int sl = g.tile_id(t.op, t.tm, t.tn, ks);
+        s.order.push_back(sl);
+        placed[sl] = 1;
+      }
+    else
+      s.order.push_back(id), placed[id] = 1;
+    s.units.push_back(static_cast<int>(s.order.size()));
+  }
+  if (static_cast<int>(s.units.size()) == n + 1) s.units.clear();  // every ticket one tile
+  return s;
+}
+
 }  // namespace
 
 Schedule make_order(const TileGraph& g, const std::string& spec) {
@@ -270,6 +318,19 @@ Schedule make_order(const TileGraph& g, const std::string& spec) {
       cut_units(g, s.order, i, end, static_cast<int>(head.param), s.units);
       i = end;
     }
+    validate(g, s);
+    return s;
+  }
+  if (spec.rfind("waves:", 0) == 0) {
+    // waves:<W>/<spec>: <spec> with each split-K op's whole waves of W tickets unsplit (whole_waves).
+    const size_t slash = spec.find('/');
+    if (slash == std::string::npos || slash + 1 == spec.size()) unknown(spec);
+    const Spec head = parse_spec(spec.substr(0, slash));
+    if (head.name != "waves" || !head.param) unknown(spec);
+    Schedule base = make_order(g, spec.substr(slash + 1));
+    if (!base.units.empty()) throw InvalidArgument("order '" + spec + "': its base order already has units");
+    Schedule s = whole_waves(g, base, head.param);
+    s.name = spec;
     validate(g, s);
     return s;
   }

@@ -47,6 +47,17 @@ std::vector<uint8_t> fused_with_next(const TileGraph& g, const Schedule& s) {
   return f;
 }
 
+TicketDealer::TicketDealer(const TileGraph& g, const Schedule& s)
+    : s_(s), fused_(fused_with_next(g, s)), whole_(s.order.size(), 0) {
+  const int n = static_cast<int>(s.order.size());
+  for (int i = 0, end = 0; i < n; i = end) {
+    end = i + 1;
+    while (fused_[end - 1]) ++end;  // the run [i, end): fused_ is 0 at a ticket's last position
+    const Tile& t = g.tile(s.order[i]);
+    if (t.ks == 0 && end - i == g.op(t.op).tiling.split_k && end - i > 1) std::fill(whole_.begin() + i, whole_.begin() + end, 1);
+  }
+}
+
 bool TicketDealer::next(Cursor& c) {
   if (c.pos >= 0 && c.pos + 1 < c.end) {
     c.run_begin = fused_[c.pos] ? c.run_begin : c.pos + 1;

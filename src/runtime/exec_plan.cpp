@@ -167,4 +167,21 @@ std::vector<int> run_slices_whole(ExecPlan& p, const TileGraph& g, const std::fu
   return moved;
 }
 
+bool run_whole_units(ExecPlan& p, const TileGraph& g) {
+  if (p.units.empty()) return false;
+  std::vector<char> whole(g.num_tiles(), 0);  // by the first slice's id
+  for (size_t u = 0; u + 1 < p.units.size(); ++u) {
+    const int b = p.units[u], e = p.units[u + 1];
+    if (e - b == 1) continue;
+    const Tile& t = g.tile(p.order[b]);
+    if (t.ks != 0 || e - b != g.op(t.op).tiling.split_k) return false;
+    for (int i = b; i < e; ++i)
+      if (p.order[i] != g.tile_id(t.op, t.tm, t.tn, i - b)) return false;
+    whole[p.order[b]] = 1;
+  }
+  p.units.clear();
+  run_slices_whole(p, g, [&](const Tile& t) { return whole[g.tile_id(t.op, t.tm, t.tn, 0)] != 0; });
+  return true;
+}
+
 }  // namespace tw

@@ -165,9 +165,20 @@ TEST(Planner, FfnSplitsFromTheModel) {
   EXPECT_EQ(llama.split_gate_up, 0);
   EXPECT_EQ(llama.split_down, 0);
   EXPECT_GT(llama.rules_us, 0);
-  const FfnSplits prefill = choose_ffn_splits({1024, 9856, 4992, true}, h200);  // above kFfnModelSplitWideM
-  EXPECT_EQ(prefill.split_gate_up + prefill.split_down, 0);
-  EXPECT_EQ(prefill.rules_us, 0);
+  EXPECT_FALSE(wide.whole_waves || llama.whole_waves);  // 78 gate/up tiles; 224 and 64 for Llama-3-8B
+  // Above kFfnModelSplitWideM only the last waves are split: at M = 1024 (4 row blocks of 256) gate/up
+  // has 312 tiles and down 308 on 132 SMs, 2.36 and 2.33 waves.
+  const FfnSplits prefill = choose_ffn_splits({1024, 9856, 4992, true}, h200);
+  EXPECT_TRUE(prefill.whole_waves);
+  EXPECT_GT(prefill.split_gate_up + prefill.split_down, 0);
+  EXPECT_LE(prefill.us, (1 - kFfnModelSplitGain) * prefill.rules_us);
+  std::string order;
+  const TileGraph pg = plan_graph(ffn(1024, 9856, 4992), PlanKnobs{}, 132, &h200, &order);
+  EXPECT_EQ(order, "waves:132/kslices/col_major");
+  EXPECT_EQ(pg.op(0).tiling.split_k, std::max(1, prefill.split_gate_up));
+  // A shape whose ops fill whole waves (M = 2048: 8 x 32 gate/up tiles, 8 x 33 down): nothing to split.
+  const FfnSplits even = choose_ffn_splits({2048, 4224, 2048, true}, h200);
+  EXPECT_FALSE(even.whole_waves);
 }
 
 // Between kFfnModelSplitMaxM and kFfnModelSplitWideM the model only splits the gate/up GEMM finer than
@@ -185,13 +196,22 @@ TEST(Planner, FfnSplitsAtMidM) {
   const FfnSplits narrow = choose_ffn_splits({256, 1408, 16384, true}, h200);
   EXPECT_EQ(narrow.split_down, 0);
   EXPECT_GT(narrow.rules_us, 0);
-  for (int64_t m : {65, 128, 200, 512})  // never a down split, never a gate/up split coarser than the rules'
+  // Never a down split, never a gate/up split coarser than the rules' -- but for the last wave of an op
+  // of more tiles than SMs (whole_waves).
+  for (int64_t m : {65, 128, 200, 512})
     for (const FfnShape& s : {FfnShape{m, 2304, 10240, false}, FfnShape{m, 1408, 16384, true}, FfnShape{m, 2048, 2816, true},
                               FfnShape{m, 1024, 4096, false}, FfnShape{m, 10880, 5888, false}}) {
       SCOPED_TRACE(std::to_string(m) + " " + std::to_string(s.d) + " " + std::to_string(s.f));
       const FfnSplits sp = choose_ffn_splits(s, h200);
+      const FfnTiling rules = sm90_ffn_tiling(s, 132);
+      if (sp.whole_waves) {
+        const FfnGraph g = build_ffn_graph(s, rules);
+        if (sp.split_gate_up) EXPECT_GT(g.graph.op(g.op_gate_up).num_tiles, 132);
+        if (sp.split_down) EXPECT_GT(g.graph.op(g.op_down).num_tiles, 132);
+        continue;
+      }
       EXPECT_EQ(sp.split_down, 0);
-      if (sp.split_gate_up) EXPECT_GT(sp.split_gate_up, sm90_ffn_tiling(s, 132).gate_up.split_k);
+      if (sp.split_gate_up) EXPECT_GT(sp.split_gate_up, rules.gate_up.split_k);
     }
 }
 
@@ -212,7 +232,7 @@ TEST(Planner, FfnSplitsOnARandomGrid) {
     EXPECT_GT(c.rules_us, 0);
     EXPECT_LE(c.us, c.rules_us);
     if (c.split_gate_up || c.split_down) {
-      EXPECT_TRUE(c.split_gate_up == 0 || c.split_down == 0);  // one op varied at a time
+      if (!c.whole_waves) EXPECT_TRUE(c.split_gate_up == 0 || c.split_down == 0);  // one op varied at a time
       EXPECT_LE(c.us, (1 - kFfnModelSplitGain) * c.rules_us);
     } else {
       EXPECT_EQ(c.us, c.rules_us);

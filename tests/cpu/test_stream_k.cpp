@@ -172,11 +172,11 @@ TEST(StreamK, ReplayRunsATicketOnOneSlot) {
   const TimePrediction t = predict_time(g.graph, sk, r, p);
   EXPECT_NEAR(t.fused_us, 5, 1e-9);
   EXPECT_NEAR(t.ops[0].reduce_bytes, 0, 1e-9);
-  // Each of a run's next three slices waits slice_restart_us before its K-steps (the sm90 body
-  // restarts its weight stream per slice): 5 + 3 x 0.5 us.
+  // A run of every slice of its block is one ticket of the executor (run_whole_units): no restart
+  // between its slices, whatever slice_restart_us says.
   TimeParams restart = p;
   restart.slice_restart_us = 0.5;
-  EXPECT_NEAR(predict_time(g.graph, sk, r, restart).fused_us, 6.5, 1e-9);
+  EXPECT_NEAR(predict_time(g.graph, sk, r, restart).fused_us, 5, 1e-9);
   restart.slice_restart_us = -1;
   EXPECT_THROW(predict_time(g.graph, sk, r, restart), InvalidArgument);
   EXPECT_GE(predict_time(g.graph, make_order(g.graph, "row_major"), r, p).fused_us, 8);
@@ -223,4 +223,65 @@ TEST(StreamK, FfnSlices) {
   EXPECT_EQ(ffn_order_spec("op_by_op_column", 132), "col_major");
   EXPECT_TRUE(is_stream_k_order("streamk:8/col_major"));
   EXPECT_FALSE(is_stream_k_order("kslices/col_major"));
+}
+
+// A run of some of a block's slices restarts before each next one (the sm90 body restarts its weight
+// stream per slice of a stream-K ticket); a run of all of them does not. Two slots, 1 us a slice, no
+// fixed latency, free reductions: ticket 0 = block 0's slices 0-2 (3 us + 2 restarts), ticket 1 = block
+// 1's whole run (4 us), ticket 2 = block 0's slice 3 on the first slot free.
+TEST(StreamK, ReplayRestartsOnlyPartialRuns) {
+  const GemmGraph g = build_gemm_graph(64, 128, 256, {64, 64, 64, 4});
+  const TileGraph& G = g.graph;
+  Schedule s{"custom", {}, {0, 3, 7, 8}};
+  for (int ks : {0, 1, 2}) s.order.push_back(G.tile_id(0, 0, 0, ks));
+  for (int ks : {0, 1, 2, 3}) s.order.push_back(G.tile_id(0, 0, 1, ks));
+  s.order.push_back(G.tile_id(0, 0, 0, 3));
+  validate(G, s);
+  const TicketDealer dealer(G, s);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(dealer.in_whole_run(i), i >= 3 && i < 7) << "position " << i;
+  TimeParams p = toy(2);
+  const TrafficReport r = no_bytes(G);
+  EXPECT_NEAR(predict_time(G, s, r, p).fused_us, 4, 1e-6);
+  p.slice_restart_us = 0.5;
+  EXPECT_NEAR(predict_time(G, s, r, p).fused_us, 5, 1e-6);  // slot 0 free at 4, not slot 1 (5.5 with restarts)
+}
+
+// waves:<W>/: the blocks that fill whole waves of W tickets run as one ticket of all their slices,
+// the last wave's slice by slice. 5 blocks x 4 slices, W = 2: blocks 0-3 whole (by their slice 0 in
+// kslices/row_major), block 4's slices apart.
+TEST(StreamK, WholeWavesRunTheirTilesUnsplit) {
+  const GemmGraph g = build_gemm_graph(64, 320, 256, {64, 64, 64, 4});
+  const TileGraph& G = g.graph;
+  const Schedule s = make_order(G, "waves:2/kslices/row_major");
+  EXPECT_EQ(s.name, "waves:2/kslices/row_major");
+  EXPECT_EQ(s.units, (std::vector<int>{0, 4, 8, 12, 16, 17, 18, 19, 20}));
+  for (int b = 0; b < 4; ++b)
+    for (int ks = 0; ks < 4; ++ks) EXPECT_EQ(s.order[4 * b + ks], G.tile_id(0, 0, b, ks));
+  for (int ks = 0; ks < 4; ++ks) EXPECT_EQ(s.order[16 + ks], G.tile_id(0, 0, 4, ks));
+  const TicketDealer dealer(G, s);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(dealer.in_whole_run(i), i < 16) << "position " << i;
+  // The executor's plan: the whole runs become one ticket each, with no arrival counter; the last
+  // block's slices keep theirs.
+  ExecPlan plan = make_exec_plan(G, s);
+  ASSERT_TRUE(run_whole_units(plan, G));
+  EXPECT_TRUE(plan.units.empty());
+  ASSERT_EQ(plan.order.size(), 8u);
+  for (int b = 0; b < 4; ++b) {
+    EXPECT_EQ(plan.order[b], G.tile_id(0, 0, b, 0));
+    EXPECT_EQ(plan.tiles[plan.order[b]].arrive, -1);
+  }
+  for (int ks = 0; ks < 4; ++ks) EXPECT_GE(plan.tiles[plan.order[4 + ks]].arrive, 0);
+  // Whole waves only: every block whole. Fewer blocks than W: nothing whole, no units.
+  EXPECT_EQ(make_order(G, "waves:5/kslices/row_major").units, (std::vector<int>{0, 4, 8, 12, 16, 20}));
+  EXPECT_EQ(make_order(G, "waves:1/row_major").num_tickets(), 5);
+  const Schedule none = make_order(G, "waves:6/kslices/row_major");
+  EXPECT_TRUE(none.units.empty());
+  EXPECT_EQ(none.order, make_order(G, "kslices/row_major").order);
+  // Stream-K tickets are not whole runs: the plan keeps its units.
+  ExecPlan sk = make_exec_plan(G, make_order(G, "streamk:3/row_major"));
+  const std::vector<int32_t> units = sk.units;
+  EXPECT_FALSE(run_whole_units(sk, G));
+  EXPECT_EQ(sk.units, units);
+  for (const char* bad : {"waves/row_major", "waves:0/row_major", "waves:4", "waves:2/streamk:2/row_major", "wave:2/row_major"})
+    EXPECT_THROW(make_order(G, bad), InvalidArgument) << bad;
 }

@@ -591,6 +591,53 @@ TEST(FusedFfn, SplitsFromTheModel) {
   EXPECT_THROW(FusedFfn(data.s, bad), InvalidArgument);
 }
 
+// Whole waves (order "waves:<SMs>/..."): the tiles that fill whole waves run every K slice as one
+// ticket (no partial sums), the last wave's slice by slice. On 132 SMs: M = 300 (two row blocks of
+// 160); gated F = 4288 gives 134 gate/up tiles (132 whole, 2 in slices), F = 4224 132 (all whole);
+// a plain MLP with d = 8576 gives 134 down tiles (M = 37, d = 17024: 133); the other op's tiles stay split-K.
+// Then the planner's own choice where it takes whole waves (on the H200's preset: a plain MLP with
+// d = 10368, F = 5760 at M = 512, down's 162 tiles), against the reference too.
+TEST(FusedFfn, WholeWavesMatchReference) {
+  TW_REQUIRE_GPU();
+  if (!have_sm90()) GTEST_SKIP() << "whole tickets of K slices are the sm90 body's";
+  int dev = 0, sms = 0;
+  TW_CUDA_CHECK(cudaGetDevice(&dev));
+  TW_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const std::string order = "waves:" + std::to_string(sms) + "/kslices/col_major";
+  struct Case {
+    FfnShape s;
+    int sg, sd;
+  };
+  for (const Case& c : std::vector<Case>{{{300, 1024, 4288, true}, 3, 2}, {{300, 1024, 4224, true}, 3, 2},
+                                         {{300, 8576, 1024, false}, 2, 3}, {{37, 17024, 1024, false}, 2, 4}})
+    for (const std::string ml : {"sm90", "sm90p"}) {
+      FfnData data(c.s);
+      FfnOptions opt;
+      set_mainloop(opt, ml);
+      opt.order = order;
+      opt.split_gate_up = c.sg;
+      opt.split_down = c.sd;
+      opt.down_slices = "even";
+      opt.spin_limit = kSpinLimit;
+      FusedFfn ffn(data.s, opt);
+      EXPECT_FALSE(ffn.schedule().units.empty());
+      for (int i = 0; i < 2; ++i) {  // twice: the arrival counters of the split tiles come back clean
+        if (i) data.new_input();
+        EXPECT_LT(data.check(ffn), kTol) << ml << " M=" << c.s.m << " d=" << c.s.d << " F=" << c.s.f << " launch " << i;
+      }
+    }
+  FfnData data({512, 10368, 5760, false});
+  FfnOptions opt;
+  opt.spin_limit = kSpinLimit;
+  const FusedFfn ffn(data.s, opt);
+  cudaDeviceProp prop{};
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, dev), cudaSuccess);
+  const GpuPreset preset = gpu_preset_for_device(prop.name, prop.multiProcessorCount, prop.l2CacheSize);
+  EXPECT_EQ(ffn.schedule().name.rfind("waves:", 0) == 0, choose_ffn_splits(data.s, preset).whole_waves) << preset.name;
+  if (preset.name == "h200") EXPECT_EQ(ffn.schedule().name, order);
+  EXPECT_LT(data.check(ffn), kTol) << "the planner's plan, " << ffn.schedule().name;
+}
+
 TEST(FusedFfn, RandomShapeGrid) {
   TW_REQUIRE_GPU();
   const uint64_t seed = tw::test::shape_seed();

@@ -205,6 +205,9 @@ struct FfnShape {
 struct FfnTiling {
   Tiling gate_up{64, 128, 64, 1, {}};
   Tiling down{64, 128, 64, 1, {}};
+  // The splits are for the last wave only: the executor's schedule runs each split op's whole waves
+  // of output tiles unsplit (order "waves:<SMs>/...", choose_ffn_splits).
+  bool whole_waves = false;
 };
 struct FfnGraph {
   TileGraph graph;

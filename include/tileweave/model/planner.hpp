@@ -99,7 +99,10 @@ std::vector<PlanKnobs> plan_candidate_knobs(const PlanRequest& r, int sms, std::
                                             std::vector<std::string>* skipped = nullptr);
 // The graph a candidate's knobs give, as the executor builds it: with a preset, an FFN's default
 // knobs take the K slices FusedFfn chooses on that GPU (choose_ffn_splits); without, the rules'.
-TileGraph plan_graph(const PlanRequest& r, const PlanKnobs& k, int sms, const GpuPreset* preset = nullptr);
+// `order` (optional): the order spec the executor runs that graph with (FusedFfn's "waves:" order
+// where its splits are the last waves').
+TileGraph plan_graph(const PlanRequest& r, const PlanKnobs& k, int sms, const GpuPreset* preset = nullptr,
+                     std::string* order = nullptr);
 PlanResult make_plan(const PlanRequest& r, const GpuPreset& preset);
 
 

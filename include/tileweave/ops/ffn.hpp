@@ -42,6 +42,11 @@ struct FfnOptions {
   // (the same on preset P, a name or a preset JSON file: to measure a recalibration's plans) or
   // "rules" (the size rules alone: model/validation.hpp, sm90_ffn_tiling).
   std::string splits = "model";
+  // sm90, with splits "model..." and the default order: the model may split only the last, partial
+  // wave of an op of more output tiles than SMs and run its whole waves unsplit, one ticket of all
+  // its K slices per tile (model/ffn_splits.hpp; order "waves:<SMs>/kslices/col_major").
+  // false: every tile of a split op is split (the plans before, for A/Bs).
+  bool whole_waves = true;
   // sm90: activation rows per tile (wgmma N; model/validation.hpp, sm90_tile_rows): "fit" (above
   // 64 rows the smallest multiple of 32 that holds each row block's share: M = 200 in one tile of
   // 224, M = 300 in two of 160; sm90::fit_act_rows), "pow2" (8, 16, ..., 256 from M), or a height.

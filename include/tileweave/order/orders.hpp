@@ -40,6 +40,12 @@ std::vector<Cell> grid_order(const std::string& grid_spec, int64_t grid_m, int64
 //                        U = the SM count, every SM gets an equal share of the op whatever its
 //                        tile count (stream-K). Split-K slices of one output block that a ticket
 //                        holds one after another are one partial sum.
+//   waves:<W>/<spec>     <spec> with the output blocks of each split-K op that fill whole waves of W
+//                        tickets (all but the last blocks % W, by their earliest slice) each run as one
+//                        ticket of all its K slices (Schedule::units; the executor sums them in
+//                        registers, no partial sums), the last, partial wave's blocks slice by slice:
+//                        the whole waves pay no split-K epilogue, the last wave is spread over the grid.
+//                        Ops with fewer blocks than W keep every slice apart.
 //   chain_rows:<k>       k row blocks of the first op (row-major), then every tile of later ops whose
 //                        dependencies are now complete; repeat. k = 1 is "a GEMM0 row, then the
 //                        matching GEMM1 row".

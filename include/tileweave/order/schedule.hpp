@@ -45,17 +45,20 @@ class TicketDealer {
     int run_begin = -1;  // the first position of its run of fused K slices (fused_with_next)
     int run_slices() const { return pos - run_begin + 1; }  // the run's K slices up to pos
   };
-  TicketDealer(const TileGraph& g, const Schedule& s) : s_(s), fused_(fused_with_next(g, s)) {}
+  TicketDealer(const TileGraph& g, const Schedule& s);
   // c to its slot's next position: the rest of its ticket, else the next ticket's first; false (and
   // c.pos = -1) once every ticket is dealt.
   bool next(Cursor& c);
   // The tile at `pos` sums on into the next one: it adds no partial sum and writes nothing yet.
   bool runs_on(int pos) const { return fused_[pos] != 0; }
+  // The tile at `pos` is in a run of every K slice of its block, from slice 0: the executor's sm90
+  // body runs such a run as one ticket (run_whole_units), with no restart between its slices.
+  bool in_whole_run(int pos) const { return whole_[pos] != 0; }
   int tile(const Cursor& c) const { return s_.order[c.pos]; }
 
  private:
   const Schedule& s_;
-  std::vector<uint8_t> fused_;
+  std::vector<uint8_t> fused_, whole_;
   int next_ticket_ = 0;
 };
 

@@ -61,4 +61,11 @@ ExecPlan make_exec_plan(const TileGraph& g, const Schedule& s, const std::map<in
 // 1; a dropped ticket maps to the next kept one), for callers holding ranges of tickets.
 std::vector<int> run_slices_whole(ExecPlan& p, const TileGraph& g, const std::function<bool(const Tile&)>& whole);
 
+// A plan whose multi-tile tickets (units) each hold every K slice of one output block, in order from
+// slice 0 (the whole waves of order "waves:<W>/..."): those tickets become run_slices_whole tickets
+// and the units go (the sm90 FFN body then streams each such tile's K range in one go, with no
+// per-slice restart). Returns false, and leaves the plan as it was, where some unit holds anything
+// else (stream-K units) or the plan has none.
+bool run_whole_units(ExecPlan& p, const TileGraph& g);
+
 }  // namespace tw
