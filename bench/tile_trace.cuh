@@ -94,7 +94,7 @@ inline nlohmann::json tile_timeline_json(nlohmann::json header, const std::strin
                      {"done", t.done}});
     // A split tile's phases (ffn_sm90.cu): arrived after its partial, and the last slice's sums read.
     if (t.mark1 >= 0) tiles.back()["arrived"] = t.mark1;
-    if (t.mark2 >= 0) tiles.back()["summed"] = t.mark2;
+    if (t.mark2 >= 0) tiles.back()[t.mark1 >= 0 ? "summed" : "stored"] = t.mark2;  // split tiles: sums read; FFN whole: stores done
   }
   std::vector<double> last;
   for (auto [sm, d] : sm_last) last.push_back(d);

@@ -629,9 +629,10 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
     // late and its consumers saw it late (Llama-3.2-1B B = 1: gate/up's mean wait for its producers
     // 6.3 -> 1.5 us with o_proj and down held). The weights then start later. Measured (H200,
     // decode_step_hold_kinds_ab.json): after o_proj and down always; after every QKV, attention and
-    // gate/up tile too at B <= 4 (hold_every_tile_max_batch), where the chain's hops are the time:
+    // gate/up tile too at B <= 16 (hold_every_tile_max_batch), where the chain's hops are the time:
     // Qwen2-0.5B -4.3%, Llama-3.2-3B -2.0%, Llama-3-8B -1.3% (B = 4 -1.6%), Llama-3.2-1B -1.45%;
-    // at B = 16 within +-0.6%, and at B = 64, where the ring's lead is the bandwidth, +2.4%.
+    // at B = 8 and 16 0.2-1.0% faster (decode_step_hold_b16_ab.json), and at B = 64, where the
+    // ring's lead is the bandwidth, +2.4%.
     if (prev_kind >= 0 && ((p.hold_kinds >> prev_kind) & 1)) {
       if (lane == 0) mbar_wait(&sh.released, held & 1u, "released");
       ++held;

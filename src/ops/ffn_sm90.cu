@@ -270,6 +270,7 @@ __device__ __forceinline__ void finish_tile(const runtime::ExecParams& ep, uint3
   if (!split || *flag) store_tile<Cfg, kAct>(o, t, acc, ct);  // one call site: one copy of the unrolled stores
   if (o.publish) ptx::fence_proxy_async(ptx::space_global);  // our stores, before a TMA elsewhere reads them
   named_bar_sync(1, kConsumers);
+  if (ct == 0 && !split) runtime::trace_mark(ep, id, runtime::kTraceMark2);  // stored (a split tile's: summed)
   if (ct == 0) {
     // (else no tile of the launch reads this output)
     if (o.publish) runtime::release_signal(ep, t, cuda::memory_order_release, uint32_t(slices));

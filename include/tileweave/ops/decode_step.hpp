@@ -51,8 +51,10 @@ struct DecodeStepOptions {
   int max_split = 0;                      // caps every op's K slices (0: the planner's)
   // Up to this batch, an SM issues nothing of its next tile until its current one has published (above
   // it, after o_proj and down tiles only): a release waits for every copy its SM has in flight, and at
-  // small batches the chain of those releases is the step's time (decode_step_hold_kinds_ab.json).
-  int hold_every_tile_max_batch = 4;
+  // small batches the chain of those releases is the step's time (decode_step_hold_kinds_ab.json; 16,
+  // up from 4: B = 8 and 16 0.2-1.0% faster, decode_step_hold_b16_ab.json; at B = 64 the ring's lead
+  // is worth more: +2.4% there).
+  int hold_every_tile_max_batch = 16;
   // Gate/up's last partial wave in K slices, its whole waves unsplit, where the slices' rounds cost
   // under this fraction of an unsplit tile (plan_step_tiling; 0: never, as the uniform planner cuts it).
   double last_wave_cost = 0.75;
