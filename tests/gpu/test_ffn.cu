@@ -453,6 +453,18 @@ TEST(FusedFfn, TileHeightsMatchReference) {
         EXPECT_LT(data.check(ffn), kTol) << ml << " M=" << c.m << " rows=" << c.rows << " (" << ffn.act_rows_per_tile()
                                          << ") " << order;
       }
+  // Output columns short of a tile (d = 1032, F = 1000) at the heights whose stores go through shared
+  // memory (160-256 rows: 16-byte row pieces at the edge), packed and not.
+  for (int m : {150, 250, 300})
+    for (bool gated : {true, false})
+      for (const std::string ml : {"sm90", "sm90p"}) {
+        FfnData data({m, 1032, 1000, gated});
+        FfnOptions opt;
+        set_mainloop(opt, ml);
+        opt.spin_limit = kSpinLimit;
+        FusedFfn ffn(data.s, opt);
+        EXPECT_LT(data.check(ffn), kTol) << ml << " M=" << m << (gated ? " gated" : " plain") << " d=1032 F=1000";
+      }
   for (const char* bad : {"100", "48", "288", "0", "fitted", ""}) {
     FfnOptions opt;
     opt.mainloop = "sm90";

@@ -64,6 +64,16 @@ __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
+// Four 8x8 bf16 matrices of an mma/wgmma accumulator fragment (register i: lane l's row l / 4,
+// columns 2 (l % 4) and + 1 of matrix i) stored transposed: lane 8i + j gives the shared address of
+// the stored row j of matrix i, which holds column j of the fragment (8 values, 16 bytes).
+__device__ __forceinline__ void stmatrix_x4_trans(void* smem, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(smem))),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
 // Named barrier for a subset of warps (id 0 is __syncthreads'): consumers sync among themselves
 // while the producer warp keeps streaming.
 __device__ __forceinline__ void named_bar_sync(uint32_t id, uint32_t threads) {
