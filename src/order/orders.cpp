@@ -6,6 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
 
 namespace tw {
 
@@ -280,6 +281,15 @@ Schedule whole_waves(const TileGraph& g, const Schedule& base, int64_t w) {
   return s;
 }
 
+// "<name>[:<param>]/<base spec>": the head (its parameter required where `need_param`) and the base.
+std::pair<Spec, std::string> split_head(const std::string& spec, const char* name, bool need_param) {
+  const size_t slash = spec.find('/');
+  if (slash == std::string::npos || slash + 1 == spec.size()) unknown(spec);
+  const Spec head = parse_spec(spec.substr(0, slash));
+  if (head.name != name || (need_param && !head.param)) unknown(spec);
+  return {head, spec.substr(slash + 1)};
+}
+
 }  // namespace
 
 Schedule make_order(const TileGraph& g, const std::string& spec) {
@@ -287,11 +297,8 @@ Schedule make_order(const TileGraph& g, const std::string& spec) {
   Schedule out{spec, {}, {}};
   if (spec.rfind("dataflow", 0) == 0) {
     // dataflow[:<lag>]/<base spec>: the executor's dataflow order (schedule.hpp) over a named base.
-    const size_t slash = spec.find('/');
-    if (slash == std::string::npos || slash + 1 == spec.size()) unknown(spec);
-    const Spec head = parse_spec(spec.substr(0, slash));
-    if (head.name != "dataflow") unknown(spec);
-    Schedule s = dataflow_order(g, make_order(g, spec.substr(slash + 1)), static_cast<int>(head.param));
+    const auto [head, base] = split_head(spec, "dataflow", false);
+    Schedule s = dataflow_order(g, make_order(g, base), static_cast<int>(head.param));
     s.name = spec;
     return s;
   }
@@ -300,11 +307,8 @@ Schedule make_order(const TileGraph& g, const std::string& spec) {
     // tickets of about equal K work (stream-K: one ticket per SM spreads an op evenly whatever its
     // tile count). With split-K slices, a ticket's consecutive slices of one output block are one
     // partial sum (fused_with_next).
-    const size_t slash = spec.find('/');
-    if (slash == std::string::npos || slash + 1 == spec.size()) unknown(spec);
-    const Spec head = parse_spec(spec.substr(0, slash));
-    if (head.name != "streamk" || !head.param) unknown(spec);
-    Schedule s = make_order(g, spec.substr(slash + 1));
+    const auto [head, base] = split_head(spec, "streamk", true);
+    Schedule s = make_order(g, base);
     if (!s.units.empty()) throw InvalidArgument("order '" + spec + "': its base order already has units");
     s.name = spec;
     s.units.push_back(0);
@@ -323,11 +327,8 @@ Schedule make_order(const TileGraph& g, const std::string& spec) {
   }
   if (spec.rfind("waves:", 0) == 0) {
     // waves:<W>/<spec>: <spec> with each split-K op's whole waves of W tickets unsplit (whole_waves).
-    const size_t slash = spec.find('/');
-    if (slash == std::string::npos || slash + 1 == spec.size()) unknown(spec);
-    const Spec head = parse_spec(spec.substr(0, slash));
-    if (head.name != "waves" || !head.param) unknown(spec);
-    Schedule base = make_order(g, spec.substr(slash + 1));
+    const auto [head, base_spec] = split_head(spec, "waves", true);
+    const Schedule base = make_order(g, base_spec);
     if (!base.units.empty()) throw InvalidArgument("order '" + spec + "': its base order already has units");
     Schedule s = whole_waves(g, base, head.param);
     s.name = spec;
