@@ -67,7 +67,9 @@ void score(const PlanRequest& r, const GpuPreset& preset, PlanCandidate& c, bool
   if (c.ops.empty()) {
     for (const Op& o : g.ops()) c.ops.push_back(op_summary(o));
     c.tiles = g.num_tiles();
-    c.waves = double(c.tiles) / preset.sms;
+    c.tickets = s.num_tickets();
+    c.waves = double(c.tickets) / preset.sms;
+    c.order = order;
   }
 }
 

@@ -139,6 +139,8 @@ expect_ok "Executor's plan (FusedFfn's default options)" plan ffn --m 16 --d 102
 grep -q "<- executor" "$tmp/out" || fail "plan ffn lacks the executor's row"
 grep -q "model's best" "$tmp/out" || fail "plan ffn lacks the model's best"
 expect_ok "plain MLP M=37" plan ffn --m 37 --d 1024 --f 2048 --plain
+# An op of more tiles than SMs with a partial last wave: only that wave in K slices (whole waves).
+expect_ok "2352 tiles in 636 tickets, 4.82 waves of 132, order waves:132/kslices/col_major" plan ffn --m 512 --d 11520 --f 8704
 expect_ok "GEMM M=16 N=256 K=1024" plan gemm --m 16 --n 256 --k 1024
 grep -q "split=auto kslices/col_major" "$tmp/out" || fail "plan gemm lacks the executor's knobs"
 expect_json plan gemm --m 256 --n 1024 --k 2048 --json

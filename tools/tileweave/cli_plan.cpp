@@ -74,7 +74,9 @@ json candidate_json(const PlanCandidate& c) {
          {"order", c.knobs.order},
          {"ops", ops},
          {"tiles", c.tiles},
+         {"tickets", c.tickets},
          {"waves", c.waves},
+         {"order", c.order},
          {"simple", {{"dram_read", c.simple_read}, {"dram_write", c.simple_write}, {"us", c.simple_us}}},
          {"model", c.refined ? "partitioned" : "simple"},
          {"dram_read", c.read()},
@@ -360,17 +362,17 @@ void run_plan(const PlanOptions& o) {
   for (const PlanOp& op : e.ops)
     fmt::print("  {:<8} tile {}x{}x{} (act rows x weight rows x K-step), {} K slice{} ({} K-steps), {} tiles\n", op.name, op.bm,
                op.bn, op.bk, op.split_k, op.split_k > 1 ? "s" : "", slices_text(op), op.tiles);
-  fmt::print("  {} tiles, {:.2f} waves of {}, order {}\n", e.tiles, e.waves, p.grid, e.knobs.order);
+  fmt::print("  {} tiles in {} tickets, {:.2f} waves of {}, order {}\n", e.tiles, e.tickets, e.waves, p.grid, e.order);
   fmt::print("  model: {:.1f} MB read, {:.1f} MB written, {:.1f} us (partitioned L2 + tile replay); simple L2: {:.1f} MB, {:.1f} us\n\n",
              e.part_read / 1e6, e.part_write / 1e6, e.part_us, e.simple_read / 1e6, e.simple_us);
   fmt::print("Candidates ({} scored; {}):\n", p.candidates.size(), ranking);
-  fmt::print("  {:>4}  {:<40} {:<19} {:>6} {:>6}  {:<5} {:>9} {:>9} {:>7}\n", "rank", "knobs (K slices; auto: the executor's)", "slices", "tiles",
+  fmt::print("  {:>4}  {:<40} {:<19} {:>6} {:>6}  {:<5} {:>9} {:>9} {:>7}\n", "rank", "knobs (K slices; auto: the executor's)", "slices", "tickets",
              "waves", "model", "read MB", "us", "vs exec");
   const size_t shown = std::min<size_t>(p.candidates.size(), size_t(o.top));
   bool exec_shown = false;
   auto row = [&](size_t i, const PlanCandidate& c) {
     fmt::print("  {:>4}{} {:<40} {:<19} {:>6} {:>6.2f}  {:<5} {:>9.1f} {:>9.1f} {:>6.3f}x{}\n", i + 1, i == 0 ? '*' : ' ', c.label,
-               ops_text(c), c.tiles, c.waves, c.refined ? "part" : "simpl", c.read() / 1e6, c.us(), c.ratio,
+               ops_text(c), c.tickets, c.waves, c.refined ? "part" : "simpl", c.read() / 1e6, c.us(), c.ratio,
                c.executor ? "  <- executor" : "");
   };
   for (size_t i = 0; i < shown; ++i) {

@@ -60,7 +60,9 @@ struct PlanCandidate {
   bool executor = false;  // the executor's default options for this shape
   std::vector<PlanOp> ops;
   int64_t tiles = 0;
-  double waves = 0;  // tiles / grid
+  int64_t tickets = 0;  // the schedule's tickets (fewer than tiles where a ticket runs several, e.g. whole waves)
+  double waves = 0;     // tickets / grid
+  std::string order;    // the order spec the executor runs (the knobs', or FusedFfn's "waves:" order)
   int64_t simple_read = 0, simple_write = 0;
   double simple_us = 0;
   bool refined = false;  // also scored with the partitioned model
