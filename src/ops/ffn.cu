@@ -9,6 +9,7 @@
 #include "tileweave/kernels/activation.cuh"
 #include "tileweave/kernels/sm80/weight_tile.cuh"
 #include "tileweave/order/orders.hpp"
+#include "tileweave/runtime/exec_plan.hpp"
 #include "tileweave/runtime/executor.cuh"
 #include "tileweave/util/cuda_check.hpp"
 
@@ -477,9 +478,13 @@ void FusedFfn::run(const bf16* x, const bf16* w_gate_up, const bf16* w_down, bf1
 void FusedFfn::run_two_kernels(const bf16* x, const bf16* w_gate_up, const bf16* w_down, bf16* y, cudaStream_t stream,
                                cudaStream_t consumer_stream) const {
   const Launch l = prepare(x, w_gate_up, w_down, y);
-  const int n_gu = g_.graph.op(g_.op_gate_up).num_tiles, n = g_.graph.num_tiles();
-  for (int i = 0; i < n_gu; ++i)
-    if (g_.graph.tile(sched_.order[i]).op != g_.op_gate_up)
+  // The plan's tickets (a whole ticket of K slices, run_whole_units, is one): gate/up's first, then down's.
+  const std::vector<int32_t>& order = plan_->host().order;
+  const int n = static_cast<int>(order.size());
+  int n_gu = 0;
+  while (n_gu < n && g_.graph.tile(order[n_gu]).op == g_.op_gate_up) ++n_gu;
+  for (int i = n_gu; i < n; ++i)
+    if (g_.graph.tile(order[i]).op == g_.op_gate_up)
       throw InvalidArgument("FusedFfn::run_two_kernels: schedule '" + sched_.name + "' interleaves the ops (ticket " +
                             std::to_string(i) + "); use op_by_op or op_by_op_column");
   use_mode(mode_, 2);

@@ -637,6 +637,10 @@ TEST(FusedFfn, WholeWavesMatchReference) {
         if (i) data.new_input();
         EXPECT_LT(data.check(ffn), kTol) << ml << " M=" << c.s.m << " d=" << c.s.d << " F=" << c.s.f << " launch " << i;
       }
+      if (ml == "sm90") {  // the CuSync-style two kernels take the plan's tickets, whole ones included
+        FusedFfn two(data.s, opt);
+        EXPECT_LT(data.check(two, true), kTol) << "two kernels, M=" << c.s.m << " d=" << c.s.d << " F=" << c.s.f;
+      }
     }
   FfnData data({512, 10368, 5760, false});
   FfnOptions opt;
