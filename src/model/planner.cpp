@@ -118,8 +118,8 @@ TileGraph plan_graph(const PlanRequest& r, const PlanKnobs& k, int sms, const Gp
     FfnSplits sp{k.split_gate_up, k.split_down};
     // As FusedFfn: the model's splits where it chooses (its default knobs and order, the executor's
     // tile height), and with them, where it runs only the last waves in slices, its order.
-    if (preset && !sp.split_gate_up && !sp.split_down && !k.tile_rows && k.order == PlanKnobs{}.order)
-      sp = choose_ffn_splits(fs, *preset);
+    if (preset && !sp.split_gate_up && !sp.split_down && !k.tile_rows)
+      sp = choose_ffn_splits(fs, *preset, k.order == PlanKnobs{}.order);
     if (sp.whole_waves && order) *order = ffn_whole_waves_order(sms);
     return build_ffn_graph(fs, sm90_ffn_tiling(fs, sms, sp.split_gate_up, sp.split_down, sp.whole_waves ? "even" : "tail:1",
                                                k.tile_rows))
@@ -136,23 +136,23 @@ FfnSplits choose_ffn_splits(const FfnShape& s, const GpuPreset& preset, bool who
   const int sms = preset.sms;
   const CacheConfig cache = validation_cache_config(preset, sms, false);
   const TimeParams tp = time_params(preset, sms);
-  auto predict = [&](const FfnTiling& t, bool whole_waves = false) {
+  auto predict = [&](const FfnTiling& t, bool waves = false) {
     const TileGraph g = build_ffn_graph(s, t).graph;
-    const Schedule order = make_order(g, whole_waves ? ffn_whole_waves_order(sms) : "kslices/col_major");
+    const Schedule order = make_order(g, waves ? ffn_whole_waves_order(sms) : "kslices/col_major");
     return predict_time(g, order, simulate(g, order, cache), tp).fused_us;
   };
   const FfnTiling rules = sm90_ffn_tiling(s, sms);
   best.rules_us = best.us = predict(rules);
   if (whole_waves) {
     // The last wave in slices (ffn_splits.hpp). Each op's candidates with the other op at its rule.
-    const int64_t rows = sm90::fit_act_rows(s.m), row_blocks = (s.m + rows - 1) / rows;
+    const FfnGraph rg = build_ffn_graph(s, rules);
     double fastest = best.us;
     FfnSplits pick;
     int op_best[2] = {0, 0};
     for (int op = 0; op < 2; ++op) {
-      const int64_t n = op == 0 ? (s.gated ? 2 : 1) * s.f : s.d;
-      const int64_t tiles = row_blocks * ((n + sm90::kTileRows - 1) / sm90::kTileRows), rem = tiles % sms;
-      if (tiles <= sms || rem == 0 || (op == 0 ? rules.gate_up : rules.down).split_k != 1) continue;
+      const Op& o = rg.graph.op(op == 0 ? rg.op_gate_up : rg.op_down);
+      const int64_t tiles = o.grid_m * o.grid_n, rem = tiles % sms;
+      if (tiles <= sms || rem == 0 || o.tiling.split_k != 1) continue;
       double op_fastest = best.rules_us;
       for (int sl : {2, 3, 4, 6, 8, 12, 16}) {
         if (rem * sl > 2 * int64_t(sms)) break;

@@ -250,9 +250,10 @@ FfnTiling sm90_tiling(const FfnShape& s, const FfnOptions& opt, const GpuPreset*
                            opt.split_down ? opt.split_down : int(k.down.split_k), "even", rows);
   }
   FfnSplits sp{opt.split_gate_up, opt.split_down};
+  // (The device query only where the model chooses; whole waves only with the order they come with.)
   if (opt.splits != "rules" && !sp.split_gate_up && !sp.split_down && opt.down_slices == "tail:1" &&
-      opt.order == FfnOptions{}.order && rows == sm90::fit_act_rows(s.m))  // (the device query only where the model chooses)
-    sp = choose_ffn_splits(s, named ? *named : device_preset(sms), opt.whole_waves);
+      rows == sm90::fit_act_rows(s.m))
+    sp = choose_ffn_splits(s, named ? *named : device_preset(sms), opt.whole_waves && opt.order == FfnOptions{}.order);
   FfnTiling t = sm90_ffn_tiling(s, sms, sp.split_gate_up, sp.split_down, sp.whole_waves ? "even" : opt.down_slices, rows);
   t.whole_waves = sp.whole_waves;
   return t;
