@@ -311,6 +311,8 @@ FusedFfn::FusedFfn(const FfnShape& shape, const FfnOptions& opt, const Schedule&
 }
 
 void FusedFfn::init(const FfnOptions& opt, const Schedule* order) {
+  if (opt.ticket_lead < 0 || opt.ticket_lead > 64)
+    throw InvalidArgument("FFN: ticket_lead " + std::to_string(opt.ticket_lead) + " is not in 0..64");
   const FfnTiling tiling = tiling_for(shape_, opt);
   g_ = build_ffn_graph(shape_, tiling);
   const TileGraph& G = g_.graph;
@@ -362,6 +364,7 @@ void FusedFfn::init(const FfnOptions& opt, const Schedule* order) {
   plan_ = std::make_unique<runtime::DevicePlan>(plan);
   packed_ = opt.packed_weights;
   overlap_ = opt.overlap_previous;
+  ticket_lead_ = opt.ticket_lead;
   if (packed_ && !sm90_)
     throw InvalidArgument("FFN: packed_weights is a layout of the sm90 tile body (mainloop '" + opt.mainloop + "')");
   if (overlap_ && !sm90_)
@@ -458,7 +461,7 @@ void FusedFfn::pack(const bf16* w_gate_up, const bf16* w_down, bf16* packed_gate
 
 void FusedFfn::launch(const Launch& l, const runtime::ExecParams& ep, int grid, cudaStream_t stream) const {
   if (sm90_) {
-    ffn_sm90::launch(ep, l.maps, l.ops, act_rows_, grid, overlap_, stream);
+    ffn_sm90::launch(ep, l.maps, l.ops, act_rows_, grid, overlap_, ticket_lead_, stream);
   } else {
     kernel_for(act_rows_ / 8, bk_, ks_)<<<grid, sm80::kThreads, smem_, stream>>>(ep, l.cp);
     TW_CUDA_CHECK_LAUNCH();

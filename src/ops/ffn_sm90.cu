@@ -7,14 +7,16 @@
 // the tile's producer counters; the ring is shared by consecutive tiles, so the next tile's
 // weights stream while the consumers still run this tile's epilogue (no drain at tile ends, which
 // a block-synchronous tile body cannot avoid). The two consumer warpgroups run the wgmmas and the
-// epilogue, then publish the tile on its counter.
+// epilogue, then publish the tile on its counter. Warp 1 draws the tickets (runtime/ticket_warp.cuh).
 //
 // No deadlock inside a CTA: the producer pushes a tile and issues all of its stages before it
 // touches the next one, so a tile the consumers have popped never waits on the producer; the
-// producer's own waits (queue slot, ring slot, counters) are released by the consumers finishing
-// earlier tiles or by other CTAs. Across CTAs the executor's argument holds unchanged
-// (runtime/executor.cuh): the prefetched ticket is taken only after this CTA's current tile is
-// fully issued, and a ticket's producers have smaller tickets.
+// producer's own waits (queue slot, ring slot, counters, the ticket warp's draw) are released by
+// the consumers finishing earlier tiles, by the ticket warp (which waits only for the producer's
+// request) or by other CTAs. Across CTAs the executor's argument holds unchanged
+// (runtime/executor.cuh): the block's next ticket is drawn while its current tile's last stages
+// are issued, so it holds its tickets in increasing order, and a ticket's producers have smaller
+// tickets.
 //
 // Coherence: h is written by other CTAs with ordinary stores and read here by TMA (the async
 // proxy). The writer fences the proxies before it releases its counter; the reader's acquire is
@@ -28,6 +30,7 @@
 #include "tileweave/kernels/activation.cuh"
 #include "tileweave/kernels/sm90/mainloop.cuh"
 #include "tileweave/runtime/executor.cuh"
+#include "tileweave/runtime/ticket_warp.cuh"
 #include "tileweave/util/cuda_check.hpp"
 
 namespace tw::ffn_sm90 {
@@ -37,7 +40,8 @@ using bf16 = __nv_bfloat16;
 
 struct Chain {
   OpArgs ops[2];
-  int32_t overlap;  // launched to overlap the previous kernel (launch() says more)
+  int32_t overlap;      // launched to overlap the previous kernel (launch() says more)
+  int32_t ticket_lead;  // stages before a tile's last one at which its block's next ticket is drawn
 };
 
 // In an overlapped launch, the stages of the block's first tile after its first that are pulled
@@ -101,17 +105,19 @@ __device__ __forceinline__ int stages_of(const OpArgs& o, const DeviceTile& t) {
 // Warp 0, all lanes (lane 0 issues; the warp polls the counters together).
 template <class Cfg>
 __device__ void run_producer(const Ring<Cfg>& ring, TileQueue& q, const Maps& maps, const runtime::ExecParams& ep,
-                             const Chain& cp, runtime::BlockSlots& slots) {
+                             const Chain& cp, runtime::BlockSlots& slots, runtime::TicketHandoff& handoff) {
   const int lane = threadIdx.x;
   const uint64_t w_policy = l2_evict_first(), x_policy = l2_evict_last();
   PipeState<Cfg> ps;
   int qs = 0;
-  uint32_t qphase = 0;
+  uint32_t qphase = 0, tphase = 0;
   for (bool first = true;; first = false) {
-    __syncwarp();  // lane 0's prefetch (slots.next*) is visible to the warp
+    if (lane == 0) runtime::take_handed_ticket(handoff, tphase);
+    __syncwarp();  // the ticket warp's draw (slots.next*) is visible to the warp
     int32_t id = slots.next_id;
-    if (id >= 0 && !first && ep.spin_limit && *reinterpret_cast<volatile uint32_t*>(&ep.state->error)) id = -1;
     const DeviceTile t = slots.next;
+    if (id >= 0 && !first && ep.spin_limit && *reinterpret_cast<volatile uint32_t*>(&ep.state->error)) id = -1;
+    if (id < 0 && lane == 0) runtime::want_next_ticket(handoff);  // an aborted launch: lets the ticket warp stop
     const OpArgs& o = cp.ops[id >= 0 ? t.op : 0];
     const int kst0 = id >= 0 ? o.slice_start[t.ks] : 0, n = id >= 0 ? stages_of(o, t) : 0;
     const int s0 = ps.stage;
@@ -163,14 +169,18 @@ __device__ void run_producer(const Ring<Cfg>& ring, TileQueue& q, const Maps& ma
       ptx::fence_proxy_async(ptx::space_global);
       for (int j = 0, s = s0; j < pre; ++j, s = (s + 1 == ps.count ? 0 : s + 1))
         issue_acts(ring, s, maps, t.op, t.tm, kst0 + j, x_policy);
+      // The next ticket is drawn by the ticket warp while this tile's last `ticket_lead` stages go
+      // out (runtime/ticket_warp.cuh): not before, since a drawn ticket is committed to this block
+      // (late in the launch another block may be free sooner), and not after, since the draw's
+      // round trips would then leave the ring empty when this tile's stages are all consumed.
+      const int want_at = max(pre, n - cp.ticket_lead);
       for (int j = pre; j < n; ++j) {
+        if (j == want_at) runtime::want_next_ticket(handoff);
         const int s = producer_acquire(ring, ps);
         issue_weights(ring, s, maps, o, t.op, t.tn, kst0 + j, w_policy);
         issue_acts(ring, s, maps, t.op, t.tm, kst0 + j, x_policy);
       }
-      // The next ticket only now: its round trips (ticket, descriptor) overlap the consumers
-      // working through this tile, not this tile's first activation copies.
-      runtime::prefetch_next<true>(ep, slots);
+      if (want_at >= n) runtime::want_next_ticket(handoff);
     }
   }
 }
@@ -380,6 +390,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(1024) uint8_t smem[];
   __shared__ runtime::BlockSlots slots;
   __shared__ TileQueue q;
+  __shared__ runtime::TicketHandoff handoff;
   __shared__ uint32_t flag;
   __shared__ __align__(16) uint8_t scratch[kStagedStores<Cfg> ? Cfg::kConsumerWarps * kStageWarpBytes : 16];
   const Ring<Cfg> ring = Ring<Cfg>::carve(smem);
@@ -389,6 +400,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(&q.full[i], 1);
       mbar_init(&q.empty[i], Cfg::kConsumerWarps);
     }
+    runtime::init_ticket_handoff(handoff);
     ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
     if (!cp.ops[0].w_packed) {  // packed weights are read by plain bulk copies: no weight maps
       tma_prefetch_desc(&maps.w0);
@@ -406,7 +418,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warp < 4) {
     // The producer's registers go to the consumers (setmaxnreg is per warpgroup).
     setmaxnreg_dec<56>();
-    if (warp == 0) run_producer(ring, q, maps, ep, cp, slots);
+    if (warp == 0) run_producer(ring, q, maps, ep, cp, slots, handoff);
+    else if (warp == 1) runtime::run_ticket_warp<true>(ep, slots, handoff);
   } else {
     setmaxnreg_inc<224>();
     runtime::grid_dependency_wait();  // the consumers' stores come after the previous kernel
@@ -499,8 +512,8 @@ CUtensorMap act_map(const bf16* a, int64_t rows, int64_t cols, int act_rows) {
 }
 
 void launch(const runtime::ExecParams& ep, const Maps& maps, const OpArgs (&ops)[2], int act_rows, int grid,
-            bool overlap, cudaStream_t stream) {
-  const Chain cp{{ops[0], ops[1]}, overlap ? 1 : 0};
+            bool overlap, int ticket_lead, cudaStream_t stream) {
+  const Chain cp{{ops[0], ops[1]}, overlap ? 1 : 0, ticket_lead};
   with_config(act_rows, [&](auto cfg) {
     using Cfg = decltype(cfg);
     const bool act = ops[0].act || ops[1].act;

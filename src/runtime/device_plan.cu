@@ -26,22 +26,26 @@ size_t align_up(size_t v) { return (v + 255) & ~size_t(255); }
 
 DevicePlan::DevicePlan(const ExecPlan& plan, int slots) : plan_(plan), slots_(slots) {
   if (slots < 1) throw InvalidArgument("DevicePlan: " + std::to_string(slots) + " launch-state slots (need >= 1)");
-  // One allocation: [state | signals | arrivals] (zeroed) then [order | tiles | waits] (uploaded).
+  // One allocation: [state | signals | arrivals] (zeroed) then [order | tiles | waits | units | ordered] (uploaded).
   const size_t state_b = align_up(size_t(slots) * sizeof(ExecState));
   const size_t sig_b = align_up(sizeof(uint32_t) * (plan.num_signal_counters + 1));
   const size_t arr_b = align_up(sizeof(uint32_t) * (plan.num_arrive_counters + 1));
   const size_t order_b = align_up(sizeof(int32_t) * plan.order.size());
   const size_t tiles_b = align_up(sizeof(DeviceTile) * plan.tiles.size());
+  const size_t ordered_b = align_up(sizeof(DeviceTile) * plan.order.size());
   const size_t waits_b = align_up(sizeof(WaitEntry) * (plan.waits.size() + 1));
   const size_t units_b = align_up(sizeof(int32_t) * (plan.units.size() + 1));
   counter_bytes_ = state_b + sig_b + arr_b;
-  const size_t total = counter_bytes_ + order_b + tiles_b + waits_b + units_b;
+  const size_t total = counter_bytes_ + order_b + tiles_b + waits_b + units_b + ordered_b;
   TW_CUDA_CHECK(cudaMalloc(&mem_, total));
   std::vector<char> host(total, 0);
   std::memcpy(host.data() + counter_bytes_, plan.order.data(), sizeof(int32_t) * plan.order.size());
   std::memcpy(host.data() + counter_bytes_ + order_b, plan.tiles.data(), sizeof(DeviceTile) * plan.tiles.size());
   std::memcpy(host.data() + counter_bytes_ + order_b + tiles_b, plan.waits.data(), sizeof(WaitEntry) * plan.waits.size());
   std::memcpy(host.data() + counter_bytes_ + order_b + tiles_b + waits_b, plan.units.data(), sizeof(int32_t) * plan.units.size());
+  const size_t ordered_at = counter_bytes_ + order_b + tiles_b + waits_b + units_b;
+  for (size_t i = 0; i < plan.order.size(); ++i)
+    std::memcpy(host.data() + ordered_at + sizeof(DeviceTile) * i, &plan.tiles[plan.order[i]], sizeof(DeviceTile));
   TW_CUDA_CHECK(cudaMemcpy(mem_, host.data(), total, cudaMemcpyHostToDevice));
   p_.state = reinterpret_cast<ExecState*>(mem_);
   p_.signals = reinterpret_cast<uint32_t*>(mem_ + state_b);
@@ -49,6 +53,7 @@ DevicePlan::DevicePlan(const ExecPlan& plan, int slots) : plan_(plan), slots_(sl
   p_.order = reinterpret_cast<const int32_t*>(mem_ + counter_bytes_);
   p_.tiles = reinterpret_cast<const DeviceTile*>(mem_ + counter_bytes_ + order_b);
   p_.waits = reinterpret_cast<const WaitEntry*>(mem_ + counter_bytes_ + order_b + tiles_b);
+  p_.ordered = reinterpret_cast<const DeviceTile*>(mem_ + ordered_at);
   p_.num_tiles = static_cast<int32_t>(plan.order.size());
   if (!plan.units.empty()) {
     p_.units = reinterpret_cast<const int32_t*>(mem_ + counter_bytes_ + order_b + tiles_b + waits_b);
@@ -102,6 +107,7 @@ ExecParams DevicePlan::params_range(int begin, int end, int slot, uint32_t spin_
     throw InvalidArgument("DevicePlan::params_range: the schedule has units (tickets of several tiles); run it whole");
   ExecParams p = params(spin_limit, delay_ns);
   p.order += begin;
+  p.ordered += begin;
   p.num_tiles = end - begin;
   p.state += slot;
   return p;

@@ -334,6 +334,11 @@ TEST(FusedFfn, BadInputIsRefusedBeforeLaunch) {
   FfnOptions too_many;
   too_many.blocks_per_sm = 1000;
   EXPECT_THROW(FusedFfn({16, 1024, 2816, true}, too_many), InvalidArgument);
+  for (int lead : {-1, 65}) {
+    FfnOptions bad_lead;
+    bad_lead.ticket_lead = lead;
+    EXPECT_THROW(FusedFfn({16, 1024, 2816, true}, bad_lead), InvalidArgument) << "ticket_lead " << lead;
+  }
   FfnOptions bad_mainloop;
   bad_mainloop.mainloop = "sm70";
   EXPECT_THROW(FusedFfn({16, 1024, 2816, true}, bad_mainloop), InvalidArgument);

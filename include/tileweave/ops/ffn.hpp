@@ -74,6 +74,10 @@ struct FfnOptions {
   // (ours do at their start; after any other kernel, only as its last blocks exit). The caller
   // promises that the kernel before does not write the weights (pack() them, then synchronise).
   bool overlap_previous = false;
+  // sm90: a block's next ticket is drawn (by its ticket warp) when its current tile has this many
+  // K stages left to issue, 0..64 (0: once all are issued, as the producer drew it before the
+  // ticket warp). For benchmarks; the default is ffn_sm90's kTicketLead.
+  int ticket_lead = 8;
 };
 
 // Elements of the packed W_gate_up and W_down (FusedFfn::pack) for a shape.
@@ -137,6 +141,7 @@ class FusedFfn {
   int fit_per_sm_ = 0, sms_ = 0;
   uint32_t spin_limit_ = 0, delay_ns_ = 0;
   bool packed_ = false, overlap_ = false;
+  int ticket_lead_ = 8;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
   // Counters count launches: one object runs either fused or as two kernels, never both.
   mutable int mode_ = 0;  // 0 unused, 1 fused, 2 two kernels

@@ -19,6 +19,9 @@ struct ExecState {
 struct ExecParams {
   const int32_t* order;
   const DeviceTile* tiles;
+  // tiles[order[i]] at i: a ticket's descriptor in one load beside order[i], not a second round trip
+  // after it (a round trip costs 1-3 us from an SM with bulk copies in flight: runtime/ticket_warp.cuh).
+  const DeviceTile* ordered;
   const WaitEntry* waits;
   uint32_t* signals;   // one per signal counter
   uint32_t* arrivals;  // one per split-K group

@@ -53,6 +53,18 @@ __device__ __forceinline__ bool reached(uint32_t value, uint32_t target) {
   return static_cast<int32_t>(value - target) >= 0;  // wrap-safe
 }
 // One thread: ticket u's first tile (or none past the last ticket) into the slots.
+// One thread: position pos's tile (or none, pos < 0) into the slots. Both loads are made before
+// either store, so they go out together: one round trip.
+__device__ __forceinline__ void take_position(const ExecParams& p, BlockSlots& s, int32_t pos) {
+  if (pos < 0) {
+    s.next_id = -1;
+    return;
+  }
+  const int32_t id = p.order[pos];
+  const DeviceTile t = p.ordered[pos];
+  s.next_id = id;
+  s.next = t;
+}
 template <bool kTickets>
 __device__ __forceinline__ void take_ticket(const ExecParams& p, BlockSlots& s, uint32_t u) {
   int32_t pos = u < static_cast<uint32_t>(p.num_tiles) ? static_cast<int32_t>(u) : -1;
@@ -65,8 +77,7 @@ __device__ __forceinline__ void take_ticket(const ExecParams& p, BlockSlots& s, 
     }
     s.next_pos = pos;
   }
-  s.next_id = pos >= 0 ? p.order[pos] : -1;
-  if (s.next_id >= 0) s.next = p.tiles[s.next_id];
+  take_position(p, s, pos);
 }
 }  // namespace detail
 
@@ -79,8 +90,7 @@ __device__ __forceinline__ void take_ticket(const ExecParams& p, BlockSlots& s, 
 template <bool kTickets = false>
 __device__ __forceinline__ void prefetch_next(const ExecParams& p, BlockSlots& s) {
   if (kTickets && s.next_pos >= 0 && s.next_pos + 1 < s.ticket_end) {
-    s.next_id = p.order[++s.next_pos];
-    s.next = p.tiles[s.next_id];
+    detail::take_position(p, s, ++s.next_pos);
     return;
   }
   // Tickets below the grid are static.
