@@ -4,6 +4,7 @@
 
 #include "ffn_sm90.hpp"
 #include "tileweave/model/validation.hpp"  // sm90_op_tiling
+#include "tileweave/ops/ffn.hpp"            // FfnOptions::ticket_lead
 #include "tileweave/order/orders.hpp"
 #include "tileweave/runtime/exec_plan.hpp"
 #include "tileweave/util/cuda_check.hpp"
@@ -86,7 +87,7 @@ void DecodeGemm::run(bf16* y, const bf16* x, const bf16* w, cudaStream_t stream)
             packed_ ? w : nullptr, int32_t(ffn_sm90::packed_atoms(k_)), 0, {}};  // y: read by no tile
   for (int64_t ks = 0; ks <= o.tiling.split_k; ++ks) ops[0].slice_start[ks] = int16_t((o.k_begin(ks) + step - 1) / step);
   ops[1] = ops[0];  // no tile of op 1 exists
-  ffn_sm90::launch(plan_->params(spin_limit_), maps, ops, act_rows_, grid_, overlap_, ffn_sm90::kTicketLead, stream);
+  ffn_sm90::launch(plan_->params(spin_limit_), maps, ops, act_rows_, grid_, overlap_, FfnOptions{}.ticket_lead, stream);
 }
 
 }  // namespace tw

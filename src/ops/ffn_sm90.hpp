@@ -19,11 +19,6 @@ using sm90::act_rows_for;
 using sm90::stage_cols_for;
 constexpr int kThreads = 384;  // 1 producer warpgroup + 2 consumer warpgroups
 
-// Stages before a tile's last one at which the next ticket is drawn: the draw's three L2 round trips
-// take up to ~6 us from an SM with copies in flight, ~8 stages of 32 KiB at one SM's share of the
-// floor.
-constexpr int kTicketLead = 8;
-
 constexpr int kMaxSlices = 64;  // split-K slices per op (the slice table lives in the kernel parameters)
 
 // One GEMM op of the chain.
@@ -84,7 +79,7 @@ CUtensorMap act_map(const __nv_bfloat16* a, int64_t rows, int64_t cols, int act_
 // for that kernel to finish (runtime/executor.cuh). The caller promises that no kernel writes the
 // weights while they are in use.
 // ticket_lead: the block's next ticket is drawn when its current tile has this many stages left to
-// issue (runtime/ticket_warp.cuh; kTicketLead unless a benchmark varies it).
+// issue (runtime/ticket_warp.cuh; FfnOptions::ticket_lead).
 void launch(const runtime::ExecParams& ep, const Maps& maps, const OpArgs (&ops)[2], int act_rows, int grid,
             bool overlap, int ticket_lead, cudaStream_t stream);
 

@@ -76,7 +76,7 @@ json candidate_json(const PlanCandidate& c) {
          {"tiles", c.tiles},
          {"tickets", c.tickets},
          {"waves", c.waves},
-         {"order", c.order},
+         {"schedule", c.order},  // the order spec the executor runs ("order": the knobs')
          {"simple", {{"dram_read", c.simple_read}, {"dram_write", c.simple_write}, {"us", c.simple_us}}},
          {"model", c.refined ? "partitioned" : "simple"},
          {"dram_read", c.read()},

@@ -76,7 +76,9 @@ struct FfnOptions {
   bool overlap_previous = false;
   // sm90: a block's next ticket is drawn (by its ticket warp) when its current tile has this many
   // K stages left to issue, 0..64 (0: once all are issued, as the producer drew it before the
-  // ticket warp). For benchmarks; the default is ffn_sm90's kTicketLead.
+  // ticket warp). 8: a draw's round trips take up to ~6 us from an SM with copies in flight, ~8
+  // stages of 32 KiB at one SM's share of the floor; 0 / 16 / 64 measured slower (docs/executor.md,
+  // "The ticket warp"). Also DecodeGemm's.
   int ticket_lead = 8;
 };
 
@@ -141,7 +143,7 @@ class FusedFfn {
   int fit_per_sm_ = 0, sms_ = 0;
   uint32_t spin_limit_ = 0, delay_ns_ = 0;
   bool packed_ = false, overlap_ = false;
-  int ticket_lead_ = 8;
+  int ticket_lead_ = 0;  // FfnOptions::ticket_lead, set by init
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
   // Counters count launches: one object runs either fused or as two kernels, never both.
   mutable int mode_ = 0;  // 0 unused, 1 fused, 2 two kernels
