@@ -1,8 +1,8 @@
 // FfnOptions from a variant spec: key=value pairs joined by ',' (bench_ffn --variants, bench_sweep
 // --also). Keys: mainloop, order, sync, bk, sg = split_gate_up, sd = split_down, bps = blocks_per_sm,
 // ks = k_split_warps, ds = down_slices, pw = packed_weights (1), ov = overlap_previous (1),
-// splits = model|rules, rows = tile_rows (pow2|fit|<n>), ww = whole_waves (0|1), tl = ticket_lead; unset keys keep
-// FfnOptions' defaults.
+// splits = model|rules, rows = tile_rows (pow2|fit|<n>), ww = whole_waves (0|1), tl = ticket_lead,
+// sf = split_finisher (0|1); unset keys keep FfnOptions' defaults.
 #pragma once
 
 #include <sstream>
@@ -35,6 +35,7 @@ inline FfnOptions parse_ffn_variant(const std::string& spec) {
     else if (k == "rows") o.tile_rows = v;
     else if (k == "ww") o.whole_waves = v == "1";
     else if (k == "tl") o.ticket_lead = std::stoi(v);
+    else if (k == "sf") o.split_finisher = v != "0";
     else
       throw InvalidArgument("variant '" + spec + "': unknown key '" + k +
                             "' (mainloop, order, sync, bk, sg, sd, bps, ks, ds, pw, ov, splits, rows, ww, tl)");

@@ -4,7 +4,7 @@
 
 #include "ffn_sm90.hpp"
 #include "tileweave/model/validation.hpp"  // sm90_op_tiling
-#include "tileweave/ops/ffn.hpp"            // FfnOptions::ticket_lead
+#include "tileweave/ops/ffn.hpp"            // FfnOptions::ticket_lead, split_finisher
 #include "tileweave/order/orders.hpp"
 #include "tileweave/runtime/exec_plan.hpp"
 #include "tileweave/util/cuda_check.hpp"
@@ -50,6 +50,7 @@ DecodeGemm::DecodeGemm(int64_t m, int64_t n, int64_t k, const DecodeGemmOptions&
   plan_ = std::make_unique<runtime::DevicePlan>(make_exec_plan(g_, sched_));
   if (opt.trace) plan_->enable_trace();  // the FFN's tile body stamps the times (ffn_sm90.cu)
   act_rows_ = static_cast<int>(t.bm);
+  split_finisher_ = FfnOptions{}.split_finisher && ffn_sm90::split_finisher_pays(act_rows_) && split_finisher_last(plan_->host());
   ffn_sm90::prepare_kernel(act_rows_);
   grid_ = sms;  // one CTA per SM (the tile body takes over half an SM's shared memory)
   const Op& o = g_.op(op_);
@@ -87,7 +88,8 @@ void DecodeGemm::run(bf16* y, const bf16* x, const bf16* w, cudaStream_t stream)
             packed_ ? w : nullptr, int32_t(ffn_sm90::packed_atoms(k_)), 0, {}};  // y: read by no tile
   for (int64_t ks = 0; ks <= o.tiling.split_k; ++ks) ops[0].slice_start[ks] = int16_t((o.k_begin(ks) + step - 1) / step);
   ops[1] = ops[0];  // no tile of op 1 exists
-  ffn_sm90::launch(plan_->params(spin_limit_), maps, ops, act_rows_, grid_, overlap_, FfnOptions{}.ticket_lead, stream);
+  ffn_sm90::launch(plan_->params(spin_limit_), maps, ops, act_rows_, grid_, overlap_, FfnOptions{}.ticket_lead,
+                   split_finisher_, stream);
 }
 
 }  // namespace tw

@@ -362,6 +362,9 @@ void FusedFfn::init(const FfnOptions& opt, const Schedule* order) {
   TW_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
 
   plan_ = std::make_unique<runtime::DevicePlan>(plan);
+  const bool split_tiles = std::any_of(plan.order.begin(), plan.order.end(), [&](int32_t id) { return plan.tiles[id].arrive >= 0; });
+  split_finisher_ = sm90_ && opt.split_finisher && split_tiles && ffn_sm90::split_finisher_pays(act_rows_) &&
+                    split_finisher_last(plan);
   packed_ = opt.packed_weights;
   overlap_ = opt.overlap_previous;
   ticket_lead_ = opt.ticket_lead;
@@ -461,7 +464,7 @@ void FusedFfn::pack(const bf16* w_gate_up, const bf16* w_down, bf16* packed_gate
 
 void FusedFfn::launch(const Launch& l, const runtime::ExecParams& ep, int grid, cudaStream_t stream) const {
   if (sm90_) {
-    ffn_sm90::launch(ep, l.maps, l.ops, act_rows_, grid, overlap_, ticket_lead_, stream);
+    ffn_sm90::launch(ep, l.maps, l.ops, act_rows_, grid, overlap_, ticket_lead_, split_finisher_, stream);
   } else {
     kernel_for(act_rows_ / 8, bk_, ks_)<<<grid, sm80::kThreads, smem_, stream>>>(ep, l.cp);
     TW_CUDA_CHECK_LAUNCH();

@@ -7,7 +7,8 @@
 // the tile's producer counters; the ring is shared by consecutive tiles, so the next tile's
 // weights stream while the consumers still run this tile's epilogue (no drain at tile ends, which
 // a block-synchronous tile body cannot avoid). The two consumer warpgroups run the wgmmas and the
-// epilogue, then publish the tile on its counter. Warp 1 draws the tickets (runtime/ticket_warp.cuh).
+// epilogue, then publish the tile on its counter. Warp 1 draws the tickets (runtime/ticket_warp.cuh);
+// warp 2 makes the arrivals of split slices that do not sum their tile (Chain::split_finisher).
 //
 // No deadlock inside a CTA: the producer pushes a tile and issues all of its stages before it
 // touches the next one, so a tile the consumers have popped never waits on the producer; the
@@ -42,6 +43,7 @@ struct Chain {
   OpArgs ops[2];
   int32_t overlap;      // launched to overlap the previous kernel (launch() says more)
   int32_t ticket_lead;  // stages before a tile's last one at which its block's next ticket is drawn
+  int32_t split_finisher;  // each split group's last slice in the schedule sums it (finish_tile)
 };
 
 // In an overlapped launch, the stages of the block's first tile after its first that are pulled
@@ -60,6 +62,21 @@ struct TileQueue {
   int32_t id[kQueue];
   uint64_t full[kQueue], empty[kQueue];
 };
+
+// A split slice's arrival, handed by the consumers to warp 2 (Chain::split_finisher). Named
+// barriers (1 is the consumers' own): the consumers arrive on kBarArrival once the entry is
+// written, warp 2 syncs there, copies it and arrives on kBarArrivalFree, where the consumers sync
+// before they write the next entry. No deadlock: warp 2 waits only for entries and its arrival
+// waits on nothing; the consumers wait only for warp 2's copy of the entry before. An entry with
+// arrive -1 ends warp 2.
+struct SplitArrival {
+  int32_t arrive, id;  // arrive -1: the last entry
+  uint32_t slices;
+};
+constexpr uint32_t kBarArrival = 2, kBarArrivalFree = 3, kArrivalThreads = 256 + 32;  // consumers + warp 2
+// At namespace scope: an address the kernel knows, not a pointer held across the mainloop (a register
+// the 256-row tiles do not have: 8 bytes spilled).
+__shared__ SplitArrival g_arrival;
 
 // Weight boxes of stage s for K stage kst. A gated tile's 16-row groups are 8 gate rows then the
 // same columns' 8 up rows (one 4-D box, tma.cuh), so each consumer thread holds a gate value and
@@ -292,37 +309,70 @@ __device__ __forceinline__ void store_tile_staged(const OpArgs& o, const DeviceT
 
 // Consumer warpgroups (256 threads): the tile's epilogue, then its signal. (Handing the split-K
 // arrival, the last slice's reduction and the release to the producer warpgroup's idle warps was
-// measured slower on the H200 at every M: 3-10% at M <= 16, 30% at M = 64.) `slices`: the K slices
+// measured slower on the H200 at every M: 3-10% at M <= 16, 30% at M = 64: one warp read the sums.
+// With `arrivals`, only the arrivals of the slices that do not sum go to warp 2.) `slices`: the K slices
 // of this output tile that acc holds (t and the ones fused before it, run_consumer); all of the
 // op's slices: no partial sums at all, the tile stores acc.
 template <class Cfg, bool kAct>
 __device__ __forceinline__ void finish_tile(const runtime::ExecParams& ep, uint32_t epoch, const OpArgs& o,
                                             const DeviceTile& t, int32_t id, float (&acc)[Cfg::kAcc], int ct,
-                                            volatile uint32_t* flag, int slices, uint8_t* scratch) {
+                                            volatile uint32_t* flag, int slices, uint8_t* scratch,
+                                            bool arrivals, int& handoffs) {
   constexpr int kConsumers = 128 * Cfg::kConsumerWGs;
   // A whole ticket of a split op (run_whole_units: no arrival counter) stores like an unsplit tile.
   const bool split = o.split > 1 && t.arrive >= 0;
+  uint32_t signal = uint32_t(slices);  // the increments of t's counter this epilogue publishes
+  bool stores = !split;
   if (split) {
     // Split-K: every slice adds its partial into the tile's fp32 block with vector reductions
     // (fire-and-forget, 16 B each, in fragment order so a warp's reductions cover 512 contiguous
-    // bytes); the slice that arrives last reads the sums, re-zeroes the block for the next launch
-    // and stores the tile. The schedule should keep a tile's slices apart in time (kslices/
-    // orders): slices running together would serialise on the same addresses in L2. (A slot per
-    // slice, the last slice adding the others', read back slower: docs/executor.md, "The
-    // epilogue's stores".)
+    // bytes), and one slice reads the sums, re-zeroes the block for the next launch and stores the
+    // tile. The schedule should keep a tile's slices apart in time (kslices/ orders): slices running
+    // together would serialise on the same addresses in L2. (A slot per slice, the last slice adding
+    // the others', read back slower: docs/executor.md, "The epilogue's stores".)
     // A stream-K unit's run of every slice adds nothing, but still arrives: the group's counter counts
     // o.split per launch.
     const bool whole = slices == o.split;
     float4* block = reinterpret_cast<float4*>(o.ws) + (int64_t(t.tm) * o.grid_n + t.tn) * (kConsumers * Cfg::kAcc / 4);
-    if (!whole) add_split_partials<Cfg>(block, acc, ct);
-    named_bar_sync(1, kConsumers);
-    if (ct == 0) *flag = runtime::arrive_last(ep, epoch, t, o.split, uint32_t(slices));
-    named_bar_sync(1, kConsumers);
-    if (ct == 0) runtime::trace_mark(ep, id, runtime::kTraceMark1);  // arrived
-    if (*flag && !whole) take_split_sums<Cfg>(block, acc, ct);
-    if (*flag && ct == 0) runtime::trace_mark(ep, id, runtime::kTraceMark2);  // thread 0 holds the sums
+    if (arrivals) {
+      // The finisher: the group's slice of the last K range, which the schedule puts after the
+      // others (FusedFfn checks it), so it never waits for a later ticket. It adds nothing to the
+      // block: it waits for the others' arrivals, adds their sums to its own and publishes the tile
+      // for all of them. The others add their partial and hand their arrival to warp 2: its release
+      // waits for every copy this SM has in flight (2.6 us behind one 64 KiB copy, sync_latency.json),
+      // the next tile's weights among them, while the consumers go on to that tile.
+      if (t.ks + 1 == o.split) {
+        // (A bounded wait that expires flags the launch failed; the tile is stored all the same.)
+        if (ct == 0) runtime::wait_other_slices(ep, epoch, t, uint32_t(o.split), uint32_t(slices));
+        named_bar_sync(1, kConsumers);
+        if (ct == 0) runtime::trace_mark(ep, id, runtime::kTraceMark1);  // the others arrived
+        if (!whole) take_split_sums<Cfg, true>(block, acc, ct);
+        if (ct == 0) {
+          runtime::trace_mark(ep, id, runtime::kTraceMark2);  // thread 0 holds the sums
+          cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(ep.arrivals[t.arrive]).fetch_add(
+              uint32_t(slices), cuda::memory_order_relaxed);  // the group's count for this launch
+        }
+        signal = uint32_t(o.split);
+        stores = true;
+      } else {
+        add_split_partials<Cfg>(block, acc, ct);
+        if (handoffs++) named_bar_sync(kBarArrivalFree, kArrivalThreads);
+        if (ct == 0) g_arrival = SplitArrival{t.arrive, id, uint32_t(slices)};
+        named_bar_arrive(kBarArrival, kArrivalThreads);
+        return;
+      }
+    } else {
+      if (!whole) add_split_partials<Cfg>(block, acc, ct);
+      named_bar_sync(1, kConsumers);
+      if (ct == 0) *flag = runtime::arrive_last(ep, epoch, t, o.split, uint32_t(slices));
+      named_bar_sync(1, kConsumers);
+      if (ct == 0) runtime::trace_mark(ep, id, runtime::kTraceMark1);  // arrived
+      if (*flag && !whole) take_split_sums<Cfg>(block, acc, ct);
+      if (*flag && ct == 0) runtime::trace_mark(ep, id, runtime::kTraceMark2);  // thread 0 holds the sums
+      stores = *flag != 0;
+    }
   }
-  if (!split || *flag) {  // one call site each: one copy of the unrolled stores
+  if (stores) {  // one call site each: one copy of the unrolled stores
     if constexpr (kStagedStores<Cfg>) {
       if (!o.silu && o.n % 8 == 0) store_tile_staged<Cfg, kAct>(o, t, acc, ct, scratch);
       else store_tile<Cfg, kAct>(o, t, acc, ct);
@@ -335,15 +385,17 @@ __device__ __forceinline__ void finish_tile(const runtime::ExecParams& ep, uint3
   if (ct == 0 && !split) runtime::trace_mark(ep, id, runtime::kTraceMark2);  // stored (a split tile's: summed)
   if (ct == 0) {
     // (else no tile of the launch reads this output)
-    if (o.publish) runtime::release_signal(ep, t, cuda::memory_order_release, uint32_t(slices));
+    if (o.publish) runtime::release_signal(ep, t, cuda::memory_order_release, signal);
     runtime::trace_mark(ep, id, runtime::kTraceDone);
   }
 }
 
 template <class Cfg, bool kAct>
 __device__ void run_consumer(const Ring<Cfg>& ring, TileQueue& q, const runtime::ExecParams& ep, const Chain& cp,
-                             const runtime::BlockSlots& slots, volatile uint32_t* flag, uint8_t* scratch) {
+                             const runtime::BlockSlots& slots, volatile uint32_t* flag, uint8_t* scratch,
+                             bool arrivals) {
   const int wg = threadIdx.x / 128 - 1, ct = threadIdx.x - 128;
+  int handoffs = 0;
   PipeState<Cfg> ps;
   int qs = 0;
   uint32_t qphase = 0;
@@ -356,7 +408,14 @@ __device__ void run_consumer(const Ring<Cfg>& ring, TileQueue& q, const runtime:
     __syncwarp();
     if (threadIdx.x % 32 == 0) mbar_arrive(&q.empty[qs]);
     if (++qs == kQueue) qs = 0, qphase ^= 1;
-    if (t.op < 0) break;
+    if (t.op < 0) {
+      if (arrivals) {  // warp 2's last entry
+        if (handoffs) named_bar_sync(kBarArrivalFree, kArrivalThreads);
+        if (ct == 0) g_arrival.arrive = -1;
+        named_bar_arrive(kBarArrival, kArrivalThreads);
+      }
+      break;
+    }
     const uint32_t epoch = slots.epoch;  // written before the producer's first queue entry
     if (ct == 0) runtime::trace_mark(ep, id, runtime::kTraceStarted);
     const OpArgs& o = cp.ops[t.op];
@@ -376,8 +435,27 @@ __device__ void run_consumer(const Ring<Cfg>& ring, TileQueue& q, const runtime:
         continue;
       }
     }
-    finish_tile<Cfg, kAct>(ep, epoch, o, t, id, acc, ct, flag, slices, scratch);
+    finish_tile<Cfg, kAct>(ep, epoch, o, t, id, acc, ct, flag, slices, scratch, arrivals, handoffs);
     slices = 0;
+  }
+}
+// Warp 2 with Chain::split_finisher: the arrivals the consumers hand it (SplitArrival), in order.
+// The consumers' reductions reach it through the barrier; its release makes them visible at GPU
+// scope before the count (cumulativity), as thread 0's after the consumers' barrier does otherwise.
+__device__ void run_split_arrivals(const runtime::ExecParams& ep) {
+  for (;;) {
+    named_bar_sync(kBarArrival, kArrivalThreads);
+    const SplitArrival a = g_arrival;
+    if (a.arrive < 0) break;
+    named_bar_arrive(kBarArrivalFree, kArrivalThreads);
+    if (threadIdx.x % 32 == 0) {
+      // Tests: a finisher that skips its wait reads missing sums (the delay's hash takes the counter).
+      runtime::stress_delay(ep, DeviceTile{0, 0, a.arrive, 0, 0, 0, 0, a.arrive}, true);
+      cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(ep.arrivals[a.arrive]).fetch_add(a.slices,
+                                                                                             cuda::memory_order_release);
+      runtime::trace_mark(ep, a.id, runtime::kTraceMark1);  // arrived
+      runtime::trace_mark(ep, a.id, runtime::kTraceDone);
+    }
   }
 }
 #endif  // TW_SM90_ENABLED
@@ -420,10 +498,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     setmaxnreg_dec<56>();
     if (warp == 0) run_producer(ring, q, maps, ep, cp, slots, handoff);
     else if (warp == 1) runtime::run_ticket_warp<true>(ep, slots, handoff);
+    else if (warp == 2 && cp.split_finisher) run_split_arrivals(ep);
   } else {
     setmaxnreg_inc<224>();
     runtime::grid_dependency_wait();  // the consumers' stores come after the previous kernel
-    run_consumer<Cfg, kAct>(ring, q, ep, cp, slots, &flag, scratch);
+    run_consumer<Cfg, kAct>(ring, q, ep, cp, slots, &flag, scratch, cp.split_finisher != 0);
   }
   runtime::end_launch(ep, slots);
 #elif defined(__CUDA_ARCH__)
@@ -512,8 +591,8 @@ CUtensorMap act_map(const bf16* a, int64_t rows, int64_t cols, int act_rows) {
 }
 
 void launch(const runtime::ExecParams& ep, const Maps& maps, const OpArgs (&ops)[2], int act_rows, int grid,
-            bool overlap, int ticket_lead, cudaStream_t stream) {
-  const Chain cp{{ops[0], ops[1]}, overlap ? 1 : 0, ticket_lead};
+            bool overlap, int ticket_lead, bool split_finisher, cudaStream_t stream) {
+  const Chain cp{{ops[0], ops[1]}, overlap ? 1 : 0, ticket_lead, split_finisher ? 1 : 0};
   with_config(act_rows, [&](auto cfg) {
     using Cfg = decltype(cfg);
     const bool act = ops[0].act || ops[1].act;

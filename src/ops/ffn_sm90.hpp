@@ -51,6 +51,15 @@ struct Maps {
 // Dynamic shared memory of the kernel for that tile height (sets the function attribute once).
 int prepare_kernel(int act_rows);
 
+// Tiles of more than 64 activation rows: their slices' partial sums (up to 128 KiB of reductions a
+// tile) are what the consumers waited on before their arrival, and the split finisher takes that
+// wait off them (H200, bench_sweep seeds 16 and 2026 against the last-arriver protocol, three runs:
+// 0.971-0.973x the time in geomean at M = 65-512, 0.995-0.998x in prefill). At 64 rows and fewer it
+// was 1.002-1.005x (a traced gated FFN d = 6400, F = 4096 at M = 37: 60.8 against 55.0 us): a
+// tile's slices run together there, and the fixed slice waits for the others where the last to
+// arrive would not.
+inline bool split_finisher_pays(int act_rows) { return act_rows > 64; }
+
 // The packed weight layout (FusedFfn::pack): tile by tile (a tile's kTileRows rows in the order the
 // tensor maps deliver them: plain rows, or W_gate_up's interleaved 8-gate/8-up groups), each tile
 // as packed_atoms(cols) blocks of 64 columns, each block kTileRows x 128 bytes already in the
@@ -80,7 +89,10 @@ CUtensorMap act_map(const __nv_bfloat16* a, int64_t rows, int64_t cols, int act_
 // weights while they are in use.
 // ticket_lead: the block's next ticket is drawn when its current tile has this many stages left to
 // issue (runtime/ticket_warp.cuh; FfnOptions::ticket_lead).
+// split_finisher: each split group's slice of the last K range sums the group and the others'
+// arrivals go to a warp of their own (FfnOptions::split_finisher); the schedule must put that slice
+// after the group's others (split_finisher_last), and split_finisher_pays says where it is worth it.
 void launch(const runtime::ExecParams& ep, const Maps& maps, const OpArgs (&ops)[2], int act_rows, int grid,
-            bool overlap, int ticket_lead, cudaStream_t stream);
+            bool overlap, int ticket_lead, bool split_finisher, cudaStream_t stream);
 
 }  // namespace tw::ffn_sm90

@@ -285,3 +285,28 @@ TEST(StreamK, WholeWavesRunTheirTilesUnsplit) {
   for (const char* bad : {"waves/row_major", "waves:0/row_major", "waves:4", "waves:2/streamk:2/row_major", "wave:2/row_major"})
     EXPECT_THROW(make_order(G, bad), InvalidArgument) << bad;
 }
+
+// The sm90 body's split finisher (FfnOptions::split_finisher) needs each split group's slice of the
+// last K range after the group's other slices in the order: then its wait for them is a wait for
+// earlier tickets only. 3 blocks x 4 slices.
+TEST(StreamK, SplitFinisherComesLastInItsGroup) {
+  const GemmGraph g = three_blocks();
+  const TileGraph& G = g.graph;
+  for (const char* spec : {"row_major", "col_major", "kslices/row_major", "kslices/col_major", "streamk:5/row_major"})
+    EXPECT_TRUE(split_finisher_last(make_exec_plan(G, make_order(G, spec)))) << spec;
+  // Block 1's slices 1 and 3 swapped: its slice of the last K range is no longer its last ticket.
+  Schedule s = make_order(G, "row_major");
+  const auto at = [&](int tn, int ks) {
+    return std::find(s.order.begin(), s.order.end(), G.tile_id(0, 0, tn, ks)) - s.order.begin();
+  };
+  std::swap(s.order[at(1, 1)], s.order[at(1, 3)]);
+  EXPECT_FALSE(split_finisher_last(make_exec_plan(G, s)));
+  // Whole runs carry no arrival counter and take no part; the last wave's block keeps its order.
+  const GemmGraph g5 = build_gemm_graph(64, 320, 256, {64, 64, 64, 4});
+  ExecPlan plan = make_exec_plan(g5.graph, make_order(g5.graph, "waves:2/kslices/row_major"));
+  ASSERT_TRUE(run_whole_units(plan, g5.graph));
+  EXPECT_TRUE(split_finisher_last(plan));
+  // An op without split-K has no groups.
+  const GemmGraph one = build_gemm_graph(64, 192, 256, {64, 64, 64, 1});
+  EXPECT_TRUE(split_finisher_last(make_exec_plan(one.graph, make_order(one.graph, "row_major"))));
+}

@@ -284,6 +284,53 @@ TEST(FusedFfn, ExplicitSplitsAndBlocksPerSm) {
   }
 }
 
+// The sm90 split finisher (tiles of more than 64 activation rows): each split tile's slice of the
+// last K range waits for the others' arrivals (made by warp 2 of their blocks) and sums; against the
+// last-arriver protocol on the same shapes. Split orders and stream-K tickets (runs of slices summed
+// in registers), explicit and planned splits, random delays before the arrivals, two launches each
+// (the arrival counters carry over).
+TEST(FusedFfn, SplitFinisherMatchesReference) {
+  TW_REQUIRE_GPU();
+  if (!have_sm90()) GTEST_SKIP() << "the split finisher is the sm90 body's";
+  struct C {
+    FfnShape s;
+    const char* order;
+    int sg, sd;
+    uint32_t delay_ns;
+  };
+  for (const C& c : std::vector<C>{{{100, 1024, 2816, true}, "kslices/col_major", 3, 5, 0},
+                                   {{150, 1024, 2816, true}, "op_by_op_column", 2, 7, 20'000},
+                                   {{300, 520, 1000, true}, "kslices/col_major", 0, 0, 0},
+                                   {{200, 1536, 1152, false}, "streamk", 0, 0, 0},
+                                   {{513, 1024, 2816, true}, "streamk", 0, 0, 20'000},
+                                   {{256, 1536, 1152, false}, "kslices/col_major", 0, 0, 20'000}})
+    for (const std::string ml : {"sm90", "sm90p"})
+      for (const bool finisher : {true, false}) {
+        FfnData data(c.s);
+        FfnOptions opt;
+        set_mainloop(opt, ml);
+        opt.order = c.order;
+        opt.split_gate_up = c.sg;
+        opt.split_down = c.sd;
+        opt.split_finisher = finisher;
+        opt.spin_limit = 20'000'000;
+        opt.delay_ns = c.delay_ns;
+        FusedFfn ffn(data.s, opt);
+        const std::string what = ml + " M=" + std::to_string(c.s.m) + " " + c.order + " finisher " + std::to_string(finisher);
+        EXPECT_EQ(ffn.uses_split_finisher(), finisher) << what;  // every case has split tiles of > 64 rows
+        for (int i = 0; i < 2; ++i) {
+          data.new_input();
+          EXPECT_LT(data.check(ffn), kTol) << what << " launch " << i;
+        }
+      }
+  // At 64 rows and fewer the option stays off (the last to arrive sums: split_finisher_pays).
+  FfnData small({37, 1024, 2816, true});
+  FfnOptions opt;
+  opt.mainloop = "sm90";
+  opt.split_gate_up = 3;
+  EXPECT_FALSE(FusedFfn(small.s, opt).uses_split_finisher());
+}
+
 // Producers sleep a random while before publishing: a consumer that skips a wait reads a
 // poisoned or stale h and fails.
 TEST(FusedFfn, StressDelayedProducers) {

@@ -55,6 +55,7 @@ class DecodeGemm {
  private:
   int64_t m_, n_, k_;
   bool packed_, overlap_;
+  bool split_finisher_ = false;  // FfnOptions::split_finisher where the schedule allows it
   TileGraph g_;
   int op_ = -1;
   Schedule sched_;

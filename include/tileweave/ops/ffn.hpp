@@ -80,6 +80,13 @@ struct FfnOptions {
   // stages of 32 KiB at one SM's share of the floor; 0 / 16 / 64 measured slower (docs/executor.md,
   // "The ticket warp"). Also DecodeGemm's.
   int ticket_lead = 8;
+  // sm90, split-K ops on tiles of more than 64 activation rows (M > 64): each output tile's slice of
+  // the last K range sums the tile (it waits for the others' arrivals, which a warp of their block
+  // makes while its consumers go on to their next tile), where the schedule puts that slice after
+  // the tile's others; false, smaller tiles or another schedule: the last slice to arrive sums
+  // (every slice's consumers wait for their own arrival). Also DecodeGemm's. docs/executor.md,
+  // "The split finisher".
+  bool split_finisher = true;
 };
 
 // Elements of the packed W_gate_up and W_down (FusedFfn::pack) for a shape.
@@ -121,6 +128,7 @@ class FusedFfn {
   int grid() const { return grid_; }
   bool uses_sm90() const { return sm90_; }
   bool uses_packed_weights() const { return packed_; }
+  bool uses_split_finisher() const { return split_finisher_; }  // FfnOptions::split_finisher, where it applies
   int act_rows_per_tile() const { return act_rows_; }
   // Graph tiling used for a shape (same rule as the constructor): for the model and the CLI.
   static FfnTiling tiling_for(const FfnShape& shape, const FfnOptions& opt);
@@ -144,6 +152,7 @@ class FusedFfn {
   uint32_t spin_limit_ = 0, delay_ns_ = 0;
   bool packed_ = false, overlap_ = false;
   int ticket_lead_ = 0;  // FfnOptions::ticket_lead, set by init
+  bool split_finisher_ = false;  // FfnOptions::split_finisher where the schedule allows it
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
   // Counters count launches: one object runs either fused or as two kernels, never both.
   mutable int mode_ = 0;  // 0 unused, 1 fused, 2 two kernels

@@ -238,8 +238,10 @@ __device__ __forceinline__ void trace_mark(const ExecParams& p, int32_t id, Trac
   p.trace[int64_t(id) * kTraceWords + w] = v;
 }
 
-__device__ __forceinline__ void stress_delay(const ExecParams& p, const DeviceTile& t) {
-  if (p.delay_ns && threadIdx.x == 0) {
+// Tests (ExecParams::delay_ns): a random sleep before a release. `me`: the calling thread is the
+// one that releases (thread 0 unless said).
+__device__ __forceinline__ void stress_delay(const ExecParams& p, const DeviceTile& t, bool me = false) {
+  if (p.delay_ns && (me || threadIdx.x == 0)) {
     uint32_t h = static_cast<uint32_t>(t.tm * 73856093) ^ static_cast<uint32_t>(t.tn * 19349663) ^
                  static_cast<uint32_t>(t.ks * 83492791) ^ static_cast<uint32_t>(clock64());
     h ^= h >> 13;
@@ -274,6 +276,26 @@ __device__ __forceinline__ bool arrive_last(const ExecParams& p, uint32_t epoch,
   const uint32_t old = cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(p.arrivals[t.arrive])
                            .fetch_add(slices, cuda::memory_order_acq_rel);
   return old == splits * (epoch + 1) - slices;
+}
+
+// One thread: waits until every other slice of t's split group has arrived in this launch (the group's
+// counter at splits * (epoch + 1) - slices), then acquires their sums. For the slice that the schedule
+// puts last in its group (FfnOptions::split_finisher), which then arrives itself with arrive_after.
+// False if a bounded wait expired (the launch is flagged failed).
+__device__ __forceinline__ bool wait_other_slices(const ExecParams& p, uint32_t epoch, const DeviceTile& t,
+                                                  uint32_t splits, uint32_t slices) {
+  const uint32_t target = splits * (epoch + 1) - slices;
+  cuda::atomic_ref<const uint32_t, cuda::thread_scope_device> count(p.arrivals[t.arrive]);
+  uint32_t polls = 0, backoff = 32;
+  while (!detail::reached(count.load(cuda::memory_order_acquire), target)) {
+    __nanosleep(backoff);
+    backoff = min(backoff * 2, 256u);
+    if (p.spin_limit && ++polls > p.spin_limit) {
+      atomicExch(&p.state->error, 1u);
+      return false;
+    }
+  }
+  return true;
 }
 
 // All threads, after writing this split's partial sums: true in the one split of the group that

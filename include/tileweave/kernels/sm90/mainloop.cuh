@@ -269,7 +269,9 @@ __device__ __forceinline__ void add_split_partials(float4* block, const float (&
 // The last slice, after its acquire: the sums into acc, the block re-zeroed. All loads before any store:
 // a store between two loads would serialise one L2 round trip per load (the compiler cannot move loads
 // past stores it cannot disambiguate; measured 15% on the FFN at M = 64).
-template <class Cfg>
+// kAdd: acc holds this slice's own part, which it did not add to the block (the split's finisher,
+// FfnOptions::split_finisher): the sums are added to it.
+template <class Cfg, bool kAdd = false>
 __device__ __forceinline__ void take_split_sums(float4* block, float (&acc)[Cfg::kAcc], int ct) {
   constexpr int kThreads = 128 * Cfg::kConsumerWGs;
   // No fence here: the arrival's acquire (one thread) and the barrier after it order these loads after
@@ -279,7 +281,8 @@ __device__ __forceinline__ void take_split_sums(float4* block, float (&acc)[Cfg:
 #pragma unroll
   for (int q = 0; q < Cfg::kAcc / 4; ++q) {
     const float4 v = __ldcg(block + q * kThreads + ct);
-    acc[4 * q] = v.x, acc[4 * q + 1] = v.y, acc[4 * q + 2] = v.z, acc[4 * q + 3] = v.w;
+    if constexpr (kAdd) acc[4 * q] += v.x, acc[4 * q + 1] += v.y, acc[4 * q + 2] += v.z, acc[4 * q + 3] += v.w;
+    else acc[4 * q] = v.x, acc[4 * q + 1] = v.y, acc[4 * q + 2] = v.z, acc[4 * q + 3] = v.w;
   }
 #pragma unroll
   for (int q = 0; q < Cfg::kAcc / 4; ++q) __stcg(block + q * kThreads + ct, make_float4(0.f, 0.f, 0.f, 0.f));
