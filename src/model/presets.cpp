@@ -87,6 +87,8 @@ L2Params hopper_l2() {
 //   (bench/results/h200/ffn_trace_streamk_*.json), and 1.5 fits the measured stream-K / default
 //   ratio over the seed-16 sweep's 59 shapes that differ only in the order (rms log error 0.148 ->
 //   0.063; model geomean 1.043 -> 1.180 against 1.189 measured; sweep_streamk_fit_ab.json).
+// - split_finisher_rows 64: not a fit but the executor's rule (ffn_sm90::split_finisher_pays): the
+//   sm90 body sums a split tile of more than 64 rows in its slice of the last K range.
 // The H100 takes the H200's (same SMs and L2 design; not measured); the A100 none (roofline only).
 GpuPreset gpu_preset(const std::string& name) {
   GpuPreset p;
@@ -96,12 +98,12 @@ GpuPreset gpu_preset(const std::string& name) {
     p.l2_bytes = int64_t{60} << 20, p.sms = 132, p.read_tbps = 4.68, p.gemm_tflops = 716;
     p.sm_stream_gbps = 37, p.launch_us = 3;
     p.tile_tflops = 830, p.tile_fixed_us = 5.5, p.overlap_power = 3, p.reduce_tbps = 0.65, p.reduce_block_gbps = 35;
-    p.slice_restart_us = 1.5, p.tile_fixed_base_us = 2.0;
+    p.slice_restart_us = 1.5, p.tile_fixed_base_us = 2.0, p.split_finisher_rows = 64;
   } else if (name == "h100") {
     p.l2_bytes = int64_t{50} << 20, p.sms = 132, p.read_tbps = 3.13, p.gemm_tflops = 716;
     p.sm_stream_gbps = 37, p.launch_us = 3;
     p.tile_tflops = 830, p.tile_fixed_us = 5.5, p.overlap_power = 3, p.reduce_tbps = 0.65, p.reduce_block_gbps = 35;
-    p.slice_restart_us = 1.5, p.tile_fixed_base_us = 2.0;
+    p.slice_restart_us = 1.5, p.tile_fixed_base_us = 2.0, p.split_finisher_rows = 64;
   } else if (name == "a100") {
     p.l2_bytes = int64_t{40} << 20, p.sms = 108, p.read_tbps = 1.90, p.gemm_tflops = 280;
     p.sm_stream_gbps = 40, p.launch_us = 4;
@@ -152,6 +154,7 @@ GpuPreset gpu_preset_from_json(const std::string& text, const std::string& what)
   p.reduce_tbps = num(j, "reduce_tbps", 0, 1e3, p.reduce_tbps);
   p.reduce_block_gbps = num(j, "reduce_block_gbps", 0, 1e6, p.reduce_block_gbps);
   p.slice_restart_us = num(j, "slice_restart_us", 0, 1e6, p.slice_restart_us);
+  p.split_finisher_rows = static_cast<int>(num(j, "split_finisher_rows", 0, 1e6, p.split_finisher_rows));
   p.overlap_power = num(j, "overlap_power", 0, 1e3, p.overlap_power);
   if (j.contains("l2")) {
     const nlohmann::json& l = j["l2"];

@@ -22,6 +22,7 @@ void TimeParams::validate() const {
   if (!(overlap_power >= 0)) throw InvalidArgument("compute/memory overlap power must be >= 0, got " + to_text(overlap_power));
   if (!(reduce_block_gbps >= 0)) throw InvalidArgument("same-block reduction rate must be >= 0, got " + to_text(reduce_block_gbps) + " GB/s");
   if (!(slice_restart_us >= 0)) throw InvalidArgument("slice restart latency must be >= 0, got " + to_text(slice_restart_us) + " us");
+  if (split_finisher_rows < 0) throw InvalidArgument("split finisher rows must be >= 0, got " + std::to_string(split_finisher_rows));
   if (!(reduce_tbps >= 0)) throw InvalidArgument("split-K reduction rate must be >= 0, got " + to_text(reduce_tbps) + " TB/s");
 }
 
@@ -39,6 +40,7 @@ TimeParams time_params(const GpuPreset& gpu, int slots) {
   p.overlap_power = gpu.overlap_power;
   p.reduce_block_gbps = gpu.reduce_block_gbps;
   p.slice_restart_us = gpu.slice_restart_us;
+  p.split_finisher_rows = gpu.split_finisher_rows;
   return p;
 }
 
@@ -82,6 +84,8 @@ struct TileCost {
   double reduce_bytes = 0;
   int group = -1;         // split-K output block (index into the group table), -1 if unsplit
   double fixed_us = -1;   // latency before the first step; -1: the GEMM tile's (TimeParams::tile_fixed_us)
+  bool last_k = false;    // a split tile of more than split_finisher_rows rows holding its block's last K range
+  bool finisher_op = false;  // its op's tiles are that tall (TimeParams::split_finisher_rows)
 };
 
 struct Costs {
@@ -140,6 +144,8 @@ Costs tile_costs(const TileGraph& g, const TrafficReport& r, const TimeParams& p
         if (w.tensor == o.workspace) tc.reduce_bytes += double(w.rows() * w.cols()) * g.tensor(w.tensor).elem_bytes;
       tc.group = first_group + static_cast<int>(t.tm * o.grid_n + t.tn);
       ++c.group_slices[tc.group];
+      tc.finisher_op = p.split_finisher_rows > 0 && o.tiling.bm > p.split_finisher_rows;
+      tc.last_k = tc.finisher_op && t.ks == o.tiling.split_k - 1;
     }
   }
   return c;
@@ -166,6 +172,21 @@ double replay(const TileGraph& g, const Schedule& s, const Costs& c, const TimeP
   std::vector<int> group_left = c.group_slices;
   for (int id = 0; id < g.num_tiles(); ++id)
     if (!in_set[id] && c.tile[id].group >= 0) --group_left[c.tile[id].group];
+  // The split finisher applies where every group's last-K slice comes last in the order, as the
+  // executor requires (split_finisher_last); the others' sums are then served by group_served, and
+  // a finisher that arrives first waits (its position in pending).
+  bool finisher = p.split_finisher_rows > 0;
+  {
+    std::vector<int> last_ks(c.group_slices.size(), -1), max_ks(c.group_slices.size(), -1);
+    for (int id : order)
+      if (c.tile[id].group >= 0) {
+        last_ks[c.tile[id].group] = int(g.tile(id).ks);
+        max_ks[c.tile[id].group] = std::max(max_ks[c.tile[id].group], int(g.tile(id).ks));
+      }
+    for (size_t b = 0; b < last_ks.size(); ++b) finisher = finisher && last_ks[b] == max_ks[b];
+  }
+  std::vector<double> group_served(c.group_slices.size(), 0.0);
+  std::vector<int> pending(c.group_slices.size(), -1);
 
   enum Phase { Wait, Main, Epi };
   struct Run {
@@ -174,7 +195,9 @@ double replay(const TileGraph& g, const Schedule& s, const Costs& c, const TimeP
     double ready;  // Wait: the fixed latency's end
     double left;   // Main: K-steps left
     double rate;   // Main: K-steps per us now
-    double end;    // Epi: when the output is complete
+    double end;    // Epi: when the slot is free (kInf: a finisher waiting for its block's other slices)
+    double out;    // Epi: when its output is complete (at or after end; the reductions a slot left behind)
+    double main_end;  // Epi: when its K-steps ended
   };
   auto id_of = [&](const Run& a) { return order[a.at.pos]; };
   // A slot's next tile (the rest of its ticket, else a new ticket): its fixed latency runs from now.
@@ -269,25 +292,43 @@ double replay(const TileGraph& g, const Schedule& s, const Costs& c, const TimeP
       const TileCost& tc = c.tile[id_of(a)];
       const int slices = a.at.run_slices();
       a.phase = Epi;
-      a.end = now;
+      a.end = a.main_end = now;
       if (tc.reduce_bytes > 0 && slices < c.group_slices[tc.group]) {
-        if (reduce_bpus > 0) {
-          reduce_free = std::max(reduce_free, now) + tc.reduce_bytes / reduce_bpus;
-          a.end = reduce_free;
+        const bool as_finisher = finisher && tc.finisher_op;
+        const double read_back = 2 * tc.reduce_bytes / sm_bpus;
+        if (as_finisher && tc.last_k) {
+          // The finisher: no partial sums of its own; once the others' are served it reads them back.
+          if ((group_left[tc.group] -= slices) == 0) a.end = std::max(now, group_served[tc.group]) + read_back;
+          else a.end = kInf, pending[tc.group] = a.at.pos;
+          a.out = a.end;
+          continue;
         }
+        double served = now;
+        if (reduce_bpus > 0) served = reduce_free = std::max(reduce_free, now) + tc.reduce_bytes / reduce_bpus;
         if (block_bpus > 0) {
           double& b = block_free[tc.group];
           b = std::max(b, now) + tc.reduce_bytes / block_bpus;
-          a.end = std::max(a.end, b);
+          served = std::max(served, b);
         }
-        if ((group_left[tc.group] -= slices) == 0) a.end += 2 * tc.reduce_bytes / sm_bpus;
+        const bool last = (group_left[tc.group] -= slices) == 0;
+        if (as_finisher) {
+          // The slot goes on at once; the finisher, waiting or to come, reads back after `served`.
+          group_served[tc.group] = std::max(group_served[tc.group], served);
+          a.out = served;
+          if (last && pending[tc.group] >= 0)
+            for (Run& f : active)
+              if (f.phase == Epi && f.at.pos == pending[tc.group]) f.end = f.out = std::max(f.main_end, group_served[tc.group]) + read_back;
+          continue;
+        }
+        a.end = served + (last ? read_back : 0.0);
       }
+      a.out = a.end;
     }
     for (size_t i = 0; i < active.size();) {
       Run& a = active[i];
       if (a.phase == Epi && a.end <= now + eps) {
-        for (int q = a.at.run_begin; q <= a.at.pos; ++q) done[order[q]] = out.end[order[q]] = a.end;
-        makespan = std::max(makespan, a.end);
+        for (int q = a.at.run_begin; q <= a.at.pos; ++q) done[order[q]] = out.end[order[q]] = a.out;
+        makespan = std::max(makespan, a.out);
         if (dealer.next(a.at)) {  // the slot's next tile
           take(a, now);
           ++i;

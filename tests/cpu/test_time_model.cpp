@@ -181,6 +181,39 @@ TEST(TimeModel, ReplaySplitKReductions) {
   EXPECT_NEAR(tt.end[s.order[3]], 5 + 2, 1e-9);  // block 0's last slice: served 4..5, read back to 7
 }
 
+// The split finisher (TimeParams::split_finisher_rows, the sm90 body's tiles of more than that many
+// rows): one 64 x 64 block in 4 K slices of one step on 2 SMs, each slice's partial sums (16384 B)
+// served by the L2 in 1 us, the read-back free. Last to arrive sums: slices 0 and 1 compute 0..1 and
+// hold their SMs until served (2 and 3); slice 2 runs 2..3, served 3..4; slice 3 runs 3..4, served
+// 4..5: 5 us. The finisher: slices 0 and 1 leave their SMs at 1 (served 1..2, 2..3), slices 2 and 3
+// compute 1..2, slice 2 is served 3..4 and slice 3 (the last K range) adds nothing, reads back at 4.
+TEST(TimeModel, ReplaySplitFinisher) {
+  const GemmGraph g = build_gemm_graph(64, 64, 256, {64, 64, 64, 4});
+  const Schedule s = make_order(g.graph, "kslices/row_major");
+  const TrafficReport r = bytes_report(g.graph, {0});
+  TimeParams p = toy(2);
+  p.sm_stream_gbps = 1e9;  // the read-back takes ~0
+  p.reduce_tbps = 16384 / 1e6;
+  EXPECT_NEAR(predict_time(g.graph, s, r, p).fused_us, 5, 1e-6);
+  p.split_finisher_rows = 32;  // 64-row tiles: summed by their slice of the last K range
+  const TileTimes tt = replay_tiles(g.graph, s, r, p);
+  EXPECT_NEAR(tt.makespan, 4, 1e-6);
+  EXPECT_NEAR(tt.end[g.graph.tile_id(0, 0, 0, 3)], 4, 1e-6);
+  EXPECT_NEAR(tt.take[g.graph.tile_id(0, 0, 0, 2)], 1, 1e-6);  // slice 0's SM went on at once
+  EXPECT_NEAR(predict_time(g.graph, s, r, p).ops[0].reduce_bytes, 4 * 16384.0, 1e-6);  // the graph's, as written
+  // Tiles of 64 rows with the threshold at 64: the last to arrive sums.
+  p.split_finisher_rows = 64;
+  EXPECT_NEAR(predict_time(g.graph, s, r, p).fused_us, 5, 1e-6);
+  // An order that puts a block's last K range before another of its slices: the executor runs the
+  // last-arriver protocol, and so does the replay.
+  p.split_finisher_rows = 32;
+  Schedule swapped = s;
+  std::swap(swapped.order[2], swapped.order[3]);
+  EXPECT_NEAR(predict_time(g.graph, swapped, r, p).fused_us, 5, 1e-6);
+  p.split_finisher_rows = -1;
+  EXPECT_THROW(predict_time(g.graph, s, r, p), InvalidArgument);
+}
+
 // A chain: the second GEMM reads the first's output. X [64 x 128] -> H [64 x 256] (4 tiles of 2
 // K-steps) -> Y [64 x 128] (2 tiles of 4 K-steps, each waiting for all 4 H tiles). On 8 SMs all 6
 // tiles take a ticket at 0; H is done at 2 us, Y at 6. With 1 us fixed per tile the H tiles run
@@ -262,11 +295,17 @@ TEST(TimeModel, PresetConstants) {
   EXPECT_EQ(p.reduce_tbps, 0.65);
   EXPECT_EQ(p.reduce_block_gbps, 35);
   EXPECT_EQ(p.slice_restart_us, 1.5);
+  EXPECT_EQ(p.split_finisher_rows, 64);
+  EXPECT_EQ(gpu_preset("a100").split_finisher_rows, 0);  // the sm80 body has no finisher
   const GpuPreset j = gpu_preset_from_json(
-      R"({"base": "h200", "tile_fixed_us": 2, "reduce_block_gbps": 0, "slice_restart_us": 0.25})", "test");
+      R"({"base": "h200", "tile_fixed_us": 2, "reduce_block_gbps": 0, "slice_restart_us": 0.25, "split_finisher_rows": 0})",
+      "test");
   EXPECT_EQ(j.tile_fixed_us, 2);
   EXPECT_EQ(j.reduce_block_gbps, 0);
   EXPECT_EQ(j.slice_restart_us, 0.25);
+  EXPECT_EQ(j.split_finisher_rows, 0);
+  EXPECT_EQ(time_params(j, 132).split_finisher_rows, 0);
+  EXPECT_THROW(gpu_preset_from_json(R"({"split_finisher_rows": -1})", "test"), InvalidArgument);
   EXPECT_EQ(j.tile_tflops, 830);
   EXPECT_THROW(gpu_preset_from_json(R"({"overlap_power": -1})", "test"), InvalidArgument);
 }

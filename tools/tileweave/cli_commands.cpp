@@ -95,10 +95,13 @@ void print_time(const TrafficReport& r, const TimePrediction& t, const TimeParam
                                 ? fmt::format("{:.1f}-{:.1f} us fixed per tile (by its rows)", p.tile_fixed_base_us,
                                               p.tile_fixed_us)
                                 : fmt::format("{:.1f} us fixed per tile", p.tile_fixed_us);
+  const std::string finisher = p.split_finisher_rows > 0
+                                   ? fmt::format("summed by the slice of the last K range above {} rows", p.split_finisher_rows)
+                                   : std::string("summed by the last slice to arrive");
   fmt::print("  replay: tile K-steps at {:.0f} TFLOP/s over P, {}, compute/memory overlap power {}, "
-             "split-K sums at {:.2f} TB/s ({:.0f} GB/s into one block), {:.1f} us per slice of a stream-K run\n",
+             "split-K sums at {:.2f} TB/s ({:.0f} GB/s into one block; {}), {:.1f} us per slice of a stream-K run\n",
              p.tile_tflops > 0 ? p.tile_tflops : p.gemm_tflops, fixed, p.overlap_power, p.reduce_tbps,
-             p.reduce_block_gbps, p.slice_restart_us);
+             p.reduce_block_gbps, finisher, p.slice_restart_us);
   fmt::print("  {:<14} {:>7} {:>7} {:>6} {:>12} {:>10} {:>8} {:<8} {:>9} {:>9} {:>9} {:>10} {:>9} {:>17}\n", "op", "tiles",
              "waves", "tail", "DRAM bytes", "GFLOP", "FLOP/B", "bound", "mem us", "comp us", "roof us", "split-K", "alone us",
              "in launch us");

@@ -27,6 +27,8 @@ struct GpuPreset {
   double reduce_tbps = 0;     // split-K fp32 reductions at L2, the whole GPU (0: free)
   double reduce_block_gbps = 0;  // split-K slices adding into the same block serialise at this rate (0: no limit)
   double slice_restart_us = 0;   // a ticket's next K slice of the same block: the stall before its K-steps
+  int split_finisher_rows = 0;   // split tiles of more than this many rows are summed by their slice of the
+                                 // last K range (the sm90 body's split finisher; 0: by the last to arrive)
   double overlap_power = 0;   // K-step = (compute^n + memory^n)^(1/n) (0: the roofline's max)
   L2Params l2;                // the partitioned L2 model's parameters (--l2-model partitioned)
 };

@@ -4,7 +4,8 @@
 // compute rate and its share of DRAM (the op's bytes from the traffic model, the floor shared by the
 // tiles streaming at the time, at most one SM's streaming rate each); a split-K slice then adds its
 // fp32 partial sums into its output block at the L2's reduction rate (all slices of the launch share
-// it), and the last slice of a block reads the sums back. Per op the roofline summary (bytes at the
+// it), and the last slice of a block reads the sums back (or, on the sm90 body's larger tiles, the
+// slice of the last K range: TimeParams::split_finisher_rows). Per op the roofline summary (bytes at the
 // floor vs FLOPs at the GEMM peak, waves and the tail) describes why. docs/model.md ("Predicted time")
 // gives the constants, what they were fitted to and worked examples.
 #pragma once
@@ -33,6 +34,11 @@ struct TimeParams {
   double reduce_tbps = 0;     // L2's rate for split-K fp32 reductions, shared by the whole launch (0: free)
   double reduce_block_gbps = 0;  // reductions into one output block serialise at this rate (0: no limit)
   double slice_restart_us = 0;   // a run's next K slice (tickets of several tiles) waits this long first
+  // Split tiles of more than this many rows (0: none), where the schedule puts each block's slice of
+  // the last K range after its others: that slice adds no partial sums, waits for the others' to be
+  // served and reads them back; the others' slots go on once their reductions are issued (the sm90
+  // body's split finisher). Otherwise the last run of a block to arrive reads the sums back.
+  int split_finisher_rows = 0;
   double overlap_power = 0;   // a K-step takes (compute^n + memory^n)^(1/n); 0: max(compute, memory)
   void validate() const;      // InvalidArgument naming the bad value
 };
