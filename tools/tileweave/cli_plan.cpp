@@ -359,9 +359,16 @@ void run_plan(const PlanOptions& o) {
   }
   fmt::print("{} on {} ({} SMs, one tile per SM)\n\n", shape, p.preset, p.grid);
   fmt::print("Executor's plan ({}):\n", r.op == "ffn" ? "FusedFfn's default options" : "DecodeGemm's default options");
+  // Who sums a split tile: the slice of the last K range (the sm90 body's split finisher) on tiles
+  // taller than the preset's split_finisher_rows, else the last slice to arrive.
+  auto summed_by = [&](const PlanOp& op) -> std::string {
+    if (op.split_k <= 1) return "";
+    return preset.split_finisher_rows > 0 && op.bm > preset.split_finisher_rows ? "; summed by the slice of the last K range"
+                                                                                  : "; summed by the last slice to arrive";
+  };
   for (const PlanOp& op : e.ops)
-    fmt::print("  {:<8} tile {}x{}x{} (act rows x weight rows x K-step), {} K slice{} ({} K-steps), {} tiles\n", op.name, op.bm,
-               op.bn, op.bk, op.split_k, op.split_k > 1 ? "s" : "", slices_text(op), op.tiles);
+    fmt::print("  {:<8} tile {}x{}x{} (act rows x weight rows x K-step), {} K slice{} ({} K-steps{}), {} tiles\n", op.name,
+               op.bm, op.bn, op.bk, op.split_k, op.split_k > 1 ? "s" : "", slices_text(op), summed_by(op), op.tiles);
   fmt::print("  {} tiles in {} tickets, {:.2f} waves of {}, order {}\n", e.tiles, e.tickets, e.waves, p.grid, e.order);
   fmt::print("  model: {:.1f} MB read, {:.1f} MB written, {:.1f} us (partitioned L2 + tile replay); simple L2: {:.1f} MB, {:.1f} us\n\n",
              e.part_read / 1e6, e.part_write / 1e6, e.part_us, e.simple_read / 1e6, e.simple_us);
