@@ -38,7 +38,7 @@ inline FfnOptions parse_ffn_variant(const std::string& spec) {
     else if (k == "sf") o.split_finisher = v != "0";
     else
       throw InvalidArgument("variant '" + spec + "': unknown key '" + k +
-                            "' (mainloop, order, sync, bk, sg, sd, bps, ks, ds, pw, ov, splits, rows, ww, tl)");
+                            "' (mainloop, order, sync, bk, sg, sd, bps, ks, ds, pw, ov, splits, rows, ww, tl, sf)");
   }
   return o;
 }

@@ -172,19 +172,10 @@ double replay(const TileGraph& g, const Schedule& s, const Costs& c, const TimeP
   std::vector<int> group_left = c.group_slices;
   for (int id = 0; id < g.num_tiles(); ++id)
     if (!in_set[id] && c.tile[id].group >= 0) --group_left[c.tile[id].group];
-  // The split finisher applies where every group's last-K slice comes last in the order, as the
-  // executor requires (split_finisher_last); the others' sums are then served by group_served, and
-  // a finisher that arrives first waits (its position in pending).
-  bool finisher = p.split_finisher_rows > 0;
-  {
-    std::vector<int> last_ks(c.group_slices.size(), -1), max_ks(c.group_slices.size(), -1);
-    for (int id : order)
-      if (c.tile[id].group >= 0) {
-        last_ks[c.tile[id].group] = int(g.tile(id).ks);
-        max_ks[c.tile[id].group] = std::max(max_ks[c.tile[id].group], int(g.tile(id).ks));
-      }
-    for (size_t b = 0; b < last_ks.size(); ++b) finisher = finisher && last_ks[b] == max_ks[b];
-  }
+  // The split finisher applies where every block's last-K slice comes last in the order, as the
+  // executor requires; the others' sums are then served by group_served, and a finisher that
+  // arrives first waits (its position in pending).
+  const bool finisher = p.split_finisher_rows > 0 && split_finisher_last(g, s);
   std::vector<double> group_served(c.group_slices.size(), 0.0);
   std::vector<int> pending(c.group_slices.size(), -1);
 

@@ -50,7 +50,7 @@ DecodeGemm::DecodeGemm(int64_t m, int64_t n, int64_t k, const DecodeGemmOptions&
   plan_ = std::make_unique<runtime::DevicePlan>(make_exec_plan(g_, sched_));
   if (opt.trace) plan_->enable_trace();  // the FFN's tile body stamps the times (ffn_sm90.cu)
   act_rows_ = static_cast<int>(t.bm);
-  split_finisher_ = FfnOptions{}.split_finisher && ffn_sm90::split_finisher_pays(act_rows_) && split_finisher_last(plan_->host());
+  split_finisher_ = FfnOptions{}.split_finisher && ffn_sm90::split_finisher_pays(act_rows_) && split_finisher_last(g_, sched_);
   ffn_sm90::prepare_kernel(act_rows_);
   grid_ = sms;  // one CTA per SM (the tile body takes over half an SM's shared memory)
   const Op& o = g_.op(op_);

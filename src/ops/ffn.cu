@@ -364,7 +364,7 @@ void FusedFfn::init(const FfnOptions& opt, const Schedule* order) {
   plan_ = std::make_unique<runtime::DevicePlan>(plan);
   const bool split_tiles = std::any_of(plan.order.begin(), plan.order.end(), [&](int32_t id) { return plan.tiles[id].arrive >= 0; });
   split_finisher_ = sm90_ && opt.split_finisher && split_tiles && ffn_sm90::split_finisher_pays(act_rows_) &&
-                    split_finisher_last(plan);
+                    split_finisher_last(G, sched_);
   packed_ = opt.packed_weights;
   overlap_ = opt.overlap_previous;
   ticket_lead_ = opt.ticket_lead;

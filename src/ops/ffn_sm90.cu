@@ -336,9 +336,9 @@ __device__ __forceinline__ void finish_tile(const runtime::ExecParams& ep, uint3
     float4* block = reinterpret_cast<float4*>(o.ws) + (int64_t(t.tm) * o.grid_n + t.tn) * (kConsumers * Cfg::kAcc / 4);
     if (arrivals) {
       // The finisher: the group's slice of the last K range, which the schedule puts after the
-      // others (the host checks it: split_finisher_last), so it never waits for a later ticket. It adds nothing to the
-      // block: it waits for the others' arrivals, adds their sums to its own and publishes the tile
-      // for all of them. The others add their partial and hand their arrival to warp 2: its release
+      // others (the host checks it: split_finisher_last), so it never waits for a later ticket. It
+      // adds nothing to the block: it waits for the others' arrivals, adds their sums to its own and
+      // publishes the tile for all of them. The others add their partial and hand their arrival to warp 2: its release
       // waits for every copy this SM has in flight (2.6 us behind one 64 KiB copy, sync_latency.json),
       // the next tile's weights among them, while the consumers go on to that tile.
       if (t.ks + 1 == o.split) {

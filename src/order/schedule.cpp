@@ -37,6 +37,24 @@ void validate(const TileGraph& g, const Schedule& s) {
                             std::to_string(s.units[u - 1]) + " .. " + std::to_string(s.units[u]) + ")");
 }
 
+bool split_finisher_last(const TileGraph& g, const Schedule& s) {
+  std::vector<int64_t> first(g.ops().size(), -1);  // the op's first block, -1 without split-K
+  int64_t blocks = 0;
+  for (size_t op = 0; op < g.ops().size(); ++op) {
+    const Op& o = g.ops()[op];
+    if (o.tiling.split_k > 1) first[op] = blocks, blocks += o.grid_m * o.grid_n;
+  }
+  std::vector<int64_t> last_ks(blocks, -1), max_ks(blocks, -1);
+  for (const int id : s.order) {
+    const Tile& t = g.tile(id);
+    if (first[t.op] < 0) continue;
+    const int64_t b = first[t.op] + t.tm * g.op(t.op).grid_n + t.tn;
+    last_ks[b] = t.ks;
+    max_ks[b] = std::max(max_ks[b], t.ks);
+  }
+  return last_ks == max_ks;
+}
+
 std::vector<uint8_t> fused_with_next(const TileGraph& g, const Schedule& s) {
   std::vector<uint8_t> f(s.order.size(), 0);
   for (int u = 0; u < s.num_tickets(); ++u)

@@ -184,18 +184,4 @@ bool run_whole_units(ExecPlan& p, const TileGraph& g) {
   return true;
 }
 
-bool split_finisher_last(const ExecPlan& p) {
-  std::vector<int> last_ks(p.num_arrive_counters, -1), max_ks(p.num_arrive_counters, -1), count(p.num_arrive_counters, 0);
-  for (const int32_t id : p.order) {
-    const DeviceTile& t = p.tiles[id];
-    if (t.arrive < 0) continue;
-    last_ks[t.arrive] = t.ks;
-    max_ks[t.arrive] = std::max(max_ks[t.arrive], t.ks);
-    ++count[t.arrive];
-  }
-  for (int a = 0; a < p.num_arrive_counters; ++a)
-    if (count[a] > 0 && (last_ks[a] != max_ks[a] || count[a] != max_ks[a] + 1)) return false;
-  return true;
-}
-
 }  // namespace tw

@@ -293,20 +293,22 @@ TEST(StreamK, SplitFinisherComesLastInItsGroup) {
   const GemmGraph g = three_blocks();
   const TileGraph& G = g.graph;
   for (const char* spec : {"row_major", "col_major", "kslices/row_major", "kslices/col_major", "streamk:5/row_major"})
-    EXPECT_TRUE(split_finisher_last(make_exec_plan(G, make_order(G, spec)))) << spec;
+    EXPECT_TRUE(split_finisher_last(G, make_order(G, spec))) << spec;
   // Block 1's slices 1 and 3 swapped: its slice of the last K range is no longer its last ticket.
   Schedule s = make_order(G, "row_major");
   const auto at = [&](int tn, int ks) {
     return std::find(s.order.begin(), s.order.end(), G.tile_id(0, 0, tn, ks)) - s.order.begin();
   };
   std::swap(s.order[at(1, 1)], s.order[at(1, 3)]);
-  EXPECT_FALSE(split_finisher_last(make_exec_plan(G, s)));
-  // Whole runs carry no arrival counter and take no part; the last wave's block keeps its order.
+  EXPECT_FALSE(split_finisher_last(G, s));
+  // Whole waves: the whole runs' slices in order (the executor runs them without arrivals,
+  // run_whole_units), the last wave's block kept in order.
   const GemmGraph g5 = build_gemm_graph(64, 320, 256, {64, 64, 64, 4});
-  ExecPlan plan = make_exec_plan(g5.graph, make_order(g5.graph, "waves:2/kslices/row_major"));
+  const Schedule waves = make_order(g5.graph, "waves:2/kslices/row_major");
+  ExecPlan plan = make_exec_plan(g5.graph, waves);
   ASSERT_TRUE(run_whole_units(plan, g5.graph));
-  EXPECT_TRUE(split_finisher_last(plan));
+  EXPECT_TRUE(split_finisher_last(g5.graph, waves));
   // An op without split-K has no groups.
   const GemmGraph one = build_gemm_graph(64, 192, 256, {64, 64, 64, 1});
-  EXPECT_TRUE(split_finisher_last(make_exec_plan(one.graph, make_order(one.graph, "row_major"))));
+  EXPECT_TRUE(split_finisher_last(one.graph, make_order(one.graph, "row_major")));
 }

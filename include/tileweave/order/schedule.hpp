@@ -35,6 +35,13 @@ void validate(const TileGraph& g, const Schedule& s);
 // them (the executor's sm90 body, src/ops/ffn_sm90.cu; the traffic and time replays alike).
 std::vector<uint8_t> fused_with_next(const TileGraph& g, const Schedule& s);
 
+// True when in every split-K output block (an op's tiles of one tm, tn with split_k > 1) the slice
+// of the last K range present in `s` comes after the block's other slices: that slice may then wait
+// for the others to sum the block without waiting for a later ticket, so the executor's
+// no-deadlock argument holds (the sm90 body's split finisher, FfnOptions::split_finisher; the time
+// replay models it on the same condition).
+bool split_finisher_last(const TileGraph& g, const Schedule& s);
+
 // Deals a schedule's positions to slots as the executor deals its tickets (the traffic and time
 // replays share it): a slot runs its ticket's positions in turn, then draws the next ticket.
 class TicketDealer {

@@ -68,10 +68,4 @@ std::vector<int> run_slices_whole(ExecPlan& p, const TileGraph& g, const std::fu
 // else (stream-K units) or the plan has none.
 bool run_whole_units(ExecPlan& p, const TileGraph& g);
 
-// True when in every split-K group (the tiles of one arrival counter) the slice of the last K range
-// comes after the group's other slices in the order: that slice may then wait for the others to sum
-// the group (the sm90 FFN body's split finisher, FfnOptions::split_finisher) without waiting for a
-// later ticket, so the executor's no-deadlock argument holds.
-bool split_finisher_last(const ExecPlan& p);
-
 }  // namespace tw

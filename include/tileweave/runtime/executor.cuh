@@ -52,7 +52,18 @@ namespace detail {
 __device__ __forceinline__ bool reached(uint32_t value, uint32_t target) {
   return static_cast<int32_t>(value - target) >= 0;  // wrap-safe
 }
-// One thread: ticket u's first tile (or none past the last ticket) into the slots.
+// Polls done() with a growing back-off (32 to 256 ns); false once a bounded wait (tests'
+// p.spin_limit) has polled that many times in vain.
+template <class F>
+__device__ __forceinline__ bool poll_until(const ExecParams& p, F&& done) {
+  uint32_t polls = 0, backoff = 32;
+  while (!done()) {
+    __nanosleep(backoff);
+    backoff = min(backoff * 2, 256u);
+    if (p.spin_limit && ++polls > p.spin_limit) return false;
+  }
+  return true;
+}
 // One thread: position pos's tile (or none, pos < 0) into the slots. Both loads are made before
 // either store, so they go out together: one round trip.
 __device__ __forceinline__ void take_position(const ExecParams& p, BlockSlots& s, int32_t pos) {
@@ -65,6 +76,7 @@ __device__ __forceinline__ void take_position(const ExecParams& p, BlockSlots& s
   s.next_id = id;
   s.next = t;
 }
+// One thread: ticket u's first tile (or none past the last ticket) into the slots.
 template <bool kTickets>
 __device__ __forceinline__ void take_ticket(const ExecParams& p, BlockSlots& s, uint32_t u) {
   int32_t pos = u < static_cast<uint32_t>(p.num_tiles) ? static_cast<int32_t>(u) : -1;
@@ -185,15 +197,10 @@ __device__ __forceinline__ void acquire_after_poll(const DeviceTile& t) {
 // on every lane if a bounded wait expired (and flags the launch as failed).
 template <int kBatch = 1>
 __device__ __forceinline__ bool wait_counters_warp(const ExecParams& p, uint32_t epoch, const DeviceTile& t) {
-  uint32_t polls = 0, backoff = 32;
-  while (!counters_reached_warp<kBatch>(p, epoch, t)) {
-    __nanosleep(backoff);
-    backoff = min(backoff * 2, 256u);
-    if (p.spin_limit && ++polls > p.spin_limit) {
-      if (threadIdx.x % 32 == 0) atomicExch(&p.state->error, 1u);
-      __syncwarp();
-      return false;
-    }
+  if (!detail::poll_until(p, [&] { return counters_reached_warp<kBatch>(p, epoch, t); })) {
+    if (threadIdx.x % 32 == 0) atomicExch(&p.state->error, 1u);
+    __syncwarp();
+    return false;
   }
   acquire_after_poll<kBatch>(t);
   return true;
@@ -280,22 +287,15 @@ __device__ __forceinline__ bool arrive_last(const ExecParams& p, uint32_t epoch,
 
 // One thread: waits until every other slice of t's split group has arrived in this launch (the group's
 // counter at splits * (epoch + 1) - slices), then acquires their sums. For the slice that the schedule
-// puts last in its group (FfnOptions::split_finisher), which then arrives itself with arrive_after.
+// puts last in its group (FfnOptions::split_finisher), which then counts its own arrival (relaxed).
 // False if a bounded wait expired (the launch is flagged failed).
 __device__ __forceinline__ bool wait_other_slices(const ExecParams& p, uint32_t epoch, const DeviceTile& t,
                                                   uint32_t splits, uint32_t slices) {
   const uint32_t target = splits * (epoch + 1) - slices;
   cuda::atomic_ref<const uint32_t, cuda::thread_scope_device> count(p.arrivals[t.arrive]);
-  uint32_t polls = 0, backoff = 32;
-  while (!detail::reached(count.load(cuda::memory_order_acquire), target)) {
-    __nanosleep(backoff);
-    backoff = min(backoff * 2, 256u);
-    if (p.spin_limit && ++polls > p.spin_limit) {
-      atomicExch(&p.state->error, 1u);
-      return false;
-    }
-  }
-  return true;
+  if (detail::poll_until(p, [&] { return detail::reached(count.load(cuda::memory_order_acquire), target); })) return true;
+  atomicExch(&p.state->error, 1u);
+  return false;
 }
 
 // All threads, after writing this split's partial sums: true in the one split of the group that
