@@ -7,6 +7,7 @@
 // numbers into the JSON; scripts/hf_check.py the error against transformers.
 //   bench_decode_step [--cases llama-3.2-1b:1:1024,...] [--layout paged] [--no-model] [--trace] [--max-split 0,2] [--attn-kib 0,64]
 //                     [--hold-max-batch 4,16]   (DecodeStepOptions::hold_every_tile_max_batch, each value a run)
+//                     [--oproj-merge 0,16]      (DecodeStepOptions::oproj_merge_max_batch, each value a run)
 //                     [--ragged]   (--ragged: each sequence's cache holds a length drawn from [kv_len / 2, kv_len], fixed seed)
 //                     [--config-json [NAME=]PATH ...]   (a transformers config.json or its folder, usable in --cases as
 //                     NAME: the folder's name or the file's stem by default; bench/configs holds some no test names)
@@ -72,6 +73,7 @@ int main(int argc, char** argv) {
   std::vector<int> split_variants{0}, attn_kib_variants{0}, warp_seg_variants{tw::DecodeStepOptions{}.attention_warp_segments};
   std::vector<double> last_wave_variants{tw::DecodeStepOptions{}.last_wave_cost};
   std::vector<int> hold_variants{tw::DecodeStepOptions{}.hold_every_tile_max_batch};
+  std::vector<int> merge_variants{tw::DecodeStepOptions{}.oproj_merge_max_batch};
   std::map<std::string, tw::ModelConfig> configs;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--cases") && i + 1 < argc) cases_arg = argv[++i];
@@ -92,12 +94,15 @@ int main(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--hold-max-batch") && i + 1 < argc) {
       hold_variants.clear();
       for (const auto& v : tw::bench::split_list(argv[++i])) hold_variants.push_back(std::stoi(v));
+    } else if (!std::strcmp(argv[i], "--oproj-merge") && i + 1 < argc) {
+      merge_variants.clear();
+      for (const auto& v : tw::bench::split_list(argv[++i])) merge_variants.push_back(std::stoi(v));
     } else if (!std::strcmp(argv[i], "--attn-kib") && i + 1 < argc) {
       attn_kib_variants.clear();
       for (const auto& v : tw::bench::split_list(argv[++i])) attn_kib_variants.push_back(std::stoi(v));
     }
     else {
-      std::fprintf(stderr, "usage: bench_decode_step [--cases model:batch:kv,...] [--layout contiguous|paged] [--no-model] [--trace] [--max-split N,...] [--attn-kib N,...] [--warp-segments N,...] [--last-wave COST,...] [--hold-max-batch B,...] [--ragged] [--config-json [NAME=]PATH ...]\n");
+      std::fprintf(stderr, "usage: bench_decode_step [--cases model:batch:kv,...] [--layout contiguous|paged] [--no-model] [--trace] [--max-split N,...] [--attn-kib N,...] [--warp-segments N,...] [--last-wave COST,...] [--hold-max-batch B,...] [--oproj-merge B,...] [--ragged] [--config-json [NAME=]PATH ...]\n");
       return 2;
     }
   }
@@ -114,7 +119,8 @@ int main(int argc, char** argv) {
   for (int attn_kib : attn_kib_variants)
   for (int warp_seg : warp_seg_variants)
   for (double last_wave : last_wave_variants)
-  for (int hold : hold_variants) {
+  for (int hold : hold_variants)
+  for (int merge : merge_variants) {
     const auto named = configs.find(c.model);
     const tw::ModelConfig cfg = named != configs.end() ? named->second : tw::named_config(c.model);
     tw::DecodeStepOptions opt;
@@ -126,6 +132,7 @@ int main(int argc, char** argv) {
     opt.attention_warp_segments = warp_seg;
     opt.last_wave_cost = last_wave;
     opt.hold_every_tile_max_batch = hold;
+    opt.oproj_merge_max_batch = merge;
     opt.attention_min_tile_bytes = int64_t(attn_kib) << 10;
     tw::DecodeStep st(cfg, opt);
     tw::bench::prepare_timed_step(st, c.kv_len, 0x5EED + c.batch, 0xCAC4E);
@@ -163,7 +170,8 @@ int main(int argc, char** argv) {
                      {"max_split", max_split},
                      {"attention_min_tile_kib", attn_kib}, {"attention_warp_segments", warp_seg},
                      {"last_wave_cost", last_wave}, {"gate_up_whole", st.tiling().gate_up_whole},
-                     {"hold_every_tile_max_batch", hold},
+                     {"hold_every_tile_max_batch", hold}, {"oproj_merge_max_batch", merge},
+                     {"oproj_merges", st.oproj_merges()},
                      {"splits", {{"qkv", st.tiling().qkv.split_k}, {"o_proj", st.tiling().o_proj.split_k},
                                  {"gate_up", st.tiling().gate_up.split_k}, {"down", st.tiling().down.split_k},
                                  {"lm_head", st.tiling().lm_head.split_k}}}};
@@ -185,8 +193,8 @@ int main(int argc, char** argv) {
     res.add(j);
     char row[256];
     std::snprintf(row, sizeof row,
-                  "%-13s B=%-3d KV=%-6d split<=%-2d attn=%-3dK wseg=%-2d hold<=%-3d gu=%lldx%-2lld %8.1f us b2b %8.1f replay floor %7.1f %5.1f%%",
-                  c.model.c_str(), c.batch, c.kv_len, max_split, attn_kib, warp_seg, hold,
+                  "%-13s B=%-3d KV=%-6d split<=%-2d attn=%-3dK wseg=%-2d hold<=%-3d om=%d gu=%lldx%-2lld %8.1f us b2b %8.1f replay floor %7.1f %5.1f%%",
+                  c.model.c_str(), c.batch, c.kv_len, max_split, attn_kib, warp_seg, hold, int(st.oproj_merges()),
                   (long long)st.tiling().gate_up_whole, (long long)st.tiling().gate_up.split_k, b2b, replay, floor_us,
                   100.0 * floor_us / b2b);
     rows.push_back(row);

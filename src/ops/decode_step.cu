@@ -135,6 +135,8 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : mod
   if (opt.sms < 0) bad("sms " + std::to_string(opt.sms) + " must be >= 0");
   if (opt.hold_every_tile_max_batch < 0)
     bad("hold_every_tile_max_batch " + std::to_string(opt.hold_every_tile_max_batch) + " must be >= 0");
+  if (opt.oproj_merge_max_batch < 0)
+    bad("oproj_merge_max_batch " + std::to_string(opt.oproj_merge_max_batch) + " must be >= 0");
   if (opt.attention_warp_segments < 0)
     bad("attention_warp_segments " + std::to_string(opt.attention_warp_segments) + " must be >= 0");
   if (!(opt.last_wave_cost >= 0))
@@ -238,6 +240,16 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : mod
   b.o_part = b.alloc<float>(int64_t(P) * 2 * G * D);
   b.lse_part = b.alloc<float>(int64_t(P) * 2 * G);
   b.merge_count = b.alloc<int32_t>(int64_t(B) * Hkv);
+  // o_proj merges the split pairs (oproj_merge_max_batch) where its consumers hold a K slice's merged
+  // rows in registers: tiles of at most 32 rows, B x slice columns <= kOprojMergeCols (merge_slice).
+  int64_t o_slice_cols = 0;
+  {
+    const Op& o = g_.graph.op(g_.layers[0].op_o_proj);
+    const int64_t bk = o.tiling.bk;  // whole stages, as the kernel's slice_start
+    for (int64_t ks = 0; ks < o.tiling.split_k; ++ks)
+      o_slice_cols = std::max(o_slice_cols, ((o.k_begin(ks + 1) + bk - 1) / bk - (o.k_begin(ks) + bk - 1) / bk) * bk);
+  }
+  oproj_merges_ = B <= opt.oproj_merge_max_batch && R <= 32 && B * o_slice_cols <= step::kOprojMergeCols;
   b.page_table = opt.layout == KvLayout::Paged ? b.alloc<int32_t>(int64_t(B) * pps) : nullptr;
   b.tokens = b.alloc<int32_t>(B);
   b.seq_lens = b.alloc<int32_t>(B);
@@ -305,6 +317,7 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : mod
     StepOpArgs& o = ops[gl.op_o_proj] = gemm(gl.op_o_proj, step::kResidual, y.w_o, y.attn, 2 * l, 2 * l + 1);
     o.zero = b.qkv_acc;
     o.zero_elems = int32_t(b.qkv_acc_elems);
+    o.merges = oproj_merges_;
     StepOpArgs& gu = ops[gl.op_gate_up] = gemm(gl.op_gate_up, step::kGateUp, y.w_gate_up, nullptr, 2 * l + 1, -1);
     gu.out = y.h;
     ops[gl.op_down] = gemm(gl.op_down, step::kResidual, y.w_down, y.h, 2 * l + 1, 2 * l + 2);
@@ -357,6 +370,7 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : mod
   p.o_part = b.o_part;
   p.lse_part = b.lse_part;
   p.merge_count = b.merge_count;
+  p.oproj_merges = oproj_merges_;
   p.tokens = b.tokens;
   p.seq_lens = b.seq_lens;
   p.active = b.active;

@@ -369,13 +369,28 @@ __device__ __forceinline__ bool walk_next_segment(const StepParams& p, const Ste
 // producer is one thread, and these 64-bit divisions per stage (with a second walk of every stage to
 // count them) held it to one attention stage per 1.3 us at B = 16 (timestamps per stage, H200),
 // slower than the consumers and the memory.
+// The even cut's tiles holding units [pu0, pu1) of a pair: the first, their count, and whether the
+// first holds the pair's first part as its second partial (kShift).
+__device__ __forceinline__ void even_cut_parts(int pu0, int pu1, int tiles, int total, int& first, int& n, bool& shift) {
+  first = tile_of(pu0, tiles, total);
+  n = tile_of(pu1 - 1, tiles, total) - first + 1;
+  shift = tile_start(first, tiles, total) < pu0;
+}
 __device__ __forceinline__ void walk_pair_tiles(ChunkWalk& w) {
-  if (w.per_pair) {
-    w.shift = false;  // walk_begin set the pair's tiles: each holds part of this pair only
+  if (w.per_pair) w.shift = false;  // walk_begin set the pair's tiles: each holds part of this pair only
+  else even_cut_parts(w.pu0, w.pu1, w.tiles, w.total, w.first_tile, w.ntiles, w.shift);
+}
+// The tiles holding pair (b, h), from the launch's cut (load_lengths), as the attention tiles walk it:
+// for o_proj's merge (merge_slice).
+__device__ __forceinline__ void pair_parts(const StepParams& p, const StepShared& sh, int b, int h, int& first, int& n,
+                                           bool& shift) {
+  if (sh.seq_tiles[0] == 0) {  // walk_begin's per-pair cut: n tiles per KV head of sequence b
+    n = (sh.seq_tiles[b + 1] - sh.seq_tiles[b]) / p.num_kv_heads;
+    first = sh.seq_tiles[b] + h * n;
+    shift = false;
   } else {
-    w.first_tile = tile_of(w.pu0, w.tiles, w.total);
-    w.ntiles = tile_of(w.pu1 - 1, w.tiles, w.total) - w.first_tile + 1;
-    w.shift = tile_start(w.first_tile, w.tiles, w.total) < w.pu0;
+    const int u = kernels::decode_units(sh.seq_len[b] + 1), pu0 = sh.seq_units[b] + h * u;
+    even_cut_parts(pu0, pu0 + u, sh.attn_tiles, sh.seq_units[p.batch], first, n, shift);
   }
 }
 // The fields of c that are the same at every stage of w's segment (walk_pair_tiles done).
@@ -663,8 +678,9 @@ __device__ void run_producer(const Ring<Cfg>& ring, StepShared& sh, const StepPa
     int count = n;
     ChunkWalk walk{};
     bool by_warp = false;
+    // The launch's cut, for attention tiles and for o_proj's merge (pair_parts).
+    if (!lengths_loaded && (kind == kAttention || (kind == kResidual && o.merges))) load_lengths(p, sh), lengths_loaded = true;
     if (kind == kAttention) {
-      if (!lengths_loaded) load_lengths(p, sh), lengths_loaded = true;
       if (lane == 0) {
         walk = walk_begin(p, sh, t.tn);
         count = walk_count(p, sh, walk, kStageTokens);
@@ -1043,12 +1059,89 @@ struct Staging {
   static_assert(kF4 % kLanes == 0 && kConsumers % kLanes == 0, "staging items");
   static_assert(kPasses == 1 || (kPasses == 2 && Cfg::kKAtoms == 1 && Cfg::kMPad == 256), "staging passes");
 };
+// o_proj's merge of the attention's split pairs (StepParams::oproj_merges). The attention's last tile
+// of a pair merged it before: a count (an L2 read-modify-write), the partials' loads, the stores and a
+// second release, all on the layer's chain before o_proj could read the output (up to 4 us after the
+// pair's last combine at Llama-3.2-1B B = 1). Now o_proj's consumers find the tiles holding each pair
+// of their K slice from the launch's cut before the tile is ready (pair_parts: the producer loads the
+// lengths for them), load the partials once it is, all in flight together, and keep the merged values
+// in registers (bf16); each stage's copy brings the whole pairs' outputs (and stale rows for the split
+// ones), which the merged values overwrite in shared memory before the stage's wgmmas. Measured
+// stage by stage instead (a round trip per stage after each copy, which also freed each slot that
+// much later): Llama-3-8B B = 1 3988 -> 4119 us (H200). Thread ct holds item ct / S: row m's float4
+// of columns 4c .. 4c + 3 of the slice (the host keeps B x slice columns <= kOprojMergeCols); S lanes
+// share an item, each taking every S-th partial, and meet by shuffles. Tiles of at most 32 rows.
+struct MergedSlice {
+  uint2 v;       // bf16 x 4
+  int stage;     // the stage of the slice it goes to; -1: nothing for this lane to write
+  uint32_t at;   // its byte offset in that stage's activations (act layout, swizzled)
+};
+template <class Cfg, int D>
+__device__ __forceinline__ void merge_slice(const StepParams& p, const StepShared& sh, int kst0, int stages, int ct,
+                                            uint64_t* ready, uint32_t ready_phase, MergedSlice& out) {
+  constexpr int kCols = Cfg::kKAtoms * 64;
+  static_assert(kOprojMergeCols == 4 * kConsumers, "one item a thread");
+  const int f4 = stages * kCols / 4, items = p.batch * f4, G = p.group;
+  int S = 1;
+  while (S < 8 && 2 * S * items <= kConsumers) S *= 2;
+  const int sub = ct & (S - 1), lane = ct % 32, i = ct / S, m = i / f4, c = i - m * f4, col = kst0 * kCols + 4 * c;
+  const uint32_t mask = ((1u << S) - 1u) << (lane & ~(S - 1));
+  out.stage = -1;
+  int first = 0, n = 0;
+  bool shift = false;
+  const int hq = col / D, kvh = hq / G, g = hq - kvh * G;
+  if (m < p.batch && col < p.q_dim) pair_parts(p, sh, m, kvh, first, n, shift);  // else the slice's padding
+  mbar_wait(ready, ready_phase, "ready");  // the attention tiles' partials are visible (every consumer waits)
+  if (n <= 1) return;  // a whole pair: the copy brings its output (the same in a lane group)
+  const float* src = p.o_part + g * D + (col - hq * D);
+  float mw = -INFINITY, sw = 0.f;
+  float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+  constexpr int kBatch = 8;  // Llama-3-8B B = 1: 8 parts a pair, one lane an item
+  for (int s0 = sub; s0 < n; s0 += kBatch * S) {
+    float lse[kBatch];
+    float4 v[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int sj = s0 + j * S;
+      const int64_t slot = 2 * int64_t(first + min(sj, n - 1)) + (sj == 0 && shift ? 1 : 0);
+      lse[j] = sj < n ? __ldcg(p.lse_part + slot * G + g) : -INFINITY;
+      v[j] = __ldcg(reinterpret_cast<const float4*>(src + slot * G * D));
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      if (lse[j] == -INFINITY) continue;
+      const float mn = fmaxf(mw, lse[j]), x = exp2f(mw - mn), y = exp2f(lse[j] - mn);
+      a = make_float4(a.x * x + v[j].x * y, a.y * x + v[j].y * y, a.z * x + v[j].z * y, a.w * x + v[j].w * y);
+      sw = sw * x + y;
+      mw = mn;
+    }
+  }
+  for (int off = 1; off < S; off *= 2) {
+    const float mo = __shfl_xor_sync(mask, mw, off), so = __shfl_xor_sync(mask, sw, off);
+    const float4 ao = make_float4(__shfl_xor_sync(mask, a.x, off), __shfl_xor_sync(mask, a.y, off),
+                                  __shfl_xor_sync(mask, a.z, off), __shfl_xor_sync(mask, a.w, off));
+    const float mn = fmaxf(mw, mo);
+    const float x = sw > 0.f ? exp2f(mw - mn) : 0.f, y = so > 0.f ? exp2f(mo - mn) : 0.f;
+    a = make_float4(a.x * x + ao.x * y, a.y * x + ao.y * y, a.z * x + ao.z * y, a.w * x + ao.w * y);
+    sw = sw * x + so * y;
+    mw = mn;
+  }
+  if (sub != 0) return;
+  const float f = __fdividef(1.f, sw);
+  __nv_bfloat162 lo = __floats2bfloat162_rn(f * a.x, f * a.y), hi = __floats2bfloat162_rn(f * a.z, f * a.w);
+  out.v = make_uint2(*reinterpret_cast<uint32_t*>(&lo), *reinterpret_cast<uint32_t*>(&hi));
+  const int j = 4 * c / kCols, cc = 4 * c - j * kCols, q = cc & 63;
+  out.stage = j;
+  out.at = (cc >> 6) * Cfg::kXAtomBytes + m * 128 + ((((q >> 3) ^ (m & 7)) << 4) | ((q & 4) << 1));
+}
+
 // One mainloop for every weight tile (`staged`: a norm consumer's), so that the kernel has one wgmma
 // site: with two (one per path), R = 256's accumulators had the compiler serialise every wgmma.
-template <class Cfg>
+// o_proj with `merges` first merges its slice's split pairs (merge_slice).
+template <class Cfg, int D>
 __device__ void consume_weight_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, StepShared& sh, const StepParams& p,
                                     const StepOpArgs& o, const DeviceTile& t, int ct, float (&acc)[Cfg::kAcc],
-                                    bool staged) {
+                                    bool staged, uint64_t* ready, uint32_t ready_phase) {
   using S = Staging<Cfg>;
   const int wg = ct / 128, n = stages_of(o, t), kst0 = o.slice_start[t.ks], B = p.batch, K = o.k;
   const bool release_lane = (ct % 32) == 0;
@@ -1056,6 +1149,9 @@ __device__ void consume_weight_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, S
 #pragma unroll
   for (int k = 0; k < S::kItems; ++k) ss[k] = 0.f;
   int prev = -1;
+  MergedSlice merged;
+  if constexpr (Cfg::kMPad <= 32)
+    if (o.merges) merge_slice<Cfg, D>(p, sh, kst0, n, ct, ready, ready_phase, merged);
   for (int j = 0; j < n; ++j) {
     const int s = ps.stage;
     mbar_wait(&ring.full[s], ps.phase, "full");
@@ -1096,6 +1192,11 @@ __device__ void consume_weight_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, S
     }
     ptx::fence_proxy_async(ptx::space_shared);  // the generic stores, before the wgmmas read them
     consumer_sync();
+    } else if (Cfg::kMPad <= 32 && o.merges) {
+      if (merged.stage == j)
+        asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(xa + merged.at), "r"(merged.v.x), "r"(merged.v.y) : "memory");
+      ptx::fence_proxy_async(ptx::space_shared);  // the generic stores, before the wgmmas read them
+      consumer_sync();
     }
     mma_stage(ring, s, wg, acc, j != 0);
     wgmma_wait<1>();
@@ -1539,7 +1640,7 @@ __device__ bool attention_tile(const Ring<Cfg>& ring, PipeState<Cfg>& ps, StepSh
   // before anyone reads the other tiles' partials.
   consumer_sync();
   const bool has[2] = {sh.part_tag[0] == tag, sh.part_tag[1] == tag};
-  if (has[0] || has[1]) {
+  if ((has[0] || has[1]) && !p.oproj_merges) {
     if (lane == 0 && warp < 2) {
       const AttnChunk pt = sh.part[warp];
       uint32_t last = 0;
@@ -1728,7 +1829,7 @@ __device__ void run_consumer(const Ring<Cfg>& ring, StepShared& sh, float* scrat
       case kLmHead: {
         float acc[Cfg::kAcc];  // scoped here: not live in the other kinds' code
         const bool bf16 = bf16_stream<Cfg>(p);
-        consume_weight_tile<Cfg>(ring, ps, sh, p, o, t, ct, acc, o.kind != kResidual && !bf16);
+        consume_weight_tile<Cfg, D>(ring, ps, sh, p, o, t, ct, acc, o.kind != kResidual && !bf16, &sh.ready[qs], qphase);
         if (ct == 0) runtime::trace_mark(p.ep, id, runtime::kTraceComputed);
         mbar_wait(&sh.ready[qs], qphase, "ready");
         if (o.kind != kResidual && bf16) slice_sums_of_squares<Cfg>(p, sh, o, t, ct, epoch);
@@ -1749,8 +1850,9 @@ __device__ void run_consumer(const Ring<Cfg>& ring, StepShared& sh, float* scrat
         const bool wrote = attention_tile<Cfg, D>(ring, ps, sh, scratch, p, o, t, id, count, sh.by_warp[qs],
                                                   &sh.ready[qs], qphase, ct, epoch, held);
         mbar_wait(&sh.ready[qs], qphase, "ready");
-        // Partials only, or nothing: a relaxed count (finish_tile).
-        finish_tile(p, t, id, ct, wrote, wrote ? cuda::memory_order_release : cuda::memory_order_relaxed);
+        // Partials only, or nothing: a relaxed count (finish_tile); but where o_proj merges the pairs
+        // (oproj_merges) it reads the partials themselves after its acquire of this count.
+        finish_tile(p, t, id, ct, wrote, wrote || p.oproj_merges ? cuda::memory_order_release : cuda::memory_order_relaxed);
         // The last stage's slot, held through the pair count and the release: a gpu-scope fence waits
         // for every copy the SM has in flight, and the producer refills a freed slot at once.
         if (held >= 0 && ct == 0) mbar_arrive(&ring.empty[held], Cfg::kConsumerWarps);

@@ -49,6 +49,9 @@ constexpr int kMaxSlices = 64;  // split-K slices per op (the slice table travel
 constexpr int kThreads = 384;   // one producer warpgroup + two consumer warpgroups
 constexpr int kMaxRows = sm90::kMaxActRows;  // activation rows R (the per-row tables' size)
 constexpr int kMaxRanks = 8;                 // tensor-parallel ranks with collectives in the launch
+// o_proj merges the attention's split pairs (StepParams::oproj_merges) up to this many batch rows x
+// columns of its K slice: each consumer thread merges one float4 and holds it in registers (merge_slice).
+constexpr int kOprojMergeCols = 1024;
 constexpr int kMaxGroup = 8;  // query heads per KV head: one mma row block (the standalone attention takes 16)
 
 // Activations that a weight tile reads are kept in its operand layout (the "act layout"): per 64-column
@@ -74,6 +77,7 @@ struct StepOpArgs {
   int32_t cols;         // embed: columns per tile
   int32_t x_in, x_out;  // residual-stream writers read (norm consumers; residual writers' slice 0) and written, or -1
   int32_t zero_elems;   // o_proj: floats of `zero` its slice-0 tiles zero between them (qkv_acc and qkv_ss)
+  int32_t merges;       // o_proj with StepParams::pair_parts: its input's split pairs are merged in its stages
   const __nv_bfloat16* w;    // packed weights
   const __nv_bfloat16* act;  // input (act layout) of o_proj and down
   float* zero;
@@ -106,6 +110,10 @@ struct StepParams {
   float* o_part;      // [attn_tiles][2][group][D]
   float* lse_part;    // [attn_tiles][2][group]
   int32_t* merge_count;  // [B * Hkv], zero between launches
+  // Small batches (DecodeStepOptions::oproj_merge_max_batch): no attention tile counts or merges a
+  // split pair; o_proj's consumers merge the partials of their K slice's heads (merge_slice). 0: the
+  // last tile of a pair merges it.
+  int32_t oproj_merges;
   // Step state: input tokens (overwritten with the sampled ones), cache lengths before the step
   // (advanced by the sample tile), which sequences advance (null: all), sampled-token history.
   int32_t* tokens;

@@ -60,6 +60,8 @@ struct StepCase {
   bool in_launch = false;                // tp > 1: the collectives as tiles of the ranks' launches (side by side)
   int sms = 0;                           // > 0: the step planned for and run on this many SMs
   int warp_segments = 0;                 // DecodeStepOptions::attention_warp_segments
+  int oproj_merge = -1;                  // >= 0: DecodeStepOptions::oproj_merge_max_batch
+  bool expect_merges = false;            // o_proj must be the one merging the split pairs
 };
 
 // The step under test: one DecodeStep, or every rank of a tensor-parallel step on this GPU.
@@ -128,7 +130,11 @@ Errors run_against_reference(const StepCase& k, uint64_t seed) {
   opt.collectives_in_launch = k.in_launch;
   opt.sms = k.sms;
   opt.attention_warp_segments = k.warp_segments;
+  if (k.oproj_merge >= 0) opt.oproj_merge_max_batch = k.oproj_merge;
   Stepper st(k.cfg, opt, k.tp);
+  // Where the split pairs are merged: o_proj's consumers, or the last tile holding a part.
+  if (k.expect_merges) EXPECT_TRUE(st.rank0().oproj_merges());
+  if (B > opt.oproj_merge_max_batch || st.rank0().act_rows() > 32) EXPECT_FALSE(st.rank0().oproj_merges());
   st.load_weights(w);
   if (k.layout == KvLayout::Paged) {  // every page of the pool, shuffled
     std::vector<int> table(size_t(B) * st.rank0().shape().pages_per_seq());
@@ -271,11 +277,31 @@ TEST(DecodeStep, HeadDim128Batch16Ragged) {
 
 TEST(DecodeStep, LongPromptsSplitAcrossManyTiles) {
   TW_REQUIRE_SM90();  // pairs cut over dozens of tiles: partials, merges, empty tiles
-  StepCase k{named_config("tiny-llama"), 2, KvLayout::Contiguous};
-  k.max_prompt = 300;
-  k.generate = 4;
-  k.attention_min_tile_bytes = 1;
-  run_against_reference(k, fresh_seed());
+  // The split pairs merged by o_proj's consumers (the default where B x o_proj's K slice is at most
+  // 1024 columns: expect_merges) and by the last tile holding a part (oproj_merge 0, and the others).
+  for (int merge : {-1, 0}) {
+    StepCase k{named_config("tiny-llama"), 2, KvLayout::Contiguous};
+    k.max_prompt = 300;
+    k.generate = 4;
+    k.attention_min_tile_bytes = 1;
+    k.oproj_merge = merge;
+    k.expect_merges = merge != 0;
+    run_against_reference(k, fresh_seed());
+    StepCase q{tiny_d128(), 1, KvLayout::Paged, 64};
+    q.max_prompt = 160;
+    q.generate = 3;
+    q.attention_min_tile_bytes = 1;
+    q.oproj_merge = merge;
+    q.expect_merges = merge != 0;
+    run_against_reference(q, fresh_seed());
+    StepCase qwen{named_config("tiny-qwen2"), 2, KvLayout::Paged, 32};  // 7 heads a group
+    qwen.max_prompt = 120;
+    qwen.generate = 3;
+    qwen.attention_min_tile_bytes = 1;
+    qwen.oproj_merge = merge;
+    qwen.expect_merges = merge != 0;
+    run_against_reference(qwen, fresh_seed());
+  }
   StepCase q{tiny_d128(), 5, KvLayout::Paged, 64};
   q.max_prompt = 160;
   q.generate = 3;
@@ -285,6 +311,11 @@ TEST(DecodeStep, LongPromptsSplitAcrossManyTiles) {
   planned.max_prompt = 200;
   planned.generate = 3;
   run_against_reference(planned, fresh_seed());
+  StepCase one{tiny_d128(), 1, KvLayout::Contiguous};
+  one.max_prompt = 200;
+  one.generate = 3;
+  one.expect_merges = true;
+  run_against_reference(one, fresh_seed());
 }
 
 // Gate/up in more tiles than SMs, as Llama-3-8B's 224 on 132: down's tiles, which wait per tile for

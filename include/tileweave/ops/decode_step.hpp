@@ -55,6 +55,10 @@ struct DecodeStepOptions {
   // up from 4: B = 8 and 16 0.2-1.0% faster, decode_step_hold_b16_ab.json; at B = 64 the ring's lead
   // is worth more: +2.4% there).
   int hold_every_tile_max_batch = 16;
+  // Up to this batch, where B x the columns of o_proj's K slice are at most 1024, o_proj's consumers
+  // merge the attention's split pairs they read, and no attention tile counts or merges a pair: one
+  // hop less on each layer's chain (0: the last tile of a pair merges it).
+  int oproj_merge_max_batch = 16;
   // Gate/up's last partial wave in K slices, its whole waves unsplit, where the slices' rounds cost
   // under this fraction of an unsplit tile (plan_step_tiling; 0: never, as the uniform planner cuts it).
   double last_wave_cost = 0.75;
@@ -146,6 +150,7 @@ class DecodeStep {
   const runtime::DevicePlan& plan() const { return *plan_; }
   int grid() const { return grid_; }
   int act_rows() const { return act_rows_; }
+  bool oproj_merges() const { return oproj_merges_; }  // o_proj merges the attention's split pairs
   // After a launch that aborted on a bounded wait (plan().error() != 0): zero counters and workspaces.
   void reset();
 
@@ -162,6 +167,7 @@ class DecodeStep {
   std::vector<int> lengths_;
   std::vector<uint8_t> active_;
   int grid_ = 0, act_rows_ = 0;
+  bool oproj_merges_ = false;
   int64_t launches_ = 0;
   bool page_table_set_ = false;
   std::vector<StepSegment> segs_;
