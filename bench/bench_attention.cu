@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
     auto variant = [&](const std::string& name, tw::DecodeAttentionShape v) {
       try {
         const tw::DecodeAttention op_v(v, std::vector<int>(c.batch, c.len), table);
-        const bool same = op_v.bulk_copy() == op.bulk_copy() && op_v.num_tiles() == op.num_tiles() &&
+        const bool same = op_v.few_tokens() == op.few_tokens() && op_v.bulk_copy() == op.bulk_copy() && op_v.num_tiles() == op.num_tiles() &&
                           op_v.ring_slots() == op.ring_slots() && op_v.warps_per_tile() == op.warps_per_tile() &&
                           op_v.shape().overlap_previous == op.shape().overlap_previous;
         variants[name] = same ? us : time_with(op_v);

@@ -2,7 +2,7 @@
 // the KV append fused) on head layouts, head dims, batches and lengths generated from a seed, with the
 // streaming-read floor measured in the same run. bench/attention_sweep_sdpa.py then times torch SDPA on
 // the same shapes (the peer) and merges its numbers in.
-//   bench_attention_sweep [--seed N] [--count N] [--cases 3,8,..] [--out DIR] [--tiles-sweep]
+//   bench_attention_sweep [--seed N] [--count N] [--cases 3,8,..] [--out DIR] [--tiles-sweep] [--few-ab]
 // The grid: N shapes (default 40): (query, KV) heads from {(8,1), (12,2), (14,2), (16,8), (28,4),
 // (32,8), (40,8), (64,8)}, head dim 64 / 128 / 256, B in {1 .. 64}, the longest length log-uniform in
 // [1, 131072] (at most 4 GiB of K/V), equal or ragged lengths (each uniform in [1, longest]),
@@ -11,7 +11,8 @@
 // graph, KV sets rotated so L2 holds none of a launch's input), as the bars read them.
 // Writes attention_sweep.json: per case the shape, us, kv_bytes, floor_us, pct_floor, memory_bound
 // (>= 64 MB of K/V); and a summary. --tiles-sweep also times each shape at the planner's candidates
-// (decode_plan_candidates: `tiles_sweep`), the data its cost model is fitted to.
+// (decode_plan_candidates: `tiles_sweep`), the data its cost model is fitted to. --few-ab also times
+// each shape the op runs on the few-token path with that path off (`stream_k_us`: the A/B in one run).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -72,7 +73,7 @@ int main(int argc, char** argv) {
   uint64_t seed = 16;
   int count = 40;
   std::string out_dir;
-  bool tiles_sweep = false;
+  bool tiles_sweep = false, few_ab = false;
   std::vector<int> only;  // --cases: the grid's case numbers (as printed, from 1) to run; all when empty
   for (int i = 1; i < argc; ++i) {
     const bool has = i + 1 < argc;
@@ -80,6 +81,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--count") && has) count = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--out") && has) out_dir = argv[++i];
     else if (!std::strcmp(argv[i], "--tiles-sweep")) tiles_sweep = true;
+    else if (!std::strcmp(argv[i], "--few-ab")) few_ab = true;
     else if (!std::strcmp(argv[i], "--cases") && has) {
       try {
         only = parse_counts(argv[++i], "--cases");
@@ -89,7 +91,8 @@ int main(int argc, char** argv) {
       }
     } else {
       std::fprintf(stderr, "bench_attention_sweep: unknown or incomplete argument '%s'\n"
-                           "usage: bench_attention_sweep [--seed N] [--count N] [--cases 3,8,..] [--out DIR] [--tiles-sweep]\n", argv[i]);
+                           "usage: bench_attention_sweep [--seed N] [--count N] [--cases 3,8,..] [--out DIR] [--tiles-sweep] "
+                           "[--few-ab]\n", argv[i]);
       return 2;
     }
   }
@@ -169,6 +172,18 @@ int main(int argc, char** argv) {
       j["memory_bound"] = memory_bound;
       j["sets"] = sets;
       j["num_tiles"] = op.num_tiles();
+      j["few_tokens"] = op.few_tokens();
+      double stream_k_us = 0;
+      if (few_ab && op.few_tokens()) {
+        tw::DecodeAttentionShape v = shape;
+        v.few_tokens = false;
+        const tw::DecodeAttention alt(v, c.lens, table);
+        stream_k_us = time_us_seq([&](int s, cudaStream_t st) {
+          bf16* k = kv + size_t(s) * 2 * pool_elems;
+          alt.run({q, kv_new, kv_new + size_t(c.batch) * c.hkv * c.d, k, k + pool_elems, out}, st);
+        }, sets);
+        j["stream_k_us"] = stream_k_us;
+      }
       if (tiles_sweep) {
         nlohmann::json sweep = nlohmann::json::array();
         for (const auto& [t, per_sm] : tw::decode_plan_candidates(shape, c.lens, gpu.prop.multiProcessorCount)) {
@@ -191,8 +206,11 @@ int main(int argc, char** argv) {
       ++supported;
       mem_cases += memory_bound;
       mem_at_floor += memory_bound && floor_us / us >= 0.9;
-      std::printf("%4d %4d/%-4d %4d %4d %-10s %8d %7s %10.2f %8.1f %6.1f%%\n", n, c.hq, c.hkv, c.d, c.batch, layout, longest,
+      std::printf("%4d %4d/%-4d %4d %4d %-10s %8d %7s %10.2f %8.1f %6.1f%%", n, c.hq, c.hkv, c.d, c.batch, layout, longest,
                   c.ragged ? "yes" : "no", us, op.kv_bytes() / 1e6, 100 * floor_us / us);
+      if (op.few_tokens()) std::printf("  few-token path");
+      if (stream_k_us > 0) std::printf(" (stream-K %.2f us)", stream_k_us);
+      std::printf("\n");
       for (bf16* p : {kv, q, kv_new, out}) TW_CUDA_CHECK(cudaFree(p));
     } catch (const tw::InvalidArgument& e) {
       j["unsupported"] = e.what();

@@ -4,7 +4,9 @@
 // --heads / --dim say otherwise.
 //   bench_attention_trace [--cases 1x32768,16x512] [--variants "default;per_sm=1,slots=4;tiles=256"]
 //                         [--heads 32/8] [--dim 128] [--trace] [--reps N]
-// Variant keys (DecodeAttentionShape overrides): tiles, per_sm, slots, bulk (0/1), rope (0/1), append (0/1).
+// Variant keys (DecodeAttentionShape overrides): tiles, per_sm, slots, bulk (0/1), rope (0/1), append (0/1),
+// few (0: the stream-K kernel where the planner would take the few-token path; "default;few=0" is the A/B).
+// A few-token launch's timeline has one row per pair: setup = prologue done, first = K/V landed.
 // JSON -> $TW_RESULTS_DIR/<gpu>/attention_trace.json (timelines relative to the first tile's entry).
 #include <cuda_bf16.h>
 
@@ -39,6 +41,7 @@ tw::DecodeAttentionShape apply_variant(tw::DecodeAttentionShape s, const std::st
     else if (key == "bulk") s.kv_load = v ? tw::KvLoad::Bulk : tw::KvLoad::CpAsync;
     else if (key == "rope") s.rope_theta = v ? 500000.f : 0.f;
     else if (key == "append") s.append = v != 0;
+    else if (key == "few") s.few_tokens = v != 0;
     else throw std::runtime_error("unknown variant key '" + key + "'");
   }
   return s;
@@ -131,9 +134,10 @@ int main(int argc, char** argv) {
       const double floor_us = double(op->kv_bytes()) / (floor.tbps() * 1e6);
       nlohmann::json row = {{"B", B}, {"L", L}, {"variant", vs}, {"num_tiles", op->num_tiles()},
                             {"ring_slots", op->ring_slots()}, {"time_us", us}, {"floor_us", floor_us},
-                            {"pct_floor", 100 * floor_us / us}, {"back_to_back_us", b2b_us}};
-      std::printf("%4d %6d %-22s %5d %5d %8.2f %5.1f%% b2b %.2f", B, L, vs.c_str(), op->num_tiles(), op->ring_slots(), us,
-                  100 * floor_us / us, b2b_us);
+                            {"pct_floor", 100 * floor_us / us}, {"back_to_back_us", b2b_us},
+                            {"few_tokens", op->few_tokens()}};
+      std::printf("%4d %6d %-22s %5d %5s %8.2f %5.1f%% b2b %.2f", B, L, vs.c_str(), op->num_tiles(),
+                  op->few_tokens() ? "few" : std::to_string(op->ring_slots()).c_str(), us, 100 * floor_us / us, b2b_us);
       if (trace) {
         const int n = op->num_tiles();
         unsigned long long* d_trace = nullptr;

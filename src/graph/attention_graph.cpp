@@ -152,8 +152,27 @@ DecodePlan plan_decode(const std::vector<int>& seq_lens, int num_kv_heads, int n
   return pl;
 }
 
-DecodePlan plan_decode_for(const DecodeAttentionShape& s, const std::vector<int>& seq_lens, int sms) {
+// The few-token path. A pair of at most kDecodeShortTokens = 4 units (64 tokens) gives each warp of a
+// stream-K tile (4 or 8 warps) at most one 16-token unit however the plan cuts it: a cut over more
+// tiles adds partials and a merge and shortens nothing, and what such a launch costs is the tile's
+// chain -- tables, rows, prologue, ring stage, the combine over 8 warps -- not the stream (H200,
+// docs/attention.md: 3.3 us back to back at 1 x 19 tokens without RoPE and append, an empty kernel
+// 0.84). One block per pair with all of the pair's K/V requested at once is one DRAM round trip plus
+// the math, as long as every pair's block is resident at once: pairs <= sms x the blocks per SM its
+// launch bounds guarantee (one wave; past it the later blocks would wait out a whole chain, and the
+// launch holds enough bytes for the ring's stream to pay). The lengths ride in the kernel's
+// parameters (a byte each, B <= kDecodeShortMaxBatch). Overrides of the stream-K plan keep that plan.
+bool decode_few_tokens(const DecodeAttentionShape& s, const std::vector<int>& seq_lens, int sms) {
+  if (!s.few_tokens || s.num_tiles > 0 || s.tiles_per_sm > 0 || s.ring_slots > 0 || s.kv_load == KvLoad::Bulk) return false;
+  if (seq_lens.empty() || s.batch > kernels::kDecodeShortMaxBatch) return false;
+  if (*std::max_element(seq_lens.begin(), seq_lens.end()) > kernels::kDecodeShortTokens) return false;
+  return int64_t(s.batch) * s.num_kv_heads <= int64_t(sms) * kernels::decode_short_blocks_per_sm(s.head_dim);
+}
+
+DecodePlan plan_decode_for(const DecodeAttentionShape& s, const std::vector<int>& seq_lens, int sms,
+                           bool lengths_on_device) {
   if (sms < 1) bad("the GPU's SM count " + std::to_string(sms) + " must be >= 1");
+  const bool few = !lengths_on_device && decode_few_tokens(s, seq_lens, sms);
   const int64_t npairs = int64_t(s.batch) * s.num_kv_heads;
   const bool uniform = equal_units(seq_lens);
   const int64_t bytes = decode_kv_bytes(s, seq_lens);
@@ -176,6 +195,7 @@ DecodePlan plan_decode_for(const DecodeAttentionShape& s, const std::vector<int>
   pl.rule_tiles = pl.num_tiles;
   pl.rule_tiles_per_sm = tiles_per_sm;
   pl.rule_us = pl.predicted_us = predict_decode_cost(s, seq_lens, pl.num_tiles, tiles_per_sm, sms).us;
+  pl.few_tokens = few;
   if (s.num_tiles > 0 || s.tiles_per_sm > 0) return pl;  // the caller's overrides
   // The model's best candidate, where it beats the rules' plan by the margin. Fitted on two sweeps and
   // tried on a third (H200), the picks were faster on 5-8 of each 40 shapes (1.04-1.57x: ragged short
@@ -190,6 +210,7 @@ DecodePlan plan_decode_for(const DecodeAttentionShape& s, const std::vector<int>
   chosen.rule_tiles_per_sm = pl.rule_tiles_per_sm;
   chosen.rule_us = pl.rule_us;
   chosen.predicted_us = ranked[0].cost.us;
+  chosen.few_tokens = few;
   return chosen;
 }
 

@@ -40,6 +40,11 @@ detail::DecodeKernel pick_kernel(int d, int g, bool paged, bool bulk, int warps)
   return d == 128 ? detail::decode_kernel_d128(g, paged, bulk, warps) : detail::decode_kernel_d256(g, paged, bulk, warps);
 }
 
+detail::DecodeShortKernel pick_short_kernel(int d, int g, bool paged) {
+  if (d == 64) return detail::decode_short_kernel_d64(g, paged);
+  return d == 128 ? detail::decode_short_kernel_d128(g, paged) : detail::decode_short_kernel_d256(g, paged);
+}
+
 [[noreturn]] void bad(const std::string& what) { throw InvalidArgument("decode attention: " + what); }
 
 // Lengths on the device: a tile takes at least this many 16-token units (fewer tiles at short
@@ -93,7 +98,14 @@ std::vector<float> rope_inv_freq(int head_dim, float theta) {
 
 DecodeAttention::DecodeAttention(const DecodeAttentionShape& shape, std::vector<int> seq_lens,
                                  std::vector<int> page_table)
-    : shape_(shape), seq_lens_(std::move(seq_lens)), page_table_(std::move(page_table)) {
+    : DecodeAttention(shape, std::move(seq_lens), std::move(page_table), /*device_lengths=*/false) {}
+
+DecodeAttention::DecodeAttention(const DecodeAttentionShape& shape)
+    : DecodeAttention(shape, full_lengths(shape), any_page_table(shape), /*device_lengths=*/true) {}
+
+DecodeAttention::DecodeAttention(const DecodeAttentionShape& shape, std::vector<int> seq_lens,
+                                 std::vector<int> page_table, bool device_lengths)
+    : shape_(shape), seq_lens_(std::move(seq_lens)), page_table_(std::move(page_table)), device_lengths_(device_lengths) {
   validate_decode_attention(shape_, seq_lens_, page_table_);
   group_ = shape_.num_q_heads / shape_.num_kv_heads;
   if (shape_.rope_theta > 0) inv_freq_ = rope_inv_freq(shape_.head_dim, shape_.rope_theta);
@@ -117,7 +129,8 @@ DecodeAttention::DecodeAttention(const DecodeAttentionShape& shape, std::vector<
   // Tiles: every SM streams (tiles_per_sm blocks each), decode_tile_warps warps each.
   const bool paged = shape_.layout == KvLayout::Paged;
   const int slot_bytes_per_warp = 2 * kernels::kDecodeStageTokens * shape_.head_dim * 2;
-  plan_ = plan_decode_for(shape_, seq_lens_, sms);
+  plan_ = plan_decode_for(shape_, seq_lens_, sms, device_lengths_);
+  few_ = plan_.few_tokens;
   auto kernel_for = [&](int tiles_per_sm) {
     return pick_kernel(shape_.head_dim, group_, paged, bulk_, decode_tile_warps(shape_.head_dim, tiles_per_sm));
   };
@@ -128,7 +141,8 @@ DecodeAttention::DecodeAttention(const DecodeAttentionShape& shape, std::vector<
     if (smem_cap_for(2) - k2.ring_offset < k2.warps * slot_bytes_per_warp) {
       DecodeAttentionShape one = shape_;
       one.tiles_per_sm = 1;
-      plan_ = plan_decode_for(one, seq_lens_, sms);
+      plan_ = plan_decode_for(one, seq_lens_, sms, device_lengths_);
+      plan_.few_tokens = few_;  // the override above is the stream-K plan's, not the caller's
     }
   }
   const int tiles_per_sm = plan_.tiles_per_sm;
@@ -178,13 +192,18 @@ DecodeAttention::DecodeAttention(const DecodeAttentionShape& shape, std::vector<
   TW_CUDA_CHECK(cudaMalloc(&d_lse_part_, slots * sizeof(float)));
   TW_CUDA_CHECK(cudaMalloc(&d_merge_count_, npairs * sizeof(int)));
   TW_CUDA_CHECK(cudaMemset(d_merge_count_, 0, npairs * sizeof(int)));
-}
-
-DecodeAttention::DecodeAttention(const DecodeAttentionShape& shape)
-    : DecodeAttention(shape, full_lengths(shape), any_page_table(shape)) {
-  device_lengths_ = true;
-  TW_CUDA_CHECK(cudaMalloc(&d_cut_, 5 * sizeof(int)));
-  TW_CUDA_CHECK(cudaMemset(d_cut_, 0, 5 * sizeof(int)));
+  if (device_lengths_) {
+    TW_CUDA_CHECK(cudaMalloc(&d_cut_, 5 * sizeof(int)));
+    TW_CUDA_CHECK(cudaMemset(d_cut_, 0, 5 * sizeof(int)));
+  }
+  if (few_) {
+    // K/V of the longest pair's units after the block's own smem (the planner's one wave assumes
+    // the shared memory of decode_short_blocks_per_sm blocks at 64 tokens fits an SM).
+    const detail::DecodeShortKernel ks = pick_short_kernel(shape_.head_dim, group_, paged);
+    const int longest = *std::max_element(seq_lens_.begin(), seq_lens_.end());
+    short_smem_ = ks.kv_offset + kernels::decode_units(longest) * slot_bytes_per_warp;
+    TW_CUDA_CHECK(cudaFuncSetAttribute(ks.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_block));  // shared by ops
+  }
 }
 
 std::string DecodeAttention::take_device_error() {
@@ -270,8 +289,38 @@ kernels::DecodeParams DecodeAttention::device_params(const DecodeAttentionTensor
   return p;
 }
 
+kernels::DecodeShortParams DecodeAttention::short_params(const DecodeParams& p) const {
+  kernels::DecodeShortParams s;
+  s.q = p.q;
+  s.k_new = p.k_new;
+  s.v_new = p.v_new;
+  s.k_cache = p.k_cache;
+  s.v_cache = p.v_cache;
+  s.page_table = p.page_table;
+  s.max_seq_len = p.max_seq_len;
+  s.page_size = p.page_size;
+  s.pages_per_seq = p.pages_per_seq;
+  s.out = p.out;
+  s.num_kv_heads = p.num_kv_heads;
+  s.group = p.group;
+  s.scale_log2 = p.scale_log2;
+  s.inv_freq = p.rope ? p.inv_freq : nullptr;
+  s.overlap = p.overlap;
+  s.trace = p.trace;
+  s.uniform_len = p.uniform_len;
+  if (s.uniform_len == 0)
+    for (int b = 0; b < shape_.batch; ++b) s.len[b] = static_cast<uint8_t>(seq_lens_[b]);
+  return s;
+}
+
 void DecodeAttention::run(const DecodeAttentionTensors& t, cudaStream_t stream) const {
   const DecodeParams p = device_params(t);
+  if (few_) {
+    const detail::DecodeShortKernel k = pick_short_kernel(shape_.head_dim, group_, shape_.layout == KvLayout::Paged);
+    runtime::launch_kernel(k.fn, dim3(shape_.batch * shape_.num_kv_heads), dim3(kernels::kDecodeThreads), short_smem_,
+                           stream, shape_.overlap_previous, short_params(p));
+    return;
+  }
   if (device_lengths_) {
     kernels::DecodeCutArgs a;
     a.seq_lens = t.seq_lens;

@@ -1,9 +1,11 @@
-// The standalone decode-attention kernel (private to src/ops): block c runs work tile c (the last
-// tile to finish a pair merges it inside the same launch). Instantiated per head dim in
-// attention_d64.cu / attention_d128.cu / attention_d256.cu (translation units build in parallel).
+// The standalone decode-attention kernels (private to src/ops): block c runs work tile c (the last
+// tile to finish a pair merges it inside the same launch), or, on the few-token path, pair c whole.
+// Instantiated per head dim in attention_d64.cu / attention_d128.cu / attention_d256.cu (translation
+// units build in parallel).
 #pragma once
 
 #include "tileweave/kernels/attention/decode.cuh"
+#include "tileweave/kernels/attention/decode_short.cuh"
 
 namespace tw::detail {
 
@@ -55,8 +57,32 @@ DecodeKernel pick_kernel(int g, bool paged, bool bulk, int warps) {
   }
 }
 
+// The few-token path: one block per pair. Four variants per head dim (one or two mma row blocks,
+// contiguous or paged; the group is read at run time), so the build stays short.
+struct DecodeShortKernel {
+  void (*fn)(kernels::DecodeShortParams) = nullptr;
+  int kv_offset = 0;  // smem bytes before the K/V units: smem = kv_offset + units x slot bytes
+};
+
+template <int D, int kR, bool kPaged>
+__global__ void __launch_bounds__(kernels::kDecodeThreads, kernels::decode_short_blocks_per_sm(D))
+    decode_short_kernel(const __grid_constant__ kernels::DecodeShortParams p) {
+  extern __shared__ __align__(128) char smem[];
+  kernels::decode_short_pair<D, kR, kPaged>(p, blockIdx.x, smem);
+}
+
+template <int D>
+DecodeShortKernel pick_short_kernel(int g, bool paged) {
+  if (g <= 8)
+    return {paged ? decode_short_kernel<D, 1, true> : decode_short_kernel<D, 1, false>, kernels::decode_short_kv_offset<D, 1>()};
+  return {paged ? decode_short_kernel<D, 2, true> : decode_short_kernel<D, 2, false>, kernels::decode_short_kv_offset<D, 2>()};
+}
+
 DecodeKernel decode_kernel_d64(int g, bool paged, bool bulk, int warps);
 DecodeKernel decode_kernel_d128(int g, bool paged, bool bulk, int warps);
 DecodeKernel decode_kernel_d256(int g, bool paged, bool bulk, int warps);
+DecodeShortKernel decode_short_kernel_d64(int g, bool paged);
+DecodeShortKernel decode_short_kernel_d128(int g, bool paged);
+DecodeShortKernel decode_short_kernel_d256(int g, bool paged);
 
 }  // namespace tw::detail

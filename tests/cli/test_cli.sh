@@ -161,6 +161,9 @@ grep -q "chosen by the cost model: the rules' plan (132 tiles" "$tmp/out" || fai
 expect_json plan attention --batch 64 --len 512 --heads 32/8 --json
 python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['plan']['split_pairs'] == 0 and d['model']['us'] > 0 and len(d['candidates']) > 1" "$tmp/out" ||
   fail "plan attention --json: whole pairs expected at B = 64, L = 512"
+expect_ok "few-token path: 16 blocks, one per (sequence, KV head) pair" plan attention --batch 16 --len 13 --heads 8/1 --dim 64 --page-size 64
+expect_ok "128 tiles" plan attention --len 32768 --heads 32/8
+grep -q "few-token" "$tmp/out" && fail "plan attention: a long pair should keep the stream-K plan"
 expect_error "group size 17" plan attention --len 100 --heads 34/2
 expect_error "head_dim 96 is not 64, 128 or 256" plan attention --len 100 --dim 96
 expect_error "--heads '32' is not Q/KV" plan attention --len 100 --heads 32

@@ -292,6 +292,67 @@ TEST(DecodePlan, PlannerFollowsTheWork) {
   EXPECT_EQ(plan_decode_for(contiguous_shape(sixteen, 32, 8, 128), sixteen, 132).tiles_per_sm, 1);
 }
 
+// The few-token rule (decode_few_tokens): pairs of at most 64 tokens (one 16-token unit per warp of a
+// block) take one block each when every pair's block is resident at once (H200: 132 SMs x 5 / 4 / 2
+// blocks at head dim 64 / 128 / 256); longer pairs, more pairs than one wave, plan overrides and lengths
+// on the device keep the stream-K plan, whose tiles are planned either way.
+TEST(DecodePlan, FewTokenPathForShortPairsOnly) {
+  std::vector<int> table;
+  // The sweep's shapes that lost to SDPA (seed 16), ragged and paged ones included.
+  const std::vector<int> b16(16, 13), b64(64, 9), b4(4, 3), b2(2, 45), b1(1, 19), b32(32, 8), b8(8, 1);
+  EXPECT_TRUE(plan_decode_for(paged_shape(b16, 8, 1, 64, 64, table), b16, 132).few_tokens);
+  EXPECT_TRUE(plan_decode_for(contiguous_shape(b64, 64, 8, 64), b64, 132).few_tokens);  // 512 pairs <= 660
+  EXPECT_TRUE(plan_decode_for(paged_shape(b4, 64, 8, 64, 32, table), b4, 132).few_tokens);
+  EXPECT_TRUE(plan_decode_for(contiguous_shape(b2, 32, 8, 128), b2, 132).few_tokens);
+  EXPECT_TRUE(plan_decode_for(contiguous_shape(b1, 16, 8, 64), b1, 132).few_tokens);
+  EXPECT_TRUE(plan_decode_for(contiguous_shape(b32, 14, 2, 256), b32, 132).few_tokens);
+  EXPECT_TRUE(plan_decode_for(contiguous_shape(b8, 8, 1, 256), b8, 132).few_tokens);
+  const std::vector<int> ragged = {64, 1, 33, 17, 2, 63, 16};
+  EXPECT_TRUE(plan_decode_for(paged_shape(ragged, 112, 7, 256, 16, table), ragged, 132).few_tokens);
+  EXPECT_TRUE(decode_few_tokens(paged_shape(ragged, 112, 7, 256, 16, table), ragged, 132));
+
+  // 65 tokens: a pair of 5 units, more than a block's warps.
+  const std::vector<int> at64(4, 64), past64 = {64, 65, 3};
+  EXPECT_TRUE(plan_decode_for(contiguous_shape(at64, 32, 8, 128), at64, 132).few_tokens);
+  EXPECT_FALSE(plan_decode_for(contiguous_shape(past64, 32, 8, 128), past64, 132).few_tokens);
+  const std::vector<int> long1(1, 4096);
+  EXPECT_FALSE(plan_decode_for(contiguous_shape(long1, 32, 8, 128), long1, 132).few_tokens);
+  // One wave: 512 pairs fit 132 SMs at head dim 64 and 128, not at 256, nor 100 SMs at 64.
+  EXPECT_TRUE(plan_decode_for(contiguous_shape(b64, 64, 8, 128), b64, 132).few_tokens);
+  EXPECT_FALSE(plan_decode_for(contiguous_shape(b64, 64, 8, 256), b64, 132).few_tokens);
+  EXPECT_FALSE(plan_decode_for(contiguous_shape(b64, 64, 8, 64), b64, 100).few_tokens);
+  const std::vector<int> b132(132, 4), b133(133, 4), b257(257, 4);
+  EXPECT_TRUE(plan_decode_for(contiguous_shape(b132, 4, 2, 256), b132, 132).few_tokens);  // 264 pairs = 132 x 2
+  EXPECT_FALSE(plan_decode_for(contiguous_shape(b133, 4, 2, 256), b133, 132).few_tokens);
+  EXPECT_FALSE(plan_decode_for(contiguous_shape(b257, 1, 1, 64), b257, 132).few_tokens);  // lengths past the parameters' 256
+  // Lengths on the device (the op's plan for full caches): the stream-K kernel, which cuts at run time.
+  EXPECT_FALSE(plan_decode_for(contiguous_shape(b16, 8, 1, 64), b16, 132, /*lengths_on_device=*/true).few_tokens);
+
+  // Any override of the stream-K plan keeps it; the CpAsync loader does not count as one.
+  const DecodeAttentionShape base = contiguous_shape(b16, 8, 1, 64);
+  auto few_with = [&](auto&& set) {
+    DecodeAttentionShape v = base;
+    set(v);
+    return plan_decode_for(v, b16, 132).few_tokens;
+  };
+  EXPECT_FALSE(few_with([](DecodeAttentionShape& v) { v.few_tokens = false; }));
+  EXPECT_FALSE(few_with([](DecodeAttentionShape& v) { v.num_tiles = 16; }));
+  EXPECT_FALSE(few_with([](DecodeAttentionShape& v) { v.tiles_per_sm = 1; }));
+  EXPECT_FALSE(few_with([](DecodeAttentionShape& v) { v.ring_slots = 2; }));
+  EXPECT_FALSE(few_with([](DecodeAttentionShape& v) { v.kv_load = KvLoad::Bulk; }));
+  EXPECT_TRUE(few_with([](DecodeAttentionShape& v) { v.kv_load = KvLoad::CpAsync; }));
+  EXPECT_TRUE(few_with([](DecodeAttentionShape& v) { v.overlap_previous = true; }));
+
+  // The stream-K tiles stay planned, the same as with the path off (the executor and the model use them).
+  DecodeAttentionShape off = base;
+  off.few_tokens = false;
+  const DecodePlan with = plan_decode_for(base, b16, 132), without = plan_decode_for(off, b16, 132);
+  EXPECT_EQ(with.num_tiles, without.num_tiles);
+  EXPECT_EQ(with.tiles_per_sm, without.tiles_per_sm);
+  EXPECT_EQ(with.tile_first, without.tile_first);
+  EXPECT_EQ(with.pair_info, without.pair_info);
+}
+
 // o_proj tiles depend on exactly the attention tiles that hold their rows and heads, for plans
 // whose tiles hold many pairs and pairs many tiles, every split and both tile shapes.
 TEST(AttentionOprojGraph, DepsAreExactlyTheCoveringAttentionTiles) {

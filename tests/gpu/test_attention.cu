@@ -1,6 +1,7 @@
 // Decode attention (ops/attention.hpp) against a double-precision CPU reference on fresh random
 // inputs: mixed lengths 1 .. 100003 in one batch, B = 64, GQA 1/3/4/8, head dim 64/128, contiguous
-// and paged caches, several stream-K plans; outputs poisoned before every run, the appended cache rows checked, and bad
+// and paged caches, several stream-K plans, and the few-token path (a grid of short caches, the
+// sweep's short shapes); outputs poisoned before every run, the appended cache rows checked, and bad
 // input rejected before any launch.
 #include <gtest/gtest.h>
 
@@ -25,6 +26,29 @@ using tw::test::AttnCase;
 using tw::test::DeviceBuffer;
 using tw::test::bf;
 using bf16 = __nv_bfloat16;
+
+// The new token's cache rows after a launch: roped k (within a bf16 rounding step of the reference)
+// and v exactly.
+void check_appended_rows(const tw::test::AttnData& data) {
+  if (!data.c.append) return;
+  const int D = data.D, hkv = data.c.hkv;
+  int bad_k = 0, bad_v = 0;
+  std::vector<bf16> kr(D), vr(D);
+  for (int b = 0; b < data.B; ++b)
+    for (int h = 0; h < hkv; ++h) {
+      const size_t nh = size_t(b) * hkv + h;
+      const int64_t r = data.row(b, h, data.c.lens[b] - 1);
+      TW_CUDA_CHECK(cudaMemcpy(kr.data(), data.d_k->ptr + r, D * sizeof(bf16), cudaMemcpyDeviceToHost));
+      TW_CUDA_CHECK(cudaMemcpy(vr.data(), data.d_v->ptr + r, D * sizeof(bf16), cudaMemcpyDeviceToHost));
+      for (int i = 0; i < D; ++i) {
+        const float want = data.k_app[nh * D + i];
+        if (!(std::fabs(bf(kr[i]) - want) <= 1e-2f * std::fabs(want) + 1e-6f)) ++bad_k;
+        if (bf(vr[i]) != bf(data.v_new.bits[nh * D + i])) ++bad_v;
+      }
+    }
+  EXPECT_EQ(bad_k, 0) << "appended k rows differ from the roped reference";
+  EXPECT_EQ(bad_v, 0) << "appended v rows differ from v_new";
+}
 
 void run_case(const AttnCase& c) {
   const uint64_t seed = tw::test::fresh_seed();
@@ -71,25 +95,45 @@ void run_case(const AttnCase& c) {
       EXPECT_LT(err, 1e-2) << "launch " << launch << ", tiles " << op.num_tiles() << ", slots " << op.ring_slots();
     }
 
-    // The appended rows: roped k (within a bf16 rounding step of the reference) and v exactly.
-    if (!c.append) continue;
-    int bad_k = 0, bad_v = 0;
-    std::vector<bf16> kr(D), vr(D);
-    for (int b = 0; b < B; ++b)
-      for (int h = 0; h < c.hkv; ++h) {
-        const size_t nh = size_t(b) * c.hkv + h;
-        const int64_t r = data.row(b, h, c.lens[b] - 1);
-        TW_CUDA_CHECK(cudaMemcpy(kr.data(), data.d_k->ptr + r, D * sizeof(bf16), cudaMemcpyDeviceToHost));
-        TW_CUDA_CHECK(cudaMemcpy(vr.data(), data.d_v->ptr + r, D * sizeof(bf16), cudaMemcpyDeviceToHost));
-        for (int i = 0; i < D; ++i) {
-          const float want = data.k_app[nh * D + i];
-          if (!(std::fabs(bf(kr[i]) - want) <= 1e-2f * std::fabs(want) + 1e-6f)) ++bad_k;
-          if (bf(vr[i]) != bf(data.v_new.bits[nh * D + i])) ++bad_v;
-        }
-      }
-    EXPECT_EQ(bad_k, 0) << "appended k rows differ from the roped reference";
-    EXPECT_EQ(bad_v, 0) << "appended v rows differ from v_new";
+    check_appended_rows(data);
   }
+}
+
+// The few-token path (kernels/attention/decode_short.cuh): the default plan must take it. Each op is
+// launched twice (outputs poisoned, the new token's stale rows restored before the first launch), and
+// the output and the appended rows are checked against the reference; then the same data through the
+// stream-K kernel (few_tokens = false), the switch an A/B uses.
+void run_few_token_case(const AttnCase& c) {
+  const uint64_t seed = tw::test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  tw::test::AttnData data(c, rng);
+  DecodeAttentionShape shape = data.shape;
+  DeviceBuffer<bf16> d_out(size_t(data.B) * c.hq * data.D);
+  const DecodeAttentionTensors t = data.tensors(d_out.ptr);
+  for (const bool few : {true, false}) {
+    SCOPED_TRACE(few ? "few-token path" : "stream-K kernel (few_tokens = false)");
+    shape.few_tokens = few;
+    DecodeAttention op(shape, c.lens, data.table);
+    ASSERT_EQ(op.few_tokens(), few) << "the planner's rule (decode_few_tokens) did not take this shape";
+    data.restore_stale_rows();
+    for (int launch = 0; launch < 2; ++launch) {
+      d_out.poison();
+      op.run(t, nullptr);
+      TW_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_LT(tw::test::rel_error(d_out.download(), data.ref), 1e-2) << "launch " << launch;
+    }
+    check_appended_rows(data);
+  }
+}
+
+std::string describe(const AttnCase& c) {
+  const bool ragged = std::any_of(c.lens.begin(), c.lens.end(), [&](int l) { return l != c.lens[0]; });
+  return std::to_string(c.hq) + "/" + std::to_string(c.hkv) + " heads, d " + std::to_string(c.d) + ", B " +
+         std::to_string(c.lens.size()) + ", longest " + std::to_string(*std::max_element(c.lens.begin(), c.lens.end())) +
+         (ragged ? " ragged" : "") +
+         (c.layout == KvLayout::Paged ? ", paged " + std::to_string(c.page_size) : ", contiguous") +
+         (c.append ? ", append" : "") + (c.theta > 0 ? ", rope" : "");
 }
 
 const std::vector<int> kMixedLens = {1, 2, 17, 255, 4096, 100003};
@@ -175,6 +219,73 @@ TEST(AttentionDecode, RandomShapeGrid) {
   }
 }
 
+// The few-token path on a grid from the shape seed: every head dim x groups 1, 4, 7, 16 x contiguous
+// and paged (16 / 32 / 64, pages shuffled), the append and RoPE each on and off across the grid; 1..4
+// KV heads, B 1..64 (fewer where the GPU's one wave of blocks holds fewer pairs), the longest length
+// 1..64 (odd ones most of the time), equal or ragged. run_few_token_case asserts the path was taken.
+TEST(AttentionDecode, FewTokenRandomGrid) {
+  TW_REQUIRE_GPU();
+  const uint64_t seed = tw::test::shape_seed();
+  SCOPED_TRACE("TW_SHAPE_SEED=" + std::to_string(seed));
+  std::mt19937_64 rng(seed ^ 0xFE7);
+  int sms = 0;
+  TW_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  static const int kPages[] = {16, 32, 64};
+  int i = 0;
+  for (const int d : {64, 128, 256})
+    for (const int group : {1, 4, 7, 16})
+      for (const KvLayout layout : {KvLayout::Contiguous, KvLayout::Paged}) {
+        AttnCase c;
+        c.d = d;
+        c.hkv = 1 + int(rng() % 4);
+        c.hq = group * c.hkv;
+        c.layout = layout;
+        c.page_size = kPages[rng() % std::size(kPages)];
+        const int k = (i + i / 8) % 4;  // each (append, RoPE) pair meets both layouts over the head dims
+        ++i;
+        c.append = (k & 1) == 0;
+        c.theta = (k & 2) == 0 ? 10000.f : 0.f;
+        const int most = std::min(64, sms * tw::kernels::decode_short_blocks_per_sm(d) / c.hkv);
+        const int batch = 1 + int(rng() % uint64_t(most));
+        int longest = 1 + int(rng() % 64);
+        if (longest % 2 == 0 && rng() % 4 != 0) longest -= 1;
+        const bool ragged = rng() % 2 == 1;
+        for (int b = 0; b < batch; ++b) c.lens.push_back(ragged && b > 0 ? 1 + int(rng() % uint64_t(longest)) : longest);
+        SCOPED_TRACE("shape " + std::to_string(i - 1) + ": " + describe(c));
+        run_few_token_case(c);
+      }
+}
+
+// The sweep's shapes that lost to SDPA (bench/results/h200/attention_sweep.json, seed 16), as they
+// were benchmarked (RoPE and the append on), plus the extremes of the rule: 64 tokens at head dim 256
+// and 16 heads, ragged, in 16-token pages; 1 token; and lengths on the device keeping the stream-K kernel.
+TEST(AttentionDecode, FewTokenSweepShapes) {
+  TW_REQUIRE_GPU();
+  const std::vector<AttnCase> cases = {
+      {std::vector<int>(16, 13), 8, 1, 64, KvLayout::Paged, 64},
+      {std::vector<int>(64, 9), 64, 8, 64, KvLayout::Contiguous},
+      {std::vector<int>(4, 3), 64, 8, 64, KvLayout::Paged, 32},
+      {std::vector<int>(2, 45), 32, 8, 128, KvLayout::Contiguous},
+      {std::vector<int>(1, 19), 16, 8, 64, KvLayout::Contiguous},
+      {std::vector<int>(32, 8), 14, 2, 256, KvLayout::Contiguous},
+      {std::vector<int>(64, 4), 14, 2, 128, KvLayout::Paged, 32},
+      {std::vector<int>(8, 1), 8, 1, 256, KvLayout::Contiguous},
+      {std::vector<int>(2, 7), 8, 1, 64, KvLayout::Contiguous},
+      {{64, 1, 33, 17, 48, 63, 16, 2}, 32, 2, 256, KvLayout::Paged, 16},
+  };
+  for (const AttnCase& c : cases) {
+    SCOPED_TRACE(describe(c));
+    run_few_token_case(c);
+  }
+  DecodeAttentionShape dyn;
+  dyn.batch = 4;
+  dyn.num_q_heads = 8;
+  dyn.num_kv_heads = 1;
+  dyn.head_dim = 64;
+  dyn.max_seq_len = 13;
+  EXPECT_FALSE(DecodeAttention(dyn).few_tokens()) << "lengths on the device take the stream-K kernel";
+}
+
 TEST(AttentionDecode, Batch64ContiguousGqa4) {
   TW_REQUIRE_GPU();
   std::mt19937 rng(tw::test::fresh_seed());
@@ -225,17 +336,16 @@ __global__ void write_token(bf16* q, const bf16* q_src, size_t nq, bf16* kn, con
 
 // Overlapped launches (overlap_previous) after a kernel that writes q, k_new and v_new (poisoned
 // until then), three steps on three caches back to back with one op (shared partials and merge
-// counts), on a stream and in a CUDA graph, both loaders and both plans of a long pair: a launch
-// must read the new token, append, write partials and merge only after the kernel before ends.
-TEST(AttentionDecode, OverlappedLaunchesAfterTheTokenWriter) {
-  TW_REQUIRE_GPU();
+// counts), on a stream and in a CUDA graph: a launch must read the new token, append, write partials
+// and merge only after the kernel before ends. `few`: the few-token path (its K/V and page ids read
+// before the wait); else both loaders and both plans of the stream-K kernel.
+void run_overlapped(const AttnCase& c, bool few) {
   int major = 0;
   TW_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
   if (major < 9) GTEST_SKIP() << "overlap_previous needs an sm_90 GPU";
   const uint64_t seed = tw::test::fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
-  const AttnCase c{{3000, 70, 1}, 32, 8, 128, KvLayout::Contiguous};
   constexpr int kSteps = 3;
   std::vector<std::unique_ptr<tw::test::AttnData>> step;
   for (int i = 0; i < kSteps; ++i) step.push_back(std::make_unique<tw::test::AttnData>(c, rng));
@@ -255,53 +365,63 @@ TEST(AttentionDecode, OverlappedLaunchesAfterTheTokenWriter) {
   for (int i = 0; i < kSteps; ++i) out.push_back(std::make_unique<DeviceBuffer<bf16>>(nq));
   cudaStream_t st;
   TW_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  std::vector<tw::KvLoad> loads = {tw::KvLoad::CpAsync, tw::KvLoad::Bulk};
-  for (const tw::KvLoad load : loads)
-    for (int per_sm : {1, 2})
-      for (bool graph : {false, true}) {
-        SCOPED_TRACE(std::string(load == tw::KvLoad::Bulk ? "bulk copies" : "cp.async") + ", tiles per SM " +
-                     std::to_string(per_sm) + (graph ? ", graph" : ", stream"));
-        DecodeAttentionShape shape = step[0]->shape;
-        shape.kv_load = load;
-        shape.tiles_per_sm = per_sm;
-        shape.overlap_previous = true;
-        DecodeAttention op(shape, c.lens);
-        for (int i = 0; i < kSteps; ++i) {
-          step[i]->restore_stale_rows();
-          step[i]->d_q->poison();
-          step[i]->d_kn->poison();
-          step[i]->d_vn->poison();
-          out[i]->poison();
-        }
-        auto enqueue = [&](cudaStream_t st) {
-          for (int i = 0; i < kSteps; ++i) {
-            write_token<<<16, 256, 0, st>>>(step[i]->d_q->ptr, q_src[i]->ptr, nq, step[i]->d_kn->ptr, kn_src[i]->ptr,
-                                            step[i]->d_vn->ptr, vn_src[i]->ptr, nkv);
-            op.run(step[i]->tensors(out[i]->ptr), st);
-          }
-        };
-        if (graph) {
-          tw::test::run_in_graph(st, enqueue);
-        } else {
-          enqueue(st);
-          TW_CUDA_CHECK(cudaStreamSynchronize(st));
-        }
-        for (int i = 0; i < kSteps; ++i) {
-          EXPECT_LT(tw::test::rel_error(out[i]->download(), step[i]->ref), 1e-2) << "step " << i;
-          // The appended v rows are v_new exactly (k is roped; the full check is run_case's).
-          int bad_v = 0;
-          std::vector<bf16> vr(D);
-          for (int b = 0; b < B; ++b)
-            for (int h = 0; h < c.hkv; ++h) {
-              TW_CUDA_CHECK(cudaMemcpy(vr.data(), step[i]->d_v->ptr + step[i]->row(b, h, c.lens[b] - 1), D * sizeof(bf16),
-                                       cudaMemcpyDeviceToHost));
-              for (int j = 0; j < D; ++j)
-                if (bf(vr[j]) != bf(step[i]->v_new.bits[(size_t(b) * c.hkv + h) * D + j])) ++bad_v;
-            }
-          EXPECT_EQ(bad_v, 0) << "step " << i << ": appended v rows differ from v_new";
-        }
+  struct Variant {
+    tw::KvLoad load;
+    int per_sm;
+  };
+  std::vector<Variant> variants = {{tw::KvLoad::Auto, 0}};
+  if (!few) variants = {{tw::KvLoad::CpAsync, 1}, {tw::KvLoad::CpAsync, 2}, {tw::KvLoad::Bulk, 1}, {tw::KvLoad::Bulk, 2}};
+  for (const Variant& v : variants)
+    for (bool graph : {false, true}) {
+      SCOPED_TRACE(std::string(few ? "few-token path" : v.load == tw::KvLoad::Bulk ? "bulk copies" : "cp.async") +
+                   ", tiles per SM " + std::to_string(v.per_sm) + (graph ? ", graph" : ", stream"));
+      DecodeAttentionShape shape = step[0]->shape;
+      shape.kv_load = v.load;
+      shape.tiles_per_sm = v.per_sm;
+      shape.overlap_previous = true;
+      // Paged steps have page tables of their own, so ops of their own; contiguous ones share one op.
+      std::vector<std::unique_ptr<DecodeAttention>> ops;
+      for (int i = 0; i < (step[0]->table.empty() ? 1 : kSteps); ++i) {
+        ops.push_back(std::make_unique<DecodeAttention>(shape, c.lens, step[i]->table));
+        ASSERT_EQ(ops.back()->few_tokens(), few);
       }
+      for (int i = 0; i < kSteps; ++i) {
+        step[i]->restore_stale_rows();
+        step[i]->d_q->poison();
+        step[i]->d_kn->poison();
+        step[i]->d_vn->poison();
+        out[i]->poison();
+      }
+      auto enqueue = [&](cudaStream_t st) {
+        for (int i = 0; i < kSteps; ++i) {
+          write_token<<<16, 256, 0, st>>>(step[i]->d_q->ptr, q_src[i]->ptr, nq, step[i]->d_kn->ptr, kn_src[i]->ptr,
+                                          step[i]->d_vn->ptr, vn_src[i]->ptr, nkv);
+          ops[std::min<size_t>(i, ops.size() - 1)]->run(step[i]->tensors(out[i]->ptr), st);
+        }
+      };
+      if (graph) {
+        tw::test::run_in_graph(st, enqueue);
+      } else {
+        enqueue(st);
+        TW_CUDA_CHECK(cudaStreamSynchronize(st));
+      }
+      for (int i = 0; i < kSteps; ++i) {
+        SCOPED_TRACE("step " + std::to_string(i));
+        EXPECT_LT(tw::test::rel_error(out[i]->download(), step[i]->ref), 1e-2);
+        check_appended_rows(*step[i]);
+      }
+    }
   TW_CUDA_CHECK(cudaStreamDestroy(st));
+}
+
+TEST(AttentionDecode, OverlappedLaunchesAfterTheTokenWriter) {
+  TW_REQUIRE_GPU();
+  run_overlapped({{3000, 70, 1}, 32, 8, 128, KvLayout::Contiguous}, false);
+}
+
+TEST(AttentionDecode, OverlappedFewTokenLaunchesAfterTheTokenWriter) {
+  TW_REQUIRE_GPU();
+  run_overlapped({{13, 64, 1, 40}, 32, 8, 128, KvLayout::Paged, 16}, true);
 }
 
 TEST(AttentionDecode, BadInputThrowsBeforeLaunch) {
@@ -358,10 +478,16 @@ TEST(AttentionDecode, BadInputThrowsBeforeLaunch) {
   p.page_size = 24;
   EXPECT_THROW(DecodeAttention(p, {20, 3}, {0, 1, 2, 3}), tw::InvalidArgument);
 
-  // Null or misaligned tensors are rejected at run(), before the launch.
+  // Null or misaligned tensors are rejected at run(), before the launch -- of either kernel.
   DecodeAttention ok(s, {5, 5});
+  EXPECT_TRUE(ok.few_tokens());
   DecodeAttentionTensors t;
   EXPECT_THROW(ok.run(t, nullptr), tw::InvalidArgument);
+  DecodeAttentionShape off = s;
+  off.few_tokens = false;
+  DecodeAttention ok_stream_k(off, {5, 5});
+  EXPECT_FALSE(ok_stream_k.few_tokens());
+  EXPECT_THROW(ok_stream_k.run(t, nullptr), tw::InvalidArgument);
 
   // Lengths on the device: a plan for a cache of no tokens is refused; a run without the device
   // lengths (or a fixed-length plan given some) throws before the launch.

@@ -265,7 +265,7 @@ void run_plan_attention(const PlanOptions& o) {
                                 {"units_per_tile", m.units_per_tile}, {"split_pairs", m.split_pairs},
                                 {"widest_pair_tiles", m.widest_pair_tiles}, {"partials", m.partials},
                                 {"rule_tiles", plan.rule_tiles}, {"rule_tiles_per_sm", plan.rule_tiles_per_sm},
-                                {"rule_us", plan.rule_us}}},
+                                {"rule_us", plan.rule_us}, {"few_tokens", plan.few_tokens}}},
                       {"model", cost_json(cost)},
                       {"bytes", {{"kv_bytes", m.kv_bytes}, {"partial_bytes", m.partial_bytes},
                                  {"widest_merge_bytes", m.widest_merge_bytes}, {"floor_us", floor_us}}},
@@ -275,6 +275,11 @@ void run_plan_attention(const PlanOptions& o) {
     return;
   }
   fmt::print("{} on {} ({} SMs)\n\n", shape, gpu.name, gpu.sms);
+  if (plan.few_tokens)
+    fmt::print("DecodeAttention runs the few-token path: {} blocks, one per (sequence, KV head) pair, all of a pair's K/V\n"
+               "requested at once (no ring, no merge; decode_few_tokens). The stream-K plan below is what lengths on the\n"
+               "device, plan overrides and the executor run:\n\n",
+               m.pairs);
   fmt::print("DecodeAttention's plan (plan_decode_for; the ring depth is set by the op from shared memory):\n");
   fmt::print("  {} tiles, {} per SM, {} warps each; {} pairs (sequence, KV head), up to {} units of 16 tokens a tile\n",
              m.tiles, m.tiles_per_sm, m.warps, m.pairs, m.units_per_tile);

@@ -39,6 +39,9 @@ struct DecodeAttentionShape {
   // waiting for it. The caller promises that the kernel before writes neither the cache rows of
   // earlier tokens nor the page table (it may write q, k_new, v_new and the output).
   bool overlap_previous = false;
+  // The few-token kernel where the planner picks it (decode_few_tokens); false: the stream-K kernel
+  // always (an A/B of both paths in one run).
+  bool few_tokens = true;
 };
 
 // Checks the shape, the lengths (seq_lens[b] counts the cache after the append) and the page table;
@@ -56,6 +59,9 @@ struct DecodePlan {
   // plan_decode_for: the rules' tiles and tiles per SM, and both plans' predicted time (DecodeCost).
   int rule_tiles = 0, rule_tiles_per_sm = 0;
   double rule_us = 0, predicted_us = 0;
+  // plan_decode_for: the standalone op runs the few-token kernel (one block per pair) instead of these
+  // tiles (decode_few_tokens). The tiles stay planned: the executor and the CLI's model use them.
+  bool few_tokens = false;
   std::vector<int> pair_info;   // {first unit, sequence length} per pair, flattened int2
   std::vector<int> tile_first;  // {pair, its first unit, its end unit, its length} per tile, flattened int4
 };
@@ -105,11 +111,19 @@ struct DecodeCandidate {
 };
 std::vector<DecodeCandidate> rank_decode_candidates(const DecodeAttentionShape& s, const std::vector<int>& seq_lens,
                                                     int sms, const DecodeCostModel& m = {});
+// The few-token path (kernels/attention/decode_short.cuh) for these lengths, given on the host, on a
+// GPU of `sms` SMs: every pair at most kDecodeShortTokens (64) tokens, every pair's block resident at
+// once, B <= kDecodeShortMaxBatch, and no override of the stream-K plan in the shape (num_tiles,
+// tiles_per_sm, ring_slots, KvLoad::Bulk, few_tokens = false). attention_graph.cpp says why.
+bool decode_few_tokens(const DecodeAttentionShape& s, const std::vector<int>& seq_lens, int sms);
 // The planner: the plan DecodeAttention runs on a GPU with `sms` SMs, the shape's overrides
 // respected. The rules (comments in attention_graph.cpp) give a plan; the cost model's best candidate
 // replaces it where it predicts at least 10% less time (the margin keeps the rules' measured choices
-// where the model cannot tell them apart). Expects a validated shape (validate_decode_attention).
-DecodePlan plan_decode_for(const DecodeAttentionShape& s, const std::vector<int>& seq_lens, int sms);
+// where the model cannot tell them apart). few_tokens is set by decode_few_tokens unless the lengths
+// live on the device (a plan for full caches, cut at run time: the stream-K kernel). Expects a
+// validated shape (validate_decode_attention).
+DecodePlan plan_decode_for(const DecodeAttentionShape& s, const std::vector<int>& seq_lens, int sms,
+                           bool lengths_on_device = false);
 
 // Warps per work tile: 8 at one tile per SM (4 there left each scheduler one warp, its math and copy
 // issue unhidden), 4 at two; 4 at head dim 256, where 8 warps' combine buffers leave no smem for a ring.

@@ -56,6 +56,12 @@ class DecodeAttention {
   // workspace is shared).
   void run(const DecodeAttentionTensors& t, cudaStream_t stream) const;
 
+  // The few-token path (plan().few_tokens, decode_few_tokens): run launches one block per (sequence,
+  // KV head) pair (kernels/attention/decode_short.cuh) instead of the stream-K tiles. Never with
+  // lengths on the device. The members below that describe tiles (tiles(), smem_bytes(),
+  // ring_slots(), warps_per_tile(), device_params) describe the stream-K plan either way.
+  bool few_tokens() const { return few_; }
+
   // For the executor: the device parameters, the tile list and the shared memory a tile needs.
   kernels::DecodeParams device_params(const DecodeAttentionTensors& t) const;
   std::vector<DecodeTileDesc> tiles() const;
@@ -75,7 +81,7 @@ class DecodeAttention {
   const DecodePlan& plan() const { return plan_; }  // with device lengths: the plan for full caches
   const std::vector<int>& seq_lens() const { return seq_lens_; }
   const std::vector<int>& page_table() const { return page_table_; }
-  int num_tiles() const { return plan_.num_tiles; }
+  int num_tiles() const { return few_ ? shape_.batch * shape_.num_kv_heads : plan_.num_tiles; }  // blocks of run's launch
   int ring_slots() const { return slots_; }
   int warps_per_tile() const { return warps_; }  // 8 at one tile per SM (cp.async), else 4
   int64_t kv_bytes() const;  // K and V bytes the launch reads (device lengths: of full caches)
@@ -83,11 +89,16 @@ class DecodeAttention {
   const DecodeAttentionShape& shape() const { return shape_; }
 
  private:
+  DecodeAttention(const DecodeAttentionShape& shape, std::vector<int> seq_lens, std::vector<int> page_table,
+                  bool device_lengths);
+  kernels::DecodeShortParams short_params(const kernels::DecodeParams& p) const;
+
   DecodeAttentionShape shape_;
   std::vector<int> seq_lens_, page_table_;
   DecodePlan plan_;
   int group_ = 1, slots_ = 0, smem_ = 0, warps_ = 4, merge_stage_ = 0;
-  bool bulk_ = false, device_lengths_ = false, hopper_ = false;
+  bool bulk_ = false, device_lengths_ = false, hopper_ = false, few_ = false;
+  int short_smem_ = 0;  // the few-token kernel's shared memory (its longest pair)
   int* d_page_table_ = nullptr;
   float* d_inv_freq_ = nullptr;  // RoPE frequencies (rope_theta > 0)
   int* d_pair_info_ = nullptr;

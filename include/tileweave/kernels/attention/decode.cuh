@@ -135,11 +135,14 @@ __device__ __forceinline__ void fence_proxy_async() {
 #endif
 }
 
-// Timeline stamps (p.trace, bench_attention_trace): one word of tile `tile`'s row.
-__device__ __forceinline__ void trace_put(const DecodeParams& p, int tile, int w, unsigned long long v) {
+// Timeline stamps (p.trace, bench_attention_trace): one word of tile `tile`'s row. P: DecodeParams or
+// DecodeShortParams.
+template <class P>
+__device__ __forceinline__ void trace_put(const P& p, int tile, int w, unsigned long long v) {
   if (p.trace != nullptr) p.trace[int64_t(tile) * kDecodeTraceWords + w] = v;
 }
-__device__ __forceinline__ void trace_now(const DecodeParams& p, int tile, int w) {
+template <class P>
+__device__ __forceinline__ void trace_now(const P& p, int tile, int w) {
   if (p.trace == nullptr) return;
   unsigned long long v;
   asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(v));
@@ -367,6 +370,24 @@ __device__ __forceinline__ void rope_pair(float2 cs, float& x1, float& x2) {
   x2 = y2;
 }
 
+// RoPE of 16-byte chunk c of a row's first half (lo: d = 8c .. 8c + 7) with its partners in the
+// second (hi: d + D/2), from the position's (cos, sin) per frequency; rounded to bf16.
+__device__ __forceinline__ void rope_chunks(const float2* cs, int c, uint4& lo, uint4& hi) {
+  uint32_t a[4] = {lo.x, lo.y, lo.z, lo.w}, b[4] = {hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const __nv_bfloat162 x = *reinterpret_cast<const __nv_bfloat162*>(&a[e]);
+    const __nv_bfloat162 y = *reinterpret_cast<const __nv_bfloat162*>(&b[e]);
+    float x0 = __low2float(x), x1 = __high2float(x), y0 = __low2float(y), y1 = __high2float(y);
+    rope_pair(cs[8 * c + 2 * e], x0, y0);
+    rope_pair(cs[8 * c + 2 * e + 1], x1, y1);
+    a[e] = pack_bf16(x0, x1);
+    b[e] = pack_bf16(y0, y1);
+  }
+  lo = make_uint4(a[0], a[1], a[2], a[3]);
+  hi = make_uint4(b[0], b[1], b[2], b[3]);
+}
+
 // One pair and its units [u0, u1).
 struct DecodePair {
   int pair, u0, u1, len;
@@ -458,20 +479,8 @@ __device__ __forceinline__ void setup_segment(const DecodeParams& p, Smem& sm, c
     const bool is_q = row < group;
     const bool is_k = appends && row == group, is_v = appends && row == group + 1;
     if (!(is_q || is_k || is_v)) continue;
-    uint32_t lo[4] = {r.lo[j].x, r.lo[j].y, r.lo[j].z, r.lo[j].w}, hi[4] = {r.hi[j].x, r.hi[j].y, r.hi[j].z, r.hi[j].w};
-    if (!is_v && p.rope) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const __nv_bfloat162 a = *reinterpret_cast<const __nv_bfloat162*>(&lo[e]);
-        const __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(&hi[e]);
-        float a0 = __low2float(a), a1 = __high2float(a), b0 = __low2float(b), b1 = __high2float(b);
-        rope_pair(sm.rope[8 * c + 2 * e], a0, b0);
-        rope_pair(sm.rope[8 * c + 2 * e + 1], a1, b1);
-        lo[e] = pack_bf16(a0, a1);
-        hi[e] = pack_bf16(b0, b1);
-      }
-    }
-    const uint4 vlo = make_uint4(lo[0], lo[1], lo[2], lo[3]), vhi = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    uint4 vlo = r.lo[j], vhi = r.hi[j];
+    if (!is_v && p.rope) rope_chunks(sm.rope, c, vlo, vhi);
     __nv_bfloat16* dst = is_q ? sm.q[row] : (is_k ? sm.k_new : sm.v_new);
     *reinterpret_cast<uint4*>(dst + 8 * c) = vlo;
     *reinterpret_cast<uint4*>(dst + D / 2 + 8 * c) = vhi;

@@ -75,6 +75,29 @@ struct DecodeParams {
   const float* inv_freq = nullptr;  // RoPE (rotate-half), [D/2] on the device: angle_i = float(pos) * inv_freq[i]
 };
 
+// The few-token path (decode_short.cuh): block i runs pair i whole, every length at most
+// kDecodeShortTokens and known on the host. Nothing to plan: no tables, no workspace.
+struct DecodeShortParams {
+  const __nv_bfloat16* q = nullptr;      // [B, Hq, D]
+  const __nv_bfloat16* k_new = nullptr;  // [B, Hkv, D]; nullptr: no append (the cache holds every token)
+  const __nv_bfloat16* v_new = nullptr;
+  __nv_bfloat16* k_cache = nullptr;      // as DecodeParams
+  __nv_bfloat16* v_cache = nullptr;
+  const int* page_table = nullptr;       // nullptr: contiguous
+  int64_t max_seq_len = 0;
+  int page_size = 0, pages_per_seq = 0;
+  __nv_bfloat16* out = nullptr;          // [B, Hq, D]
+  int num_kv_heads = 0, group = 0;
+  float scale_log2 = 0;                  // softmax scale * log2(e)
+  const float* inv_freq = nullptr;       // RoPE's [D/2] (DecodeParams::inv_freq); nullptr: no RoPE
+  bool overlap = false;                  // every K/V request goes out before the wait for the kernel before
+  unsigned long long* trace = nullptr;   // [pairs][kDecodeTraceWords] or nullptr, as DecodeParams
+  // The lengths (after the append) in the parameters, not a table: no load stands before the first
+  // K/V request. uniform_len > 0: every sequence's; else len[b].
+  int uniform_len = 0;
+  uint8_t len[kDecodeShortMaxBatch] = {};
+};
+
 // The cut kernel's arguments (lengths on the device): decode.cuh's decode_cut.
 enum DecodeInputError : int { kDecodeInputOk = 0, kDecodeBadLength = 1, kDecodeBadPage = 2 };
 struct DecodeCutArgs {

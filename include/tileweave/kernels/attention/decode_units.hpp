@@ -40,6 +40,17 @@ TW_DECODE_HD inline int decode_aligned_tiles(int pairs, int most) {
   const int per = (pairs + most - 1) / most, tiles = pairs / per;
   return pairs % per == 0 && 10 * tiles >= 9 * most ? tiles : most;
 }
+
+// The few-token path (decode_short.cuh): one block of kDecodeWarps warps per pair, each warp one
+// 16-token unit, so a pair holds at most kDecodeShortTokens; the lengths travel in the kernel's
+// parameters, a byte per sequence, for up to kDecodeShortMaxBatch sequences.
+constexpr int kDecodeShortTokens = kDecodeWarps * kDecodeStageTokens;
+constexpr int kDecodeShortMaxBatch = 256;
+// Blocks per SM its launch bounds guarantee (registers: <= 80, 128, 255 a thread; their shared memory
+// at 64 tokens fits as many): the planner's one wave is sms x this many pairs.
+TW_DECODE_HD constexpr int decode_short_blocks_per_sm(int head_dim) {
+  return head_dim == 64 ? 5 : head_dim == 128 ? 4 : 2;
+}
 #undef TW_DECODE_HD
 
 }  // namespace tw::kernels
