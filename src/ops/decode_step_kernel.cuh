@@ -1059,6 +1059,16 @@ struct Staging {
   static_assert(kF4 % kLanes == 0 && kConsumers % kLanes == 0, "staging items");
   static_assert(kPasses == 1 || (kPasses == 2 && Cfg::kKAtoms == 1 && Cfg::kMPad == 256), "staging passes");
 };
+// Folds (max mo, weight so, weighted sum ao) into a running merge of partials (m, s, a), log2 domain:
+// a partial is (its log2-sum-exp, 1, its normalised output); an empty side (weight 0) adds nothing.
+__device__ __forceinline__ void fold_merge(float& m, float& s, float4& a, float mo, float so, const float4& ao) {
+  const float mn = fmaxf(m, mo);
+  const float x = s > 0.f ? exp2f(m - mn) : 0.f, y = so > 0.f ? exp2f(mo - mn) : 0.f;
+  a = make_float4(a.x * x + ao.x * y, a.y * x + ao.y * y, a.z * x + ao.z * y, a.w * x + ao.w * y);
+  s = s * x + so * y;
+  m = mn;
+}
+
 // o_proj's merge of the attention's split pairs (StepParams::oproj_merges). The attention's last tile
 // of a pair merged it before: a count (an L2 read-modify-write), the partials' loads, the stores and a
 // second release, all on the layer's chain before o_proj could read the output (up to 4 us after the
@@ -1109,22 +1119,14 @@ __device__ __forceinline__ void merge_slice(const StepParams& p, const StepShare
     }
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
-      if (lse[j] == -INFINITY) continue;
-      const float mn = fmaxf(mw, lse[j]), x = exp2f(mw - mn), y = exp2f(lse[j] - mn);
-      a = make_float4(a.x * x + v[j].x * y, a.y * x + v[j].y * y, a.z * x + v[j].z * y, a.w * x + v[j].w * y);
-      sw = sw * x + y;
-      mw = mn;
+      if (lse[j] != -INFINITY) fold_merge(mw, sw, a, lse[j], 1.f, v[j]);
     }
   }
   for (int off = 1; off < S; off *= 2) {
     const float mo = __shfl_xor_sync(mask, mw, off), so = __shfl_xor_sync(mask, sw, off);
     const float4 ao = make_float4(__shfl_xor_sync(mask, a.x, off), __shfl_xor_sync(mask, a.y, off),
                                   __shfl_xor_sync(mask, a.z, off), __shfl_xor_sync(mask, a.w, off));
-    const float mn = fmaxf(mw, mo);
-    const float x = sw > 0.f ? exp2f(mw - mn) : 0.f, y = so > 0.f ? exp2f(mo - mn) : 0.f;
-    a = make_float4(a.x * x + ao.x * y, a.y * x + ao.y * y, a.z * x + ao.z * y, a.w * x + ao.w * y);
-    sw = sw * x + so * y;
-    mw = mn;
+    fold_merge(mw, sw, a, mo, so, ao);
   }
   if (sub != 0) return;
   const float f = __fdividef(1.f, sw);
@@ -1390,11 +1392,7 @@ __device__ void merge_pair(const StepParams& p, float* scratch, const AttnChunk&
       }
 #pragma unroll
       for (int j = 0; j < kBatch; ++j) {
-        if (lse[j] == -INFINITY) continue;
-        const float mn = fmaxf(mw, lse[j]), x = exp2f(mw - mn), y = exp2f(lse[j] - mn);
-        a = make_float4(a.x * x + v[j].x * y, a.y * x + v[j].y * y, a.z * x + v[j].z * y, a.w * x + v[j].w * y);
-        sw = sw * x + y;
-        mw = mn;
+        if (lse[j] != -INFINITY) fold_merge(mw, sw, a, lse[j], 1.f, v[j]);
       }
     }
     ms[grp * nv + e] = make_float2(mw, sw);

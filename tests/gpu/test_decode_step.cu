@@ -277,43 +277,29 @@ TEST(DecodeStep, HeadDim128Batch16Ragged) {
 
 TEST(DecodeStep, LongPromptsSplitAcrossManyTiles) {
   TW_REQUIRE_SM90();  // pairs cut over dozens of tiles: partials, merges, empty tiles
+  // A case of long prompts; min_tile_bytes 1 cuts pairs over as many tiles as they have units.
+  auto long_prompts = [](ModelConfig cfg, int batch, KvLayout layout, int page, int prompt, int min_tile_bytes) {
+    StepCase k{std::move(cfg), batch, layout, page};
+    k.max_prompt = prompt;
+    k.generate = 3;
+    k.attention_min_tile_bytes = min_tile_bytes;
+    return k;
+  };
   // The split pairs merged by o_proj's consumers (the default where B x o_proj's K slice is at most
   // 1024 columns: expect_merges) and by the last tile holding a part (oproj_merge 0, and the others).
   for (int merge : {-1, 0}) {
-    StepCase k{named_config("tiny-llama"), 2, KvLayout::Contiguous};
-    k.max_prompt = 300;
-    k.generate = 4;
-    k.attention_min_tile_bytes = 1;
-    k.oproj_merge = merge;
-    k.expect_merges = merge != 0;
-    run_against_reference(k, fresh_seed());
-    StepCase q{tiny_d128(), 1, KvLayout::Paged, 64};
-    q.max_prompt = 160;
-    q.generate = 3;
-    q.attention_min_tile_bytes = 1;
-    q.oproj_merge = merge;
-    q.expect_merges = merge != 0;
-    run_against_reference(q, fresh_seed());
-    StepCase qwen{named_config("tiny-qwen2"), 2, KvLayout::Paged, 32};  // 7 heads a group
-    qwen.max_prompt = 120;
-    qwen.generate = 3;
-    qwen.attention_min_tile_bytes = 1;
-    qwen.oproj_merge = merge;
-    qwen.expect_merges = merge != 0;
-    run_against_reference(qwen, fresh_seed());
+    for (StepCase k : {long_prompts(named_config("tiny-llama"), 2, KvLayout::Contiguous, 16, 300, 1),
+                       long_prompts(tiny_d128(), 1, KvLayout::Paged, 64, 160, 1),
+                       long_prompts(named_config("tiny-qwen2"), 2, KvLayout::Paged, 32, 120, 1)}) {  // 7 heads a group
+      k.oproj_merge = merge;
+      k.expect_merges = merge != 0;
+      run_against_reference(k, fresh_seed());
+    }
   }
-  StepCase q{tiny_d128(), 5, KvLayout::Paged, 64};
-  q.max_prompt = 160;
-  q.generate = 3;
-  q.attention_min_tile_bytes = 1;
-  run_against_reference(q, fresh_seed());
-  StepCase planned{tiny_d128(), 3, KvLayout::Contiguous};  // the default: a few tiles per pair at most
-  planned.max_prompt = 200;
-  planned.generate = 3;
-  run_against_reference(planned, fresh_seed());
-  StepCase one{tiny_d128(), 1, KvLayout::Contiguous};
-  one.max_prompt = 200;
-  one.generate = 3;
+  run_against_reference(long_prompts(tiny_d128(), 5, KvLayout::Paged, 64, 160, 1), fresh_seed());
+  // The default cut: a few tiles per pair at most.
+  run_against_reference(long_prompts(tiny_d128(), 3, KvLayout::Contiguous, 16, 200, 0), fresh_seed());
+  StepCase one = long_prompts(tiny_d128(), 1, KvLayout::Contiguous, 16, 200, 0);
   one.expect_merges = true;
   run_against_reference(one, fresh_seed());
 }
