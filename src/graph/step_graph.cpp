@@ -136,6 +136,20 @@ StepTiling plan_step_tiling(const ModelConfig& c, int batch, int sms, int max_sp
   return t;
 }
 
+int64_t oproj_slice_cols(const StepGraph& g) {
+  const Op& o = g.graph.op(g.layers.at(0).op_o_proj);
+  const int64_t bk = o.tiling.bk;  // whole stages, as the kernel's slice_start
+  int64_t cols = 0;
+  for (int64_t ks = 0; ks < o.tiling.split_k; ++ks)
+    cols = std::max(cols, ((o.k_begin(ks + 1) + bk - 1) / bk - (o.k_begin(ks) + bk - 1) / bk) * bk);
+  return cols;
+}
+
+bool oproj_merges_pairs(const StepGraph& g, int batch, int max_batch) {
+  const int64_t rows = g.graph.op(g.layers.at(0).op_o_proj).tiling.bm;
+  return batch <= max_batch && rows <= 32 && batch * oproj_slice_cols(g) <= kOprojMergeCols;
+}
+
 StepGraph build_step_graph(const ModelConfig& c, const DecodeStepShape& s, const std::vector<int>& seq_lens,
                            const std::vector<int>& page_table, const StepTiling& t) {
   c.validate();

@@ -240,16 +240,7 @@ DecodeStep::DecodeStep(const ModelConfig& c, const DecodeStepOptions& opt) : mod
   b.o_part = b.alloc<float>(int64_t(P) * 2 * G * D);
   b.lse_part = b.alloc<float>(int64_t(P) * 2 * G);
   b.merge_count = b.alloc<int32_t>(int64_t(B) * Hkv);
-  // o_proj merges the split pairs (oproj_merge_max_batch) where its consumers hold a K slice's merged
-  // rows in registers: tiles of at most 32 rows, B x slice columns <= kOprojMergeCols (merge_slice).
-  int64_t o_slice_cols = 0;
-  {
-    const Op& o = g_.graph.op(g_.layers[0].op_o_proj);
-    const int64_t bk = o.tiling.bk;  // whole stages, as the kernel's slice_start
-    for (int64_t ks = 0; ks < o.tiling.split_k; ++ks)
-      o_slice_cols = std::max(o_slice_cols, ((o.k_begin(ks + 1) + bk - 1) / bk - (o.k_begin(ks) + bk - 1) / bk) * bk);
-  }
-  oproj_merges_ = B <= opt.oproj_merge_max_batch && R <= 32 && B * o_slice_cols <= step::kOprojMergeCols;
+  oproj_merges_ = oproj_merges_pairs(g_, B, opt.oproj_merge_max_batch);  // o_proj merges the split pairs
   b.page_table = opt.layout == KvLayout::Paged ? b.alloc<int32_t>(int64_t(B) * pps) : nullptr;
   b.tokens = b.alloc<int32_t>(B);
   b.seq_lens = b.alloc<int32_t>(B);

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "tileweave/graph/step_graph.hpp"  // kOprojMergeCols
 #include "tileweave/kernels/sm90/tile_shape.hpp"
 #include "tileweave/runtime/exec_params.hpp"
 
@@ -49,9 +50,6 @@ constexpr int kMaxSlices = 64;  // split-K slices per op (the slice table travel
 constexpr int kThreads = 384;   // one producer warpgroup + two consumer warpgroups
 constexpr int kMaxRows = sm90::kMaxActRows;  // activation rows R (the per-row tables' size)
 constexpr int kMaxRanks = 8;                 // tensor-parallel ranks with collectives in the launch
-// o_proj merges the attention's split pairs (StepParams::oproj_merges) up to this many batch rows x
-// columns of its K slice: each consumer thread merges one float4 and holds it in registers (merge_slice).
-constexpr int kOprojMergeCols = 1024;
 constexpr int kMaxGroup = 8;  // query heads per KV head: one mma row block (the standalone attention takes 16)
 
 // Activations that a weight tile reads are kept in its operand layout (the "act layout"): per 64-column

@@ -41,6 +41,8 @@ expect_ok "model:  DRAM read" step --model tiny-qwen2 --batch 3 --kv 40 --layout
 expect_json step --model tiny-llama --json
 expect_ok "a stage is 256 K columns, one 64 KiB copy" step --model llama-3-8b --batch 1
 expect_ok "a stage is 192 K columns, one 48 KiB copy" step --model llama-3-8b --batch 16
+expect_ok "split attention pairs merged by o_proj's consumers" step --model llama-3-8b --batch 1
+expect_ok "merged by the last attention tile of each" step --model llama-3-8b --batch 2
 expect_error "unknown model config 'nope'" step --model nope
 expect_error "batch 0" step --model tiny-llama --batch 0
 expect_ok "all-reduces of 32.8 KB" step --model llama-3-70b --tp 2

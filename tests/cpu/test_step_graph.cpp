@@ -125,6 +125,32 @@ TEST(StepGraph, WideStagesAtEightRows) {
   EXPECT_EQ(plan_step_tiling(c, 100, 132).qkv.bk, 64);  // 128 rows
 }
 
+// Where o_proj's consumers merge the attention's split pairs (one float4 of its K slice a thread), as
+// measured on the H200 in session 36 (decode_step_oproj_merge_ab.json: these took the merge, Llama-3-8B
+// B = 2 and 4 did not).
+TEST(StepGraph, OprojMergesSplitPairsWhereItsSliceFits) {
+  auto merges = [](const char* model, int batch, int max_batch = kOprojMergeMaxBatch) {
+    const ModelConfig c = named_config(model);
+    DecodeStepShape s;
+    s.batch = batch;
+    s.max_seq_len = 1024;
+    const StepGraph g = build_step_graph(c, s, std::vector<int>(batch, 100), {}, plan_step_tiling(c, batch, 132));
+    EXPECT_EQ(oproj_slice_cols(g) % g.graph.op(g.layers[0].op_o_proj).tiling.bk, 0) << model;  // whole stages
+    return oproj_merges_pairs(g, batch, max_batch);
+  };
+  EXPECT_TRUE(merges("llama-3.2-1b", 1));
+  EXPECT_TRUE(merges("llama-3.2-1b", 2));
+  EXPECT_TRUE(merges("llama-3.2-1b", 4));
+  EXPECT_TRUE(merges("llama-3-8b", 1));
+  EXPECT_TRUE(merges("qwen2-0.5b", 1));
+  EXPECT_TRUE(merges("qwen2-7b", 1));
+  EXPECT_FALSE(merges("llama-3-8b", 2));    // 2 x 1024 columns
+  EXPECT_FALSE(merges("llama-3-8b", 4));
+  EXPECT_FALSE(merges("llama-3.2-1b", 16)); // 16 x its slice
+  EXPECT_FALSE(merges("llama-3.2-1b", 40)); // 64-row tiles
+  EXPECT_FALSE(merges("llama-3.2-1b", 1, 0));  // switched off
+}
+
 // Gate/up of more tiles than SMs: the last partial wave in K slices, the whole waves' tiles unsplit,
 // where the slices' rounds cost under 3/4 of an unsplit tile (plan_step_tiling).
 TEST(StepGraph, LastWaveInSlices) {

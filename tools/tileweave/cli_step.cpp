@@ -66,6 +66,7 @@ void run_step(const StepOptions& o) {
                                 {"splits", {{"qkv", split(t.qkv)}, {"o_proj", split(t.o_proj)},
                                             {"gate_up", split(t.gate_up)}, {"down", split(t.down)}}},
                                 {"gate_up_whole", t.gate_up_whole},
+                                {"oproj_merges", oproj_merges_pairs(g, o.batch)}, {"oproj_slice_cols", oproj_slice_cols(g)},
                                 {"tp", o.tp},
                                 {"collectives", {{"all_reduces", k.all_reduces}, {"all_reduce_bytes", k.all_reduce_bytes},
                                                  {"max_reduces", k.max_reduces}, {"max_reduce_bytes", k.max_reduce_bytes},
@@ -87,6 +88,14 @@ void run_step(const StepOptions& o) {
              t.attention_tiles);
   fmt::print("  tiles of {} activation rows x {} weight rows; a stage is {} K columns, one {} KiB copy of weights\n",
              t.qkv.bm, sm90::kTileRows, t.qkv.bk, sm90::kTileRows * t.qkv.bk * 2 / 1024);
+  const int64_t merge_cols = o.batch * oproj_slice_cols(g);
+  if (oproj_merges_pairs(g, o.batch))
+    fmt::print("  split attention pairs merged by o_proj's consumers (batch x its K slice: {} <= {} columns)\n", merge_cols,
+               kOprojMergeCols);
+  else
+    fmt::print("  split attention pairs merged by the last attention tile of each (o_proj's merge takes batch <= {},\n"
+               "    tiles of <= 32 rows and batch x its K slice <= {} columns: here {} rows, {})\n",
+               kOprojMergeMaxBatch, kOprojMergeCols, t.o_proj.bm, merge_cols);
   fmt::print("  floor:  weights {:.1f} MB + K/V {:.1f} MB = {:.1f} MB, {:.1f} us at {:.2f} TB/s\n", wbytes / 1e6,
              kvbytes / 1e6, (wbytes + kvbytes) / 1e6, floor_us, gpu.read_tbps);
   fmt::print("  model:  DRAM read {:.1f} MB, write {:.1f} MB ({:.2f}x the floor's bytes), {:.1f} us at that bandwidth\n",

@@ -104,6 +104,17 @@ struct StepGraph {
 StepGraph build_step_graph(const ModelConfig& c, const DecodeStepShape& s, const std::vector<int>& seq_lens,
                            const std::vector<int>& page_table, const StepTiling& t);
 
+// Whether o_proj's consumers merge the attention's split pairs (DecodeStepOptions::oproj_merge_max_batch,
+// the GPU kernel's merge_slice) instead of the last attention tile holding a part of each: batch <=
+// max_batch, tiles of at most 32 activation rows, and batch x the columns of o_proj's widest K slice
+// (whole stages) at most kOprojMergeCols, one float4 a consumer thread (two measured slower or spilled:
+// docs/decode_step.md, session 36).
+constexpr int kOprojMergeCols = 1024;
+constexpr int kOprojMergeMaxBatch = 16;  // DecodeStepOptions::oproj_merge_max_batch's default
+bool oproj_merges_pairs(const StepGraph& g, int batch, int max_batch = kOprojMergeMaxBatch);
+// The columns of o_proj's widest K slice, in whole stages.
+int64_t oproj_slice_cols(const StepGraph& g);
+
 // How the executor synchronises the step: one counter per op (a consumer of a whole-row input waits
 // for all of the op's tiles anyway, and the attention tiles' pair ranges change with the lengths),
 // except per tile on gate/up, whose down slices each wait only for the h columns they read, and on

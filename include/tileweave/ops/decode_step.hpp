@@ -58,7 +58,7 @@ struct DecodeStepOptions {
   // Up to this batch, where B x the columns of o_proj's K slice are at most 1024, o_proj's consumers
   // merge the attention's split pairs they read, and no attention tile counts or merges a pair: one
   // hop less on each layer's chain (0: the last tile of a pair merges it).
-  int oproj_merge_max_batch = 16;
+  int oproj_merge_max_batch = kOprojMergeMaxBatch;
   // Gate/up's last partial wave in K slices, its whole waves unsplit, where the slices' rounds cost
   // under this fraction of an unsplit tile (plan_step_tiling; 0: never, as the uniform planner cuts it).
   double last_wave_cost = 0.75;
