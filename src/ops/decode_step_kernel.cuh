@@ -365,10 +365,6 @@ __device__ __forceinline__ bool walk_next_segment(const StepParams& p, const Ste
   walk_segment(sh, w, p.num_kv_heads);
   return true;
 }
-// At a segment's first stage: the tiles holding its pair, for the merge. Once per segment: the
-// producer is one thread, and these 64-bit divisions per stage (with a second walk of every stage to
-// count them) held it to one attention stage per 1.3 us at B = 16 (timestamps per stage, H200),
-// slower than the consumers and the memory.
 // The even cut's tiles holding units [pu0, pu1) of a pair: the first, their count, and whether the
 // first holds the pair's first part as its second partial (kShift).
 __device__ __forceinline__ void even_cut_parts(int pu0, int pu1, int tiles, int total, int& first, int& n, bool& shift) {
@@ -376,6 +372,10 @@ __device__ __forceinline__ void even_cut_parts(int pu0, int pu1, int tiles, int 
   n = tile_of(pu1 - 1, tiles, total) - first + 1;
   shift = tile_start(first, tiles, total) < pu0;
 }
+// At a segment's first stage: the tiles holding its pair, for the merge. Once per segment: the
+// producer is one thread, and these 64-bit divisions per stage (with a second walk of every stage to
+// count them) held it to one attention stage per 1.3 us at B = 16 (timestamps per stage, H200),
+// slower than the consumers and the memory.
 __device__ __forceinline__ void walk_pair_tiles(ChunkWalk& w) {
   if (w.per_pair) w.shift = false;  // walk_begin set the pair's tiles: each holds part of this pair only
   else even_cut_parts(w.pu0, w.pu1, w.tiles, w.total, w.first_tile, w.ntiles, w.shift);

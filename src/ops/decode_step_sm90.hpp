@@ -75,7 +75,7 @@ struct StepOpArgs {
   int32_t cols;         // embed: columns per tile
   int32_t x_in, x_out;  // residual-stream writers read (norm consumers; residual writers' slice 0) and written, or -1
   int32_t zero_elems;   // o_proj: floats of `zero` its slice-0 tiles zero between them (qkv_acc and qkv_ss)
-  int32_t merges;       // o_proj with StepParams::pair_parts: its input's split pairs are merged in its stages
+  int32_t merges;       // o_proj where StepParams::oproj_merges: its consumers merge its input's split pairs
   const __nv_bfloat16* w;    // packed weights
   const __nv_bfloat16* act;  // input (act layout) of o_proj and down
   float* zero;
