@@ -3,8 +3,12 @@
 // (cuBLASLt 8192^3, fp32 accumulate). TFLOP/s = flops() / time: 4 L^2 d H non-causal, the exact
 // masked count causal. bench/dit_attention_torch.py times the peers (torch SDPA backends,
 // FlashInfer fa2/fa3) on the same cases and merges them into the same file.
-//   bench_dit_attention [--cases H:d:L[:c][:bN],...] [--dtypes bf16,fp8,bf16_sm80] [--reps N] [--out DIR] [--quick]
+//   bench_dit_attention [--cases H:d:L[:c][:bN],...] [--dtypes bf16,bf16_whole,fp8,bf16_sm80] [--reps N] [--out DIR]
+//                       [--quick]
 //     c: causal; bN: N packed sequences of length L (default 1)
+//     bf16_whole: the sm90 kernel with every item whole (shape.split_tail = false), the A/B of the
+//     tail's key-range splits: the bf16 row then has split_gain = its us / bf16's. --ab-rounds N: the
+//     two timed N times per case in alternating order, each row's us the median (us_rounds: all).
 //     fp8 (d = 128 cases): us is the e4m3 attention on inputs quantized beforehand, quant_us the
 //     quantization, us_with_quant the op's run() (both); its accuracy against this project's bf16
 //     output on Gaussian inputs with four channels 4x larger (cosine, max error / max|bf16|).
@@ -12,6 +16,7 @@
 //     replaces the measured fields of a matching case and keeps the rest (the peers' fields).
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -75,6 +80,7 @@ int main(int argc, char** argv) {
   using namespace tw::bench;
   bool quick = false;
   int reps = 0;
+  int ab_rounds = 1;
   std::string out_dir, cases_arg, dtypes_arg = "bf16,fp8";
   try {
     for (int i = 1; i < argc; ++i) {
@@ -85,6 +91,8 @@ int main(int argc, char** argv) {
         cases_arg = argv[++i];
       else if (!std::strcmp(argv[i], "--dtypes") && has_value)
         dtypes_arg = argv[++i];
+      else if (!std::strcmp(argv[i], "--ab-rounds") && has_value)
+        ab_rounds = parse_counts(argv[++i], "--ab-rounds")[0];
       else if (!std::strcmp(argv[i], "--reps") && has_value)
         reps = parse_counts(argv[++i], "--reps")[0];
       else if (!std::strcmp(argv[i], "--out") && has_value)
@@ -95,7 +103,7 @@ int main(int argc, char** argv) {
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr,
                  "bench_dit_attention: %s\nusage: %s [--cases H:d:L[:c][:bN],...] [--dtypes bf16,fp8] [--reps N] "
-                 "[--out DIR] [--quick]\n",
+                 "[--ab-rounds N] [--out DIR] [--quick]\n",
                  e.what(), argv[0]);
     return 2;
   }
@@ -110,7 +118,7 @@ int main(int argc, char** argv) {
     }
   }
   if (reps == 0) reps = quick ? 10 : 50;
-  bool run_bf16 = false, run_fp8 = false, run_sm80 = false;
+  bool run_bf16 = false, run_fp8 = false, run_sm80 = false, run_whole = false;
   for (const auto& d : split_list(dtypes_arg)) {
     if (d == "bf16")
       run_bf16 = true;
@@ -118,8 +126,10 @@ int main(int argc, char** argv) {
       run_fp8 = true;
     else if (d == "bf16_sm80")
       run_sm80 = true;
+    else if (d == "bf16_whole")
+      run_whole = true;
     else {
-      std::fprintf(stderr, "bench_dit_attention: --dtypes: '%s' is not bf16, fp8 or bf16_sm80\n", d.c_str());
+      std::fprintf(stderr, "bench_dit_attention: --dtypes: '%s' is not bf16, bf16_whole, fp8 or bf16_sm80\n", d.c_str());
       return 2;
     }
   }
@@ -172,7 +182,7 @@ int main(int argc, char** argv) {
       return time_us(make, 1, steady_warmup(time_us(make, 1, 1, 3)), reps);
     };
     // A bf16 row: the sm90 kernel, or (bf16_sm80) the mma.sync one on this GPU.
-    auto bf16_row = [&](const std::string& dtype, const char* mainloop) {
+    auto bf16_row = [&](const std::string& dtype, const char* mainloop, bool split_tail = true) -> json {
       json row = key;
       row["dtype"] = dtype;
       fill_noise_bf16(q, elems, 1);
@@ -181,19 +191,45 @@ int main(int argc, char** argv) {
       TW_CUDA_CHECK(cudaDeviceSynchronize());
       tw::PrefillAttentionShape s = shape;
       s.mainloop = mainloop;
+      s.split_tail = split_tail;
       try {
         const tw::PrefillAttention op(s, cu);
         const tw::PrefillAttentionTensors t{q, k, v, o};
         const double us = time_op([&](cudaStream_t st) { op.run(t, st); });
-        row.update({{"flops", op.flops()}, {"us", us}, {"tflops", op.flops() / us * 1e-6}});
+        const tw::PrefillWork& w = op.work();
+        row.update({{"flops", op.flops()}, {"us", us}, {"tflops", op.flops() / us * 1e-6}, {"work_items", w.items},
+                    {"tail_items", w.items - w.whole}, {"tail_units", w.units()}, {"split_items", w.groups},
+                    {"planned_gain", w.makespan_whole / w.makespan}});
       } catch (const tw::InvalidArgument& e) {  // a shape the op does not take yet: recorded, not fatal
         row["skipped"] = e.what();
       }
       print_row(c, row);
-      rows.push_back(std::move(row));
+      return row;
     };
-    if (run_bf16) bf16_row("bf16", "auto");
-    if (run_sm80) bf16_row("bf16_sm80", "sm80");
+    if (run_bf16 && run_whole) {  // the A/B, interleaved: the clocks drift by a few % from case to case
+      std::vector<json> ab[2];
+      for (int r = 0; r < ab_rounds; ++r)
+        for (int k = 0; k < 2; ++k) {
+          const int which = (r + k) % 2;  // split first in even rounds
+          ab[which].push_back(which == 0 ? bf16_row("bf16", "auto") : bf16_row("bf16_whole", "auto", false));
+        }
+      for (auto& runs : ab) {
+        json row = runs[0];
+        if (row.contains("us")) {
+          std::vector<double> us;
+          for (const json& x : runs) us.push_back(x["us"].get<double>());
+          row["us_rounds"] = us;
+          std::sort(us.begin(), us.end());
+          row["us"] = us[us.size() / 2];
+          row["tflops"] = row["flops"].get<double>() / row["us"].get<double>() * 1e-6;
+        }
+        rows.push_back(std::move(row));
+      }
+    } else {
+      if (run_bf16) rows.push_back(bf16_row("bf16", "auto"));
+      if (run_whole) rows.push_back(bf16_row("bf16_whole", "auto", false));
+    }
+    if (run_sm80) rows.push_back(bf16_row("bf16_sm80", "sm80"));
     if (run_fp8 && c.d == 128) {
       json row = key;
       row["dtype"] = "fp8_e4m3";
@@ -238,6 +274,14 @@ int main(int argc, char** argv) {
       rows.push_back(std::move(row));
     }
     for (bf16* p : {q, k, v, o, o_ref}) TW_CUDA_CHECK(cudaFree(p));
+  }
+  // bf16 rows: the tail splits' gain over every item whole (bf16_whole), this run.
+  for (json& r : rows) {
+    if (r["dtype"] != "bf16" || !r.contains("us")) continue;
+    for (const json& b : rows)
+      if (b["dtype"] == "bf16_whole" && b.contains("us") && b["H"] == r["H"] && b["d"] == r["d"] && b["L"] == r["L"] &&
+          b["causal"] == r["causal"] && b["batch"] == r["batch"])
+        r["split_gain"] = b["us"].get<double>() / r["us"].get<double>();
   }
   // fp8 rows: the speedup over this project's bf16 kernel on the same case, this run.
   for (json& r : rows) {
@@ -286,6 +330,7 @@ int main(int argc, char** argv) {
       hit = &doc["cases"].back();
     }
     for (const char* stale : {"us", "tflops", "pct_gemm_peak", "flops", "speedup", "skipped", "quant_us", "us_with_quant",
+                              "split_gain", "us_rounds",
                               "cosine_vs_bf16", "max_err_vs_bf16", "speedup_vs_bf16", "speedup_vs_bf16_with_quant"})
       hit->erase(stale);
     hit->update(r);
@@ -320,6 +365,9 @@ int main(int argc, char** argv) {
       std::printf("%6.2fx", r["speedup"].get<double>());
     else
       std::printf("%7s", "-");
+    if (r.contains("split_gain"))
+      std::printf("  split tail %.3fx (planned %.3fx, %d of %d items split)", r["split_gain"].get<double>(),
+                  r["planned_gain"].get<double>(), r["split_items"].get<int>(), r["work_items"].get<int>());
     if (r.contains("speedup_vs_bf16"))
       std::printf("  %.2fx bf16 (%.2fx with quant %.1f us), cos %.5f, max err %.3f", r["speedup_vs_bf16"].get<double>(),
                   r["speedup_vs_bf16_with_quant"].get<double>(), r["quant_us"].get<double>(),

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <functional>
+#include <queue>
 #include <string>
 
 namespace tw {
@@ -104,6 +106,122 @@ std::vector<PrefillTile> plan_prefill_tiles(const PrefillAttentionShape& s, cons
   std::stable_sort(tiles.begin(), tiles.end(),
                    [](const PrefillTile& a, const PrefillTile& b) { return a.kv_tiles > b.kv_tiles; });
   return tiles;
+}
+
+namespace {
+
+// When the last of `costs`, dealt in order each to the block free first, ends (the kernel's counter:
+// a block draws again as its consumers take up the item before).
+double simulate_draws(const std::vector<double>& costs, int sms) {
+  std::priority_queue<double, std::vector<double>, std::greater<double>> free;
+  for (int i = 0; i < sms; ++i) free.push(0.0);
+  double end = 0.0;
+  for (double c : costs) {
+    const double t = free.top() + c;
+    free.pop();
+    free.push(t);
+    end = std::max(end, t);
+  }
+  return end;
+}
+
+double piece_cost(const PrefillPiece& p) {
+  return p.kv_tiles + kPrefillPieceCost + (p.group >= 0 ? kPrefillSplitCost : 0.0);
+}
+
+// The work with items [whole, items) as the tail, cut one of two ways: parts_per_item = 0, their key
+// tiles end to end in min(sms, tiles) units of near-equal ranges (a unit may hold pieces of two or
+// more items: for a tail that is a fraction of a round); parts_per_item = k, each item in k ranges, a
+// unit each (pieces that start and end with an item's: for tails of few items). Its simulated end
+// in `makespan`.
+PrefillWork tail_work(const std::vector<PrefillTile>& tiles, int heads, int sms, int64_t whole, int parts_per_item) {
+  PrefillWork w;
+  const int64_t n_tiles = int64_t(tiles.size());
+  w.items = n_tiles * heads;
+  w.whole = whole;
+  auto kv = [&](int64_t item) { return int64_t(tiles[size_t(item % n_tiles)].kv_tiles); };
+  std::vector<std::vector<PrefillPiece>> per_unit;
+  // Item i's key tiles [a, b) as pieces of the units u0 .. (bounds: the ranges' ends in the item).
+  auto split = [&](int64_t i, int u0, const std::vector<int64_t>& ends) {
+    const int parts = int(ends.size());
+    if (parts == 1) {
+      per_unit[size_t(u0)].push_back({int(i), 0, int(kv(i)), -1, 0, 0, 1});
+      return;
+    }
+    const int group = w.groups++, first = w.slots;
+    w.slots += parts;
+    int64_t a = 0;
+    for (int k = 0; k < parts; ++k) {
+      per_unit[size_t(u0 + k)].push_back({int(i), int(a), int(ends[size_t(k)] - a), group, first + k, first, parts});
+      a = ends[size_t(k)];
+    }
+  };
+  if (parts_per_item > 0) {
+    for (int64_t i = whole; i < w.items; ++i) {
+      const int64_t n = kv(i), k = std::max<int64_t>(1, std::min<int64_t>(parts_per_item, n));
+      std::vector<int64_t> ends;
+      for (int64_t j = 1; j <= k; ++j) ends.push_back(n * j / k);
+      const int u0 = int(per_unit.size());
+      per_unit.resize(per_unit.size() + size_t(k));
+      split(i, u0, ends);
+    }
+  } else {
+    int64_t total = 0;
+    for (int64_t i = whole; i < w.items; ++i) total += kv(i);
+    const int units = int(std::max<int64_t>(1, std::min<int64_t>(sms, total)));
+    per_unit.resize(size_t(units));
+    std::vector<int64_t> bound(size_t(units) + 1);
+    for (int u = 0; u <= units; ++u) bound[size_t(u)] = total * u / units;
+    // The unit holding key position x (x == total: the last unit).
+    auto unit_of = [&](int64_t x) {
+      return std::min<int>(units - 1, int(std::upper_bound(bound.begin(), bound.end(), x) - bound.begin()) - 1);
+    };
+    int64_t pos = 0;
+    for (int64_t i = whole; i < w.items; ++i) {
+      const int64_t n = kv(i);
+      const int u0 = unit_of(pos), u1 = n > 0 ? unit_of(pos + n - 1) : u0;
+      std::vector<int64_t> ends;
+      for (int u = u0; u <= u1; ++u) ends.push_back(std::min(pos + n, bound[size_t(u) + 1]) - pos);
+      split(i, u0, ends);
+      pos += n;
+    }
+  }
+  std::vector<double> costs;
+  for (int64_t i = 0; i < whole; ++i) costs.push_back(double(kv(i)) + kPrefillPieceCost);
+  w.unit_offsets.push_back(0);
+  for (const auto& pieces : per_unit) {
+    double c = 0.0;
+    for (const PrefillPiece& p : pieces) c += piece_cost(p), w.pieces.push_back(p);
+    costs.push_back(c);
+    w.unit_offsets.push_back(int(w.pieces.size()));
+  }
+  w.makespan = simulate_draws(costs, sms);
+  return w;
+}
+
+}  // namespace
+
+PrefillWork plan_prefill_work(const std::vector<PrefillTile>& tiles, int heads, int sms, bool split) {
+  if (heads < 1 || sms < 1) bad("plan_prefill_work needs heads >= 1 and sms >= 1");
+  PrefillWork best;
+  best.items = best.whole = int64_t(tiles.size()) * heads;
+  std::vector<double> costs;
+  for (int64_t i = 0; i < best.items; ++i)
+    costs.push_back(tiles[size_t(i % int64_t(tiles.size()))].kv_tiles + kPrefillPieceCost);
+  best.makespan = best.makespan_whole = simulate_draws(costs, sms);
+  if (!split || best.items == 0) return best;
+  const double whole_end = best.makespan;
+  const int64_t rest = best.items % sms;
+  for (int t = 0; t <= 2; ++t) {
+    const int64_t tail = rest + int64_t(t) * sms;
+    if (tail == 0 || tail > best.items) continue;
+    for (int parts = 0; parts <= kPrefillMaxParts; parts += parts == 0 ? 2 : 1) {
+      PrefillWork w = tail_work(tiles, heads, sms, best.items - tail, parts);
+      w.makespan_whole = whole_end;
+      if (w.makespan <= 0.98 * whole_end && w.makespan < best.makespan) best = std::move(w);
+    }
+  }
+  return best;
 }
 
 int TileGraph::add_prefill_attention(std::string name, const PrefillAttentionShape& s, const std::vector<int>& cu_q,

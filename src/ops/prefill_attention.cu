@@ -26,8 +26,7 @@ struct Maps {
 };
 
 template <int kD, int kBN, int kWGs = 2, bool kFp8 = false>
-void launch(const PrefillAttentionShape& s, int num_tiles, const Maps& m, const kernels::PrefillParams& p, int sms,
-            cudaStream_t stream) {
+void launch(const Maps& m, const kernels::PrefillParams& p, int sms, cudaStream_t stream) {
   using C = kernels::PrefillConfig<kD, kBN, kWGs, kFp8>;
   static const bool attr_set = [] {
     TW_CUDA_CHECK(cudaFuncSetAttribute(kernels::prefill_attention_sm90<kD, kBN, kWGs, kFp8>,
@@ -35,7 +34,7 @@ void launch(const PrefillAttentionShape& s, int num_tiles, const Maps& m, const 
     return true;
   }();
   (void)attr_set;
-  const int blocks = int(std::min<int64_t>(sms, int64_t(num_tiles) * s.num_q_heads));
+  const int blocks = std::min(sms, p.num_work);  // one per SM; each draws until the work runs out
   kernels::prefill_attention_sm90<kD, kBN, kWGs, kFp8><<<blocks, C::kThreads, C::kSmemBytes, stream>>>(m.q, m.k, m.v, p);
   TW_CUDA_CHECK_LAUNCH();
 }
@@ -84,6 +83,8 @@ PrefillAttention::PrefillAttention(const PrefillAttentionShape& shape, std::vect
   if (int64_t(tiles_.size()) * shape_.num_q_heads > INT32_MAX)
     bad(std::to_string(tiles_.size()) + " query tiles x " + std::to_string(shape_.num_q_heads) +
         " heads is more work items than the kernel counts (2^31 - 1)");
+  // The tail's key-range splits: the sm90 bf16 kernel (the fp8 one keeps its row sums in O).
+  work_ = plan_prefill_work(tiles_, shape_.num_q_heads, sms_, shape_.split_tail && !sm80_ && !shape_.fp8);
 
   std::vector<int> flat;
   flat.reserve(tiles_.size() * 3);
@@ -97,6 +98,22 @@ PrefillAttention::PrefillAttention(const PrefillAttentionShape& shape, std::vect
   TW_CUDA_CHECK(cudaMemcpy(d_cu_k_, cu_k_.data(), cu_k_.size() * sizeof(int), cudaMemcpyHostToDevice));
   if (!flat.empty())
     TW_CUDA_CHECK(cudaMemcpy(d_tiles_, flat.data(), flat.size() * sizeof(int), cudaMemcpyHostToDevice));
+  if (work_.units() > 0) {
+    std::vector<int> pieces;
+    for (const PrefillPiece& q : work_.pieces)
+      pieces.insert(pieces.end(), {q.item, q.kv_first, q.kv_tiles, q.group, q.slot, q.first_slot, q.parts});
+    static_assert(kernels::kPieceInts == 7, "PrefillPiece's fields, as the kernel reads them");
+    // A partial: per consumer warpgroup, 128 threads x (D / 8 float4s of O + one of the rows' m and l).
+    const size_t wgs = size_t(block_m_ / 64), vec = size_t(shape_.head_dim) / 8 + 1;
+    alloc(&d_units_, work_.unit_offsets.size());
+    alloc(&d_pieces_, pieces.size());
+    alloc(&d_split_ws_, size_t(work_.slots) * wgs * 128 * vec * 4);
+    alloc(&d_split_count_, size_t(work_.groups) * wgs * 4);
+    TW_CUDA_CHECK(cudaMemset(d_split_count_, 0, size_t(work_.groups) * wgs * 4 * sizeof(int)));
+    TW_CUDA_CHECK(cudaMemcpy(d_units_, work_.unit_offsets.data(), work_.unit_offsets.size() * sizeof(int),
+                             cudaMemcpyHostToDevice));
+    TW_CUDA_CHECK(cudaMemcpy(d_pieces_, pieces.data(), pieces.size() * sizeof(int), cudaMemcpyHostToDevice));
+  }
 
   if (shape_.fp8) {
     fp8_.cu_k_pad = prefill_fp8_key_offsets(cu_k_, block_n_);
@@ -127,6 +144,10 @@ PrefillAttention::~PrefillAttention() {
   cudaFree(d_cu_k_);
   cudaFree(d_tiles_);
   cudaFree(d_work_counter_);
+  cudaFree(d_units_);
+  cudaFree(d_pieces_);
+  cudaFree(d_split_ws_);
+  cudaFree(d_split_count_);
   for (void* p : {(void*)fp8_.d_cu_k_pad, (void*)fp8_.d_block_seq, (void*)fp8_.q8, (void*)fp8_.k8, (void*)fp8_.vt8,
                   (void*)fp8_.q_scale, (void*)fp8_.k_scale, (void*)fp8_.v_amax})
     cudaFree(p);
@@ -203,6 +224,14 @@ void PrefillAttention::attend(const PrefillAttentionTensors& t, cudaStream_t str
   p.num_tiles = int(tiles_.size());
   p.num_work = int(tiles_.size()) * shape_.num_q_heads;
   p.work_counter = d_work_counter_;
+  if (work_.units() > 0) {
+    p.num_work = int(work_.draws());
+    p.num_whole = int(work_.whole);
+    p.unit_offsets = d_units_;
+    p.unit_pieces = d_pieces_;
+    p.split_ws = d_split_ws_;
+    p.split_count = d_split_count_;
+  }
   p.heads_q = shape_.num_q_heads;
   p.group = shape_.num_q_heads / shape_.num_kv_heads;
   p.causal = shape_.causal ? 1 : 0;
@@ -211,7 +240,6 @@ void PrefillAttention::attend(const PrefillAttentionTensors& t, cudaStream_t str
   p.scale_log2 = scale * 1.4426950408889634f;
   p.out = t.out;
   p.lse = t.lse;
-  const int num_tiles = int(tiles_.size());
   if (sm80_) {
     if (shape_.head_dim == 64)
       launch_sm80<64>(t, p, stream);
@@ -235,7 +263,7 @@ void PrefillAttention::attend(const PrefillAttentionTensors& t, cudaStream_t str
                  sm90::make_map_3d_u8(fp8_.k8, {d, hkv, rows_pad}, {d, hkv * d}, {128, 1, kBN}, "fp8 k"),
                  sm90::make_map_3d_u8(fp8_.vt8, {rows_pad, d, hkv}, {rows_pad, d * rows_pad}, {64, uint32_t(d), 1},
                                       "fp8 v^T")};  // 64-key boxes, 64-B swizzle (PrefillConfig::kVChunks)
-    launch<128, kPrefillFp8TileKeys, 2, true>(shape_, num_tiles, m, p, sms_, stream);
+    launch<128, kPrefillFp8TileKeys, 2, true>(m, p, sms_, stream);
     return;
   }
   const uint64_t rows_k = uint64_t(std::max(total_k(), 1));
@@ -245,13 +273,13 @@ void PrefillAttention::attend(const PrefillAttentionTensors& t, cudaStream_t str
                 sm90::make_head_rows_map_bf16(t.v, rows_k, hkv, d, block_n)};
   };
   if (shape_.head_dim == 64 && block_m_ == 192)
-    launch<64, 128, 3>(shape_, num_tiles, maps(192, 128), p, sms_, stream);
+    launch<64, 128, 3>(maps(192, 128), p, sms_, stream);
   else if (shape_.head_dim == 64)
-    launch<64, 128>(shape_, num_tiles, maps(128, 128), p, sms_, stream);
+    launch<64, 128>(maps(128, 128), p, sms_, stream);
   else if (block_n_ == 160)
-    launch<128, 160>(shape_, num_tiles, maps(128, 160), p, sms_, stream);
+    launch<128, 160>(maps(128, 160), p, sms_, stream);
   else
-    launch<128, 128>(shape_, num_tiles, maps(128, 128), p, sms_, stream);
+    launch<128, 128>(maps(128, 128), p, sms_, stream);
 }
 
 }  // namespace tw

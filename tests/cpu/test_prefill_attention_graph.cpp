@@ -275,3 +275,108 @@ TEST(PrefillAttentionGraph, Fp8PlanAndKeyOffsets) {
   EXPECT_EQ(prefill_fp8_key_offsets({0, 0}), (std::vector<int>{0, 0}));
   EXPECT_EQ(prefill_fp8_key_offsets({0, 384}), (std::vector<int>{0, 384}));
 }
+
+namespace {
+
+// Every (item, key tile) of a plan is run exactly once by the work's draws: whole items by theirs,
+// the tail's by the pieces of its units (ranges of the tail's key tiles laid end to end); a split
+// item's pieces name one counter and consecutive slots of their own, numbered as `parts` says.
+void check_work(const std::vector<PrefillTile>& tiles, int heads, int sms, const PrefillWork& w) {
+  const int64_t n_tiles = int64_t(tiles.size());
+  ASSERT_EQ(w.items, n_tiles * heads);
+  ASSERT_LE(w.whole, w.items);
+  std::vector<std::vector<int>> seen(size_t(w.items));
+  for (int64_t i = 0; i < w.whole; ++i) seen[size_t(i)].assign(size_t(tiles[size_t(i % n_tiles)].kv_tiles), 1);
+  if (w.units() == 0) {
+    EXPECT_EQ(w.whole, w.items);
+    return;
+  }
+  EXPECT_LE(w.units(), std::max<int64_t>(sms, (w.items - w.whole) * kPrefillMaxParts));
+  std::vector<int> slot_uses(size_t(w.slots), 0), group_pieces(size_t(w.groups), 0);
+  int64_t last_item = w.whole - 1;
+  for (int u = 0; u < w.units(); ++u)
+    for (int k = w.unit_offsets[size_t(u)]; k < w.unit_offsets[size_t(u) + 1]; ++k) {
+      const PrefillPiece& p = w.pieces[size_t(k)];
+      ASSERT_GE(p.item, w.whole);
+      ASSERT_LT(p.item, w.items);
+      EXPECT_GE(p.item, last_item) << "pieces in item order";
+      last_item = p.item;
+      auto& s = seen[size_t(p.item)];
+      const int n = tiles[size_t(p.item % n_tiles)].kv_tiles;
+      if (s.empty()) s.assign(size_t(n), 0);
+      ASSERT_LE(p.kv_first + p.kv_tiles, n);
+      for (int j = p.kv_first; j < p.kv_first + p.kv_tiles; ++j) ++s[size_t(j)];
+      if (p.group < 0) {
+        EXPECT_EQ(p.kv_first, 0);
+        EXPECT_EQ(p.kv_tiles, n) << "a piece that is not split is its whole item";
+        continue;
+      }
+      EXPECT_GE(p.kv_tiles, 1);
+      ASSERT_LT(p.group, w.groups);
+      ASSERT_GE(p.slot, p.first_slot);
+      ASSERT_LT(p.slot, p.first_slot + p.parts);
+      ASSERT_LE(p.first_slot + p.parts, w.slots);
+      ++slot_uses[size_t(p.slot)];
+      ++group_pieces[size_t(p.group)];
+    }
+  for (int64_t i = 0; i < w.items; ++i) {
+    const int n = tiles[size_t(i % n_tiles)].kv_tiles;
+    if (n == 0) continue;
+    ASSERT_EQ(seen[size_t(i)].size(), size_t(n)) << "item " << i << " never run";
+    for (int j = 0; j < n; ++j) EXPECT_EQ(seen[size_t(i)][size_t(j)], 1) << "item " << i << " key tile " << j;
+  }
+  for (int s : slot_uses) EXPECT_EQ(s, 1) << "a slot written by more than one piece";
+  for (const PrefillPiece& p : w.pieces)
+    if (p.group >= 0) EXPECT_EQ(group_pieces[size_t(p.group)], p.parts);
+}
+
+}  // namespace
+
+TEST(PrefillAttentionGraph, WorkSplitsTheLastRoundOverKeyRanges) {
+  // Worked by hand: H = 8, L = 1024, 160-key tiles: 64 items of 7 tiles, fewer than 132 SMs. Whole,
+  // the launch ends after one item (7 + 1 = 8 tile times). A stream-K tail (448 tiles in 132 units
+  // of 3-4) gives most units pieces of two items: 3-4 + 2 x (1 + 1.5) = 8.4; each item in two units of
+  // its own (3 and 4 tiles, 128 units): 4 + 1 + 1.5 = 6.5; in three (192 units, two rounds): 9.
+  auto t = plan_prefill_tiles(shape(false, 8, 8, 128), {0, 1024}, {}, 160, 128);
+  PrefillWork w = plan_prefill_work(t, 8, 132);
+  check_work(t, 8, 132, w);
+  EXPECT_EQ(w.whole, 0);
+  EXPECT_EQ(w.units(), 128);
+  EXPECT_EQ(w.groups, 64);
+  EXPECT_DOUBLE_EQ(w.makespan_whole, 8.0);
+  EXPECT_DOUBLE_EQ(w.makespan, 6.5);
+  // H = 24, L = 4608: 864 items of 29 tiles, 6 rounds of 132 and 72 left: the 72 are the tail (2088
+  // tiles, 132 units of 15-16, stream-K): 6 x 30 + 15.8 + up to two pieces' costs, against 7 x 30 whole.
+  t = plan_prefill_tiles(shape(false, 24, 24, 128), {0, 4608}, {}, 160, 128);
+  w = plan_prefill_work(t, 24, 132);
+  check_work(t, 24, 132, w);
+  EXPECT_EQ(w.whole, 792);
+  EXPECT_EQ(w.units(), 132);
+  EXPECT_EQ(w.groups, 72);
+  EXPECT_DOUBLE_EQ(w.makespan_whole, 210.0);
+  EXPECT_LT(w.makespan, 0.96 * w.makespan_whole);
+  // Whole rounds (H = 16, L = 4097: 528 = 4 x 132 items) leave nothing to split, nor does split = false.
+  t = plan_prefill_tiles(shape(false, 16, 16, 128), {0, 4097}, {}, 160, 128);
+  EXPECT_EQ(plan_prefill_work(t, 16, 132).units(), 0);
+  t = plan_prefill_tiles(shape(false, 8, 8, 128), {0, 1024}, {}, 160, 128);
+  EXPECT_EQ(plan_prefill_work(t, 8, 132, false).units(), 0);
+  EXPECT_THROW(plan_prefill_work(t, 0, 132), InvalidArgument);
+}
+
+TEST(PrefillAttentionGraph, WorkCoversEveryKeyTileOnceOnRandomPlans) {
+  std::mt19937 rng(20261129);
+  for (int trial = 0; trial < 300; ++trial) {
+    const bool causal = rng() % 2;
+    const int heads = 1 + int(rng() % 40), sms = 1 + int(rng() % 140), batch = 1 + int(rng() % 4);
+    std::vector<int> lq, lk;
+    for (int b = 0; b < batch; ++b) {
+      lq.push_back(int(rng() % 3000));
+      lk.push_back(rng() % 3 == 0 ? int(rng() % 3000) : lq.back());
+    }
+    const auto t = plan_prefill_tiles(shape(causal, heads, heads, 128), offsets(lq), offsets(lk), 128, 128);
+    const PrefillWork w = plan_prefill_work(t, heads, sms);
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    check_work(t, heads, sms, w);
+    if (w.units() > 0) EXPECT_LE(w.makespan, 0.98 * w.makespan_whole);
+  }
+}

@@ -108,6 +108,7 @@ struct Case {
   bool fp8 = false;     // the op's e4m3 path
   float outlier = 0.f;  // > 0: Gaussian inputs with four channels this many times larger (fill_outliers)
   std::string mainloop = "auto";  // the shape's kernel ("sm80": the mma.sync one, on any sm_80+ GPU)
+  bool split_tail = true;         // the shape's split_tail (the sm90 bf16 kernel's key-range tail)
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }  // gtest would print the bytes
 
@@ -142,6 +143,7 @@ struct PrefillData {
     shape.scale = c.scale;
     shape.fp8 = c.fp8;
     shape.mainloop = c.mainloop;
+    shape.split_tail = c.split_tail;
     if (c.outlier > 0.f) {
       fill_outliers<<<1024, 256>>>(q.ptr, q.n, rng(), c.q_scale, c.d, c.outlier);
       fill_outliers<<<1024, 256>>>(k.ptr, k.n, rng(), 1.f, c.d, c.outlier);
@@ -344,6 +346,53 @@ void check_graph_matches_stream(const Case& c) {
   }
   EXPECT_EQ(std::memcmp(og.data(), os.data(), n_out * sizeof(bf16)), 0) << "graph and stream outputs differ";
   EXPECT_EQ(std::memcmp(lg.data(), ls.data(), n_lse * sizeof(float)), 0) << "graph and stream lse differ";
+}
+
+// The tail split over key ranges (plan_prefill_work) and the same cases with every item whole: both
+// match the reference, the planner took a tail with split items where it should, and a second
+// launch (the split counters zeroed by the first) gives the same bits.
+TEST(PrefillAttention, TailSplitsMatchReference) {
+  TW_REQUIRE_SM90A("prefill attention");
+  int dev = 0, sms = 0;
+  TW_CUDA_CHECK(cudaGetDevice(&dev));
+  TW_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const uint64_t seed = tw::test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (TW_TEST_SEED reruns it)");
+  std::mt19937_64 rng(seed);
+  const std::vector<Case> cases = {
+      {"FewItemsD128", {1024}, {}, 128, 8, 8, false},             // 64 items: every one split
+      {"LastRoundD128", {4608}, {}, 128, 24, 24, false},          // 864 items: the last 72 split
+      {"ThreeWarpgroupsD64Gqa", {4429}, {}, 64, 24, 4, false},    // 192-row items
+      {"CausalPackedGqa7", {1, 200, 777, 1500, 3000, 5}, {}, 128, 14, 2, true},
+      {"OwnKeysD64Causal", {64, 300, 1}, {500, 129, 1000}, 64, 6, 2, true, false},  // rows that see no key, no lse
+  };
+  for (const Case& base : cases) {
+    SCOPED_TRACE(base.name);
+    const PrefillData data(base, rng);
+    const size_t n_out = size_t(data.total_q) * base.hq * base.d, n_lse = size_t(base.hq) * data.total_q;
+    for (bool split : {true, false}) {
+      PrefillAttentionShape shape = data.shape;
+      shape.split_tail = split;
+      const PrefillAttention op(shape, data.cu_q, data.op_cu_k());
+      const PrefillWork& w = op.work();
+      std::printf("[   info   ] %s split_tail=%d: %lld items, %lld whole, %d units, %d split items, simulated end %.1f "
+                  "(whole %.1f)\n", base.name.c_str(), int(split), (long long)w.items, (long long)w.whole, w.units(),
+                  w.groups, w.makespan, w.makespan_whole);
+      if (!split) EXPECT_EQ(w.units(), 0);
+      // The first three on a GPU of >= 100 SMs: partial last rounds of equal items (plan_prefill_work's case).
+      if (split && sms >= 100 && &base - cases.data() < 3) EXPECT_GT(w.groups, 0) << "no split items planned";
+      DeviceBuffer<bf16> out(n_out), again(n_out);
+      DeviceBuffer<float> lse(n_lse), lse2(n_lse);
+      out.poison(), again.poison(), lse.poison(), lse2.poison();
+      op.run(data.tensors(out.ptr, base.lse ? lse.ptr : nullptr), nullptr);
+      op.run(data.tensors(again.ptr, base.lse ? lse2.ptr : nullptr), nullptr);
+      TW_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto o1 = out.download(), o2 = again.download();
+      const std::vector<float> l1 = base.lse ? lse.download() : std::vector<float>{};
+      data.check(o1, base.lse ? &l1 : nullptr);
+      EXPECT_EQ(std::memcmp(o1.data(), o2.data(), n_out * sizeof(bf16)), 0) << "a second launch differs";
+    }
+  }
 }
 
 TEST(PrefillAttention, CudaGraphMatchesStream) {

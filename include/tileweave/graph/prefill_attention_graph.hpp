@@ -27,6 +27,9 @@ struct PrefillAttentionShape {
   // The kernel: "sm90" (wgmma + TMA, warp-specialised; Hopper), "sm80" (mma.sync + cp.async; Ampere,
   // Ada, and Hopper too; bf16 only), or "auto" (sm90 on an sm_90 GPU, else sm80).
   std::string mainloop = "auto";
+  // sm90, bf16: the last round of items split over key ranges where the planner says it ends sooner
+  // (plan_prefill_work); false: every item whole.
+  bool split_tail = true;
 };
 
 // Query rows per tile of the sm90 kernel, and keys per K/V tile unless prefill_block_n says more.
@@ -72,6 +75,44 @@ struct PrefillTile {
 std::vector<PrefillTile> plan_prefill_tiles(const PrefillAttentionShape& s, const std::vector<int>& cu_seqlens_q,
                                             const std::vector<int>& cu_seqlens_k, int block_n = kPrefillBlockN,
                                             int block_m = kPrefillBlockM);
+
+// How the sm90 kernel deals the work of a plan (plan_prefill_work): items are (head, plan tile)
+// pairs numbered head by head, w = head * tiles + tile. Draws [0, whole) take item w whole; draws
+// whole .. whole + units - 1 take a unit of the tail: the items from `whole` on, their key tiles laid
+// end to end and cut into `units` near-equal ranges (a stream-K tail), or each item cut into a few
+// ranges of its own, so that the last round ends together on every SM. A unit runs its pieces one
+// after another; a piece holding part of an item's
+// key tiles writes its partial (O unnormalised, the rows' max and sum) to slot `slot` and counts
+// itself, and the item's last piece to count merges the others' into its own and stores the rows.
+struct PrefillPiece {
+  int item = 0;       // w
+  int kv_first = 0;   // first key tile of the item this piece runs
+  int kv_tiles = 0;   // key tiles it runs
+  int group = -1;     // split item: its counter (-1: the piece is the whole item)
+  int slot = 0;       // split item: this piece's partial slot
+  int first_slot = 0;  // split item: the item's first slot (its pieces' slots follow)
+  int parts = 1;      // split item: its pieces
+};
+struct PrefillWork {
+  int64_t items = 0;               // heads x plan tiles
+  int64_t whole = 0;               // draws of whole items; the rest of the items are the tail's
+  std::vector<int> unit_offsets;   // units + 1 entries: unit u's pieces are [u_off[u], u_off[u + 1])
+  std::vector<PrefillPiece> pieces;
+  int groups = 0, slots = 0;       // split items and partial slots
+  double makespan = 0, makespan_whole = 0;  // the simulated ends (key tiles), with and without the tail
+  int units() const { return unit_offsets.empty() ? 0 : int(unit_offsets.size()) - 1; }
+  int64_t draws() const { return whole + units(); }
+};
+// The planner's cost of a piece, in key tiles: its tiles plus a fixed cost per piece (Q, the first S
+// GEMM alone, the epilogue) and, for a part of a split item, its partial's stores, count and the
+// merge's round trips.
+constexpr double kPrefillPieceCost = 1.0, kPrefillSplitCost = 1.5;
+constexpr int kPrefillMaxParts = 8;  // key ranges an item is cut into at most, when each is a unit
+// Chooses the tail from the plan, the heads and the SMs: the draws are simulated in order, each to
+// the block free first, for no tail and for tails of the last (items mod sms) + t * sms items,
+// t = 0, 1, 2, each cut as a stream-K tail or into 2 .. kPrefillMaxParts ranges an item; a tail is
+// taken where it ends at least 2% sooner. split = false: no tail.
+PrefillWork plan_prefill_work(const std::vector<PrefillTile>& tiles, int heads, int sms, bool split = true);
 
 // The tensors of TileGraph::add_prefill_attention: q, k, v each a column range of a tensor (columns
 // q_col .. q_col + Hq*D of q, and so on; one tensor with three offsets is a fused QKV projection's

@@ -54,12 +54,14 @@ class PrefillAttention {
   const std::vector<int>& cu_seqlens_q() const { return cu_q_; }
   const std::vector<int>& cu_seqlens_k() const { return cu_k_; }
   const std::vector<PrefillTile>& tiles() const { return tiles_; }
+  const PrefillWork& work() const { return work_; }  // how the sm90 kernel deals the tiles (its tail's splits)
   double flops() const { return flops_; }
 
  private:
   PrefillAttentionShape shape_;
   std::vector<int> cu_q_, cu_k_;
   std::vector<PrefillTile> tiles_;
+  PrefillWork work_;
   double flops_ = 0;
   int block_n_ = kPrefillBlockN;  // keys per K/V tile of the kernel instance chosen
   int block_m_ = kPrefillBlockM;  // query rows per item
@@ -69,6 +71,9 @@ class PrefillAttention {
   int* d_cu_k_ = nullptr;
   int* d_tiles_ = nullptr;  // {seq, q_tile, kv_tiles} per tile
   int* d_work_counter_ = nullptr;  // the persistent blocks' next work item; zero between launches
+  // The tail (work_.units() > 0): unit offsets, pieces, the split items' partials and counters.
+  int *d_units_ = nullptr, *d_pieces_ = nullptr, *d_split_count_ = nullptr;
+  float* d_split_ws_ = nullptr;
   // fp8: the quantized inputs and their scales (kernels/attention/prefill_fp8_quant.cuh).
   struct Fp8Buffers {
     std::vector<int> cu_k_pad;  // prefill_fp8_key_offsets

@@ -18,6 +18,8 @@
 
 #include <cstdint>
 
+#include <cuda/atomic>
+
 #include "tileweave/graph/prefill_attention_graph.hpp"  // kPrefillFp8KeyBlock
 #include "tileweave/kernels/sm90/arch.cuh"
 #include "tileweave/kernels/sm90/tma.cuh"
@@ -30,8 +32,16 @@ struct PrefillParams {
   const int* cu_k = nullptr;    // [batch + 1]
   const int* tiles = nullptr;   // {seq, q_tile, kv_tiles} per query tile (graph/prefill_attention_graph.hpp)
   int num_tiles = 0;            // query tiles per head
-  int num_work = 0;             // num_tiles * heads_q work items
+  int num_work = 0;             // draws: whole items, then the tail's units (num_tiles * heads_q items without one)
   int* work_counter = nullptr;  // zero before a launch; the launch leaves it zero
+  // The tail (PrefillWork; the standalone kernel only): draws [num_whole, num_work) take unit
+  // d - num_whole, whose pieces are unit_pieces[unit_offsets[u] ..], kPieceInts ints each. A split
+  // item's pieces write partials to split_ws and count on split_count (zero between launches).
+  int num_whole = 0;
+  const int* unit_offsets = nullptr;
+  const int* unit_pieces = nullptr;
+  float* split_ws = nullptr;
+  int* split_count = nullptr;
   int heads_q = 0;
   int group = 1;  // query heads per KV head
   int causal = 0;
@@ -102,7 +112,7 @@ struct PrefillConfig {
   static constexpr int kProducerRegs = kWGs == 2 ? 56 : 32, kConsumerRegs = kWGs == 2 ? 224 : 160;
   static constexpr int kConsumerWarps = 4 * kWGs;
   static constexpr int kSmemBytes = kQBytes + kStages * (kTileBytes + kVSlotBytes) + 256 + 1024;  // + barriers, slack
-  static_assert((2 + 4 * kStages) * 8 + 4 <= 256, "barriers and the item slot fit their 256 B");
+  static_assert((2 + 4 * kStages) * 8 + 64 <= 256, "barriers and the item slot (a PrefillItem) fit their 256 B");
 };
 
 // The softmax's arithmetic, shared by this kernel and prefill_sm80.cuh's (any sm_80+ target).
@@ -192,11 +202,17 @@ __device__ __forceinline__ bool softmax_tile(float (&s)[kBN / 2], RowState& st, 
 }  // namespace prefill_detail
 #endif
 
-// One work item: query rows [q_tile * kBM, + kBM) of sequence seq's query head `head` against its first
-// n_kv key tiles; k_row is the sequence's first row in the K / V tensors read (the padded ones for fp8).
+// One work item: query rows [q_tile * kBM, + kBM) of sequence seq's query head `head` against its key
+// tiles kv_first .. kv_first + n_kv - 1; k_row is the sequence's first row in the K / V tensors read
+// (the padded ones for fp8). split >= 0: a piece of a split item, its entry in the params'
+// unit_pieces (the epilogue reads its counter and slots there: fewer registers held over the item).
 struct PrefillItem {
   int head, q_tile, n_kv, q_begin, len_q, k_begin, len_k, k_row;
+  int kv_first = 0, split = -1;
 };
+// A piece in the params' unit_pieces: item, kv_first, kv_tiles, group, slot, first_slot, parts
+// (graph/prefill_attention_graph.hpp's PrefillPiece).
+constexpr int kPieceInts = 7;
 // Item w: query tile w % num_tiles of head w / num_tiles (PrefillParams::tiles).
 template <bool kFp8>
 __device__ __forceinline__ PrefillItem prefill_item(const PrefillParams& p, int w) {
@@ -211,6 +227,17 @@ __device__ __forceinline__ PrefillItem prefill_item(const PrefillParams& p, int 
   it.k_begin = p.cu_k[seq];
   it.len_k = p.cu_k[seq + 1] - it.k_begin;
   it.k_row = kFp8 ? p.cu_k_pad[seq] : it.k_begin;
+  return it;
+}
+
+// Piece `i` of the params' unit_pieces as the item its consumers run.
+template <bool kFp8>
+__device__ __forceinline__ PrefillItem prefill_piece(const PrefillParams& p, int i) {
+  const int* q = p.unit_pieces + kPieceInts * i;
+  PrefillItem it = prefill_item<kFp8>(p, q[0]);
+  it.kv_first = q[1];
+  it.n_kv = q[2];
+  it.split = q[3] >= 0 ? i : -1;
   return it;
 }
 
@@ -284,16 +311,75 @@ __device__ __forceinline__ void prefill_load_item(const PrefillSmem<C>& sm, cons
   // goes one tile ahead of V (K_j, then V_{j-1}) so that a late V slot never holds up a K load.
   // V is [rows][heads][D] (bf16) or V^T [heads][D][rows] (fp8).
   auto load_v = [&](int j) {
-    const int row = it.k_row + j * kBN;
+    const int row = it.k_row + (it.kv_first + j) * kBN;
     load(sv, C::kVSlotBytes, &map_v, v_full, v_empty, v_it++, kFp8 ? row : 0, kFp8 ? 0 : kv_head,
          kFp8 ? kv_head : row, C::kVChunks, C::kVChunkBytes, C::kVChunkElems);
   };
   for (int j = 0; j < it.n_kv; ++j) {
-    load(sk, C::kTileBytes, &map_k, k_full, k_empty, k_it++, 0, kv_head, it.k_row + j * kBN, C::kChunks,
+    load(sk, C::kTileBytes, &map_k, k_full, k_empty, k_it++, 0, kv_head, it.k_row + (it.kv_first + j) * kBN, C::kChunks,
          kBN * 128, C::kChunkElems);
     if (j > 0) load_v(j - 1);
   }
   load_v(it.n_kv - 1);
+}
+
+// A piece of a split item, after its last PV GEMM: its partial (O unnormalised in units of 2^m, each
+// row's m and sum l) goes to its slot, then each warp counts on its own counter (a warp's 16 rows are
+// its own in every piece of the item, so warps merge apart and never wait). The item's last piece
+// to count takes the others' partials into o, m and l and returns true (the caller stores the
+// rows); the others return false. No piece waits for another: no deadlock, whatever the order.
+template <class C>
+__device__ __forceinline__ bool merge_split_piece(const PrefillParams& p, const PrefillItem& it, int cw, int tid,
+                                                  float (&o)[C::kOAcc], float (&m)[2], float (&l)[2]) {
+  using prefill_detail::ex2;
+  constexpr int kVec = C::kOAcc / 4 + 1;  // o's float4s, then {m0, m1, l0, l1}; thread-minor: coalesced
+  const int* const piece = p.unit_pieces + kPieceInts * it.split;
+  const int group = piece[3], slot = piece[4], first_slot = piece[5], parts = piece[6];
+  auto part = [&](int s) {
+    return reinterpret_cast<float4*>(p.split_ws) + (int64_t(s) * C::kWGs + cw) * (128 * kVec) + tid;
+  };
+  float4* const mine = part(slot);
+#pragma unroll
+  for (int i = 0; i < C::kOAcc / 4; ++i) __stcg(mine + 128 * i, make_float4(o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]));
+  __stcg(mine + 128 * (kVec - 1), make_float4(m[0], m[1], l[0], l[1]));
+  // The warp's stores, then lane 0's release (cumulative over them through the warp barrier); the
+  // last piece's acquire, then the barrier, orders the warp's loads of the others' partials after it.
+  __syncwarp();
+  int last = 0;
+  if (tid % 32 == 0) {
+    cuda::atomic_ref<int, cuda::thread_scope_device> count(p.split_count[(group * C::kWGs + cw) * 4 + tid / 32]);
+    last = count.fetch_add(1, cuda::memory_order_acq_rel) == parts - 1;
+    if (last) count.store(0, cuda::memory_order_relaxed);  // zero for the next launch: every piece has counted
+  }
+  last = __shfl_sync(0xffffffffu, last, 0);
+  __syncwarp();
+  if (!last) return false;
+  // Every piece's partial, its own too, read back in slot order: the sum is the same whichever piece
+  // is last (graph and stream launches give the same bits).
+  float mx[2] = {m[0], m[1]};
+  for (int k = 0; k < parts; ++k) {
+    const float4 st = __ldcg(part(first_slot + k) + 128 * (kVec - 1));
+    mx[0] = fmaxf(mx[0], st.x);
+    mx[1] = fmaxf(mx[1], st.y);
+  }
+  // A row no piece has seen a key of keeps m = -inf (l = 0): scale by 2^(m - 0) = 0 instead of NaN.
+  const float base[2] = {mx[0] == -INFINITY ? 0.f : mx[0], mx[1] == -INFINITY ? 0.f : mx[1]};
+  l[0] = l[1] = 0.f;
+#pragma unroll
+  for (int i = 0; i < C::kOAcc; ++i) o[i] = 0.f;
+  for (int k = 0; k < parts; ++k) {
+    const float4* const other = part(first_slot + k);
+    const float4 st = __ldcg(other + 128 * (kVec - 1));
+    const float f0 = ex2(st.x - base[0]), f1 = ex2(st.y - base[1]);
+    l[0] += st.z * f0, l[1] += st.w * f1;
+#pragma unroll
+    for (int i = 0; i < C::kOAcc / 4; ++i) {
+      const float4 v = __ldcg(other + 128 * i);
+      o[4 * i] += v.x * f0, o[4 * i + 1] += v.y * f0, o[4 * i + 2] += v.z * f1, o[4 * i + 3] += v.w * f1;
+    }
+  }
+  m[0] = base[0], m[1] = base[1];
+  return true;
 }
 
 // Consumer warpgroup cw (0 .. kWGs - 1): its 64 query rows of item `it`, whose Q the caller has seen
@@ -332,7 +418,7 @@ __device__ __forceinline__ void prefill_attend_item(const PrefillSmem<C>& sm, co
   // The tile's K scales, loaded before the waits of its tile so their latency hides under them.
   auto k_tile_scale = [&](int j, float(&ks)[kSB]) {
 #pragma unroll
-    for (int b = 0; b < kSB; ++b) ks[b] = kFp8 ? k_scale[kSB * j + b] : 1.f;
+    for (int b = 0; b < kSB; ++b) ks[b] = kFp8 ? k_scale[kSB * (it.kv_first + j) + b] : 1.f;
   };
   auto row_scale = [&](const float(&ks)[kSB], float(&sc)[2][kSB]) {
 #pragma unroll
@@ -374,8 +460,8 @@ __device__ __forceinline__ void prefill_attend_item(const PrefillSmem<C>& sm, co
     };
     // Keys of tile j that the mask hides from some row of this warpgroup: the last (ragged)
     // tile, and under the causal mask the tiles crossing the diagonal.
-    auto mask = [&](float(&s)[kBN / 2], int j) {
-      const int first_row = it.q_tile * kBM + cw * 64;
+    auto mask = [&](float(&s)[kBN / 2], int j_local) {
+      const int j = it.kv_first + j_local, first_row = it.q_tile * kBM + cw * 64;
       const bool ragged = (j + 1) * kBN > it.len_k;
       const bool diagonal = p.causal && (j + 1) * kBN - 1 > first_row + diag;
       if (!ragged && !diagonal) return;
@@ -497,11 +583,17 @@ __device__ __forceinline__ void prefill_attend_item(const PrefillSmem<C>& sm, co
       v_sc[i] = make_float2(fp8_scale(a.x), fp8_scale(a.y));
     }
   }
+  // fp8: the row sum is O's column kD + 2t, the whole row's (the GEMM summed over the keys).
+  float l_rows[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) l_rows[h] = kFp8 ? o[kD / 2 + 2 * h] : quad_sum(st.l[h]);
+  if constexpr (!kFp8) {
+    if (it.split >= 0 && !merge_split_piece<C>(p, it, cw, tid, o, st.m, l_rows)) return;
+  }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = r0 + 8 * h;
-    // fp8: the row sum is O's column kD + 2t, the whole row's (the GEMM summed over the keys).
-    const float l = kFp8 ? o[kD / 2 + 2 * h] : quad_sum(st.l[h]);
+    const float l = l_rows[h];
     const float inv = l > 0.f ? 1.f / l : 0.f;
     if (row >= it.len_q) continue;
     __nv_bfloat16* dst = p.out + int64_t(it.q_begin + row) * row_stride + it.head * kD + 2 * (lane % 4);
@@ -528,7 +620,7 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   const Smem sm(smem, reinterpret_cast<uint64_t*>(smem + Smem::kDataBytes));
-  int* s_item = reinterpret_cast<int*>(sm.v_empty + C::kStages);  // the item whose Q is in sq
+  PrefillItem* s_item = reinterpret_cast<PrefillItem*>(sm.v_empty + C::kStages);  // the item whose Q is in sq
   const int wg = threadIdx.x / 128;
 
   if (threadIdx.x == 0) sm.init();
@@ -562,19 +654,24 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads
       // Every block fetches until it gets past the end: the launch fetches num_work + gridDim.x
       // times, and the last fetch resets the counter for the next launch on the stream.
       if (w == p.num_work + int(gridDim.x) - 1) *p.work_counter = 0;
-      if (q_count > 0) mbar_wait(sm.q_empty, (q_count + 1) & 1, "q_empty");
-      ++q_count;
-      *s_item = w < p.num_work ? w : -1;
-      if (w >= p.num_work) {
-        mbar_arrive(sm.q_full);
-        break;
+      // A draw is a whole item, or a unit of the tail: its pieces one after another.
+      const bool unit = w < p.num_work && w >= p.num_whole && p.unit_offsets != nullptr;
+      const int first = unit ? p.unit_offsets[w - p.num_whole] : 0;
+      const int pieces = w >= p.num_work ? 1 : unit ? p.unit_offsets[w - p.num_whole + 1] - first : 1;
+      for (int k = 0; k < pieces; ++k) {
+        PrefillItem it{};
+        it.head = -1;  // the end
+        if (w < p.num_work) it = unit ? prefill_piece<kFp8>(p, first + k) : prefill_item<kFp8>(p, w);
+        if (q_count > 0) mbar_wait(sm.q_empty, (q_count + 1) & 1, "q_empty");
+        ++q_count;
+        *s_item = it;
+        if (it.head < 0 || it.n_kv == 0) {
+          mbar_arrive(sm.q_full);
+          continue;
+        }
+        prefill_load_item<C>(sm, p, it, map_q, map_k, map_v, k_it, v_it, pol_q, pol_kv);
       }
-      const PrefillItem it = prefill_item<kFp8>(p, w);
-      if (it.n_kv == 0) {
-        mbar_arrive(sm.q_full);
-        continue;
-      }
-      prefill_load_item<C>(sm, p, it, map_q, map_k, map_v, k_it, v_it, pol_q, pol_kv);
+      if (w >= p.num_work) break;
     }
     return;
   }
@@ -594,9 +691,10 @@ __global__ void __launch_bounds__(PrefillConfig<kD, kBN_, kWGs_, kFp8>::kThreads
   for (;;) {
     mbar_wait(sm.q_full, q_count & 1, "q_full");
     ++q_count;
-    const int w = *reinterpret_cast<volatile int*>(s_item);
-    if (w < 0) break;
-    prefill_attend_item<C>(sm, p, prefill_item<kFp8>(p, w), cw, my_turn, other_turn, k_it, v_it);
+    // A copy: the producer writes the next item here once every consumer thread has read Q.
+    const PrefillItem it = *s_item;
+    if (it.head < 0) break;
+    prefill_attend_item<C>(sm, p, it, cw, my_turn, other_turn, k_it, v_it);
   }
   if (C::kTurns && cw == 0) named_bar_sync(my_turn, 256);
 #else
