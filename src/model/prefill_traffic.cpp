@@ -72,18 +72,30 @@ double predict_prefill_us(const PrefillAttentionShape& s, const std::vector<int>
   const int block_n = prefill_block_n(s), block_m = prefill_block_m(s, cu_q, sms);
   const std::vector<PrefillTile> tiles = plan_prefill_tiles(s, cu_q, cu_k, block_n, block_m);
   if (tiles.empty()) return 0.0;
-  // The kernel's order: head by head, the plan's tiles (longest first) within a head.
-  std::priority_queue<double, std::vector<double>, std::greater<double>> free;
-  for (int i = 0; i < std::min<int64_t>(sms, int64_t(tiles.size()) * s.num_q_heads); ++i) free.push(0.0);
-  double end = 0;
-  for (int h = 0; h < s.num_q_heads; ++h)
-    for (const PrefillTile& t : tiles) {
-      const double start = free.top();
-      free.pop();
-      const double done = start + m.us_per_item + m.us_per_key_row * double(t.kv_tiles) * block_n;
-      end = std::max(end, done);
-      free.push(done);
+  // The kernel's draws (plan_prefill_work): the whole items head by head, the plan's tiles (longest
+  // first) within a head, then the tail's units, each the sum of its pieces (a split piece also pays
+  // its partial's round trip and merge share, kPrefillSplitCost key tiles).
+  const PrefillWork w = plan_prefill_work(tiles, s.num_q_heads, sms, s.split_tail && !s.fp8);
+  const double tile_us = m.us_per_key_row * block_n;
+  std::vector<double> draws;
+  for (int64_t i = 0; i < w.whole; ++i) draws.push_back(m.us_per_item + tile_us * tiles[size_t(i % int64_t(tiles.size()))].kv_tiles);
+  for (int u = 0; u < w.units(); ++u) {
+    double c = 0;
+    for (int k = w.unit_offsets[size_t(u)]; k < w.unit_offsets[size_t(u) + 1]; ++k) {
+      const PrefillPiece& p = w.pieces[size_t(k)];
+      c += m.us_per_item + tile_us * p.kv_tiles + (p.group >= 0 ? kPrefillSplitCost * tile_us : 0.0);
     }
+    draws.push_back(c);
+  }
+  std::priority_queue<double, std::vector<double>, std::greater<double>> free;
+  for (int i = 0; i < std::min<int64_t>(sms, int64_t(draws.size())); ++i) free.push(0.0);
+  double end = 0;
+  for (double c : draws) {
+    const double done = free.top() + c;
+    free.pop();
+    end = std::max(end, done);
+    free.push(done);
+  }
   return end + m.launch_us;
 }
 

@@ -162,6 +162,9 @@ void run_plan_prefill(const PlanOptions& o) {
   const PrefillTraffic& k = runs.front().second;
   const int64_t rounds = (k.items + gpu.sms - 1) / gpu.sms;
   const double us = predict_prefill_us(s, cu, {}, gpu.sms, prefill_time_model(s));
+  // How the kernel deals the items (the sm90 bf16 kernel's tail split over key ranges).
+  const PrefillWork work = plan_prefill_work(plan_prefill_tiles(s, cu, {}, k.block_n, k.block_m), s.num_q_heads, gpu.sms,
+                                             s.split_tail && !s.fp8);
   const double peak_tflops = gpu.gemm_tflops * (s.fp8 ? 2 : 1);  // e4m3 runs at twice the bf16 rate
   const double compute_us = flops / (peak_tflops * 1e6);
   if (o.json_out) {
@@ -174,7 +177,9 @@ void run_plan_prefill(const PlanOptions& o) {
     std::cout << json{{"request", {{"num_q_heads", s.num_q_heads}, {"num_kv_heads", s.num_kv_heads}, {"head_dim", s.head_dim},
                                    {"causal", s.causal}, {"fp8", s.fp8}, {"lengths", lens}}},
                       {"preset", gpu.name},
-                      {"plan", {{"block_m", k.block_m}, {"block_n", k.block_n}, {"items", k.items}, {"rounds", rounds}}},
+                      {"plan", {{"block_m", k.block_m}, {"block_n", k.block_n}, {"items", k.items}, {"rounds", rounds},
+                                {"whole_items", work.whole}, {"tail_units", work.units()}, {"split_items", work.groups},
+                                {"tail_simulated_gain", work.makespan_whole / std::max(work.makespan, 1e-9)}}},
                       {"flops", flops},
                       {"predicted_us", us},
                       {"predicted_tflops", flops / std::max(us, 1e-9) * 1e-6},
@@ -193,6 +198,12 @@ void run_plan_prefill(const PlanOptions& o) {
              gpu.name, gpu.sms, gpu.l2_bytes >> 20);
   fmt::print("PrefillAttention's plan: items of {} query rows x 1 head, K/V tiles of {} keys; {} items, {} round(s) over the SMs\n",
              k.block_m, k.block_n, k.items, rounds);
+  if (work.units() > 0)
+    fmt::print("  the last {} items as a tail of {} units ({} split over key ranges, the last piece of each merging): "
+               "simulated {:.3f}x sooner than whole items\n",
+               work.items - work.whole, work.units(), work.groups, work.makespan_whole / std::max(work.makespan, 1e-9));
+  else
+    fmt::print("  every item whole (a split tail would not end sooner)\n");
   fmt::print("  {:.3g} GFLOP (4 d Hq x visible pairs); reads Q {:.1f} MB, K+V {:.1f} MB at least; writes {:.1f} MB\n",
              flops * 1e-9, k.q_bytes / 1e6, k.kv_bytes / 1e6, k.out_bytes / 1e6);
   const PrefillTimeModel tm = prefill_time_model(s);
