@@ -477,8 +477,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
                 if len(cu_k) != len(cu_q):
                     raise InvalidArgument(f"cu_seqlens_k has {len(cu_k)} entries, cu_seqlens {len(cu_q)} "
                                           "(batch + 1 each)")
-    if d not in (64, 128):
-        raise InvalidArgument(f"q's head dim D (its last dimension) must be 64 or 128, got {d}")
+    if d not in (64, 128, 256):
+        raise InvalidArgument(f"q's head dim D (its last dimension) must be 64, 128 or 256, got {d}")
+    if d == 256 and mainloop == "sm80":
+        raise InvalidArgument("head dim D = 256 runs on the sm90 kernel (mainloop 'sm90' or 'auto' on Hopper)")
     if not isinstance(fp8, bool):
         raise InvalidArgument(f"fp8 must be True or False, got {fp8!r}")
     if mainloop not in ("auto", "sm90", "sm80"):

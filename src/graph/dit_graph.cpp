@@ -19,7 +19,7 @@ DitAttentionGraph build_dit_attention_graph(const DitAttentionShape& s, int sms)
   g.attention.fp8 = s.fp8;
   g.attention.split_tail = false;  // the chain's attention items run whole (its tickets: one item each)
   const std::vector<int> cu = {0, int(s.tokens)};
-  validate_prefill_attention(g.attention, cu, {});  // names a bad head_dim (64 or 128; fp8: 128)
+  validate_prefill_attention(g.attention, cu, {});  // names a bad head_dim (64, 128 or 256; fp8: 128)
   const int64_t L = s.tokens, D = s.head_dim, W = int64_t(s.heads) * D;
   TileGraph& G = g.graph;
   g.x = G.add_tensor("x", L, W, 2, TensorRole::Input);

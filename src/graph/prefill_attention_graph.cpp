@@ -42,6 +42,7 @@ int kv_tiles_for(const PrefillAttentionShape& s, int len_q, int len_k, int t, in
 
 int prefill_block_n(const PrefillAttentionShape& s) {
   if (s.fp8) return kPrefillFp8TileKeys;
+  if (s.head_dim == 256) return 64;  // Q 64 KiB + two stages of K and V at 32 KiB each: 192 KiB
   return s.head_dim == 128 && !s.causal ? 160 : kPrefillBlockN;
 }
 
@@ -60,7 +61,10 @@ int prefill_block_m(const PrefillAttentionShape& s, const std::vector<int>& cu_q
 
 void validate_prefill_attention(const PrefillAttentionShape& s, const std::vector<int>& cu_q,
                                 const std::vector<int>& cu_k) {
-  if (s.head_dim != 64 && s.head_dim != 128) bad("head_dim must be 64 or 128, got " + std::to_string(s.head_dim));
+  if (s.head_dim != 64 && s.head_dim != 128 && s.head_dim != 256)
+    bad("head_dim must be 64, 128 or 256, got " + std::to_string(s.head_dim));
+  if (s.head_dim == 256 && s.mainloop == "sm80")
+    bad("head_dim 256 runs on the sm90 kernel (the sm80 kernel takes 64 or 128)");
   if (s.fp8 && s.head_dim != 128)
     bad("fp8 attention takes head_dim 128, got " + std::to_string(s.head_dim) + " (use bf16 for it)");
   if (s.mainloop != "auto" && s.mainloop != "sm90" && s.mainloop != "sm80")

@@ -76,6 +76,8 @@ PrefillAttention::PrefillAttention(const PrefillAttentionShape& shape, std::vect
   sm80_ = shape_.mainloop == "sm80" || (shape_.mainloop == "auto" && !hopper);
   if (sm80_ && major < 8) throw CudaError("prefill attention needs sm_80 or newer; this device is " + arch);
   if (sm80_ && shape_.fp8) throw CudaError("fp8 prefill attention runs on Hopper (sm_90a); this device is " + arch);
+  if (sm80_ && shape_.head_dim == 256)
+    throw CudaError("prefill attention at head_dim 256 runs on Hopper (sm_90a); this device is " + arch);
   TW_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev));
   block_n_ = sm80_ ? kernels::PrefillSm80Config<64>::kBN : prefill_block_n(shape_);
   block_m_ = sm80_ ? kernels::PrefillSm80Config<64>::kBM : prefill_block_m(shape_, cu_q_, sms_);
@@ -272,7 +274,9 @@ void PrefillAttention::attend(const PrefillAttentionTensors& t, cudaStream_t str
                 sm90::make_head_rows_map_bf16(t.k, rows_k, hkv, d, block_n),
                 sm90::make_head_rows_map_bf16(t.v, rows_k, hkv, d, block_n)};
   };
-  if (shape_.head_dim == 64 && block_m_ == 192)
+  if (shape_.head_dim == 256)
+    launch<256, 64>(maps(128, 64), p, sms_, stream);
+  else if (shape_.head_dim == 64 && block_m_ == 192)
     launch<64, 128, 3>(maps(192, 128), p, sms_, stream);
   else if (shape_.head_dim == 64)
     launch<64, 128>(maps(128, 128), p, sms_, stream);

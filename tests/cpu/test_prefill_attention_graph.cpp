@@ -93,6 +93,13 @@ TEST(PrefillAttentionGraph, ValidationNamesTheBadValue) {
     for (const std::string& w : words) EXPECT_NE(e.find(w), std::string::npos) << "'" << w << "' not in: " << e;
   };
   expect_named("head_dim 96", shape(false, 8, 2, 96), cu, {}, {"head_dim", "96"});
+  {
+    PrefillAttentionShape s256 = shape(false, 8, 2, 256);
+    EXPECT_NO_THROW(validate_prefill_attention(s256, cu, {}));
+    EXPECT_EQ(prefill_block_n(s256), 64);  // Q 64 KiB + two stages of 32 KiB K and V tiles
+    s256.mainloop = "sm80";
+    expect_named("head_dim 256 on sm80", s256, cu, {}, {"256", "sm90"});
+  }
   expect_named("Hq 30 over Hkv 8", shape(false, 30, 8), cu, {}, {"num_q_heads", "30", "8"});
   expect_named("Hkv 0", shape(false, 8, 0), cu, {}, {"num_kv_heads", "0"});
   expect_named("Hq 0", shape(false, 0, 1), cu, {}, {"num_q_heads", "0"});

@@ -164,7 +164,10 @@ struct PrefillData {
     const float scale = c.scale > 0.f ? c.scale : float(1.0 / std::sqrt(double(c.d)));
     const int64_t threads = int64_t(total_q) * c.hq * 32;
     const unsigned blocks = unsigned((threads + 255) / 256);
-    if (c.d == 128)
+    if (c.d == 256)
+      ref_prefill<256><<<blocks, 256>>>(q.ptr, k.ptr, v.ptr, d_cu_q.ptr, d_cu_k.ptr, total_q, c.hq, c.hkv, c.causal,
+                                        scale, o.ptr, l.ptr);
+    else if (c.d == 128)
       ref_prefill<128><<<blocks, 256>>>(q.ptr, k.ptr, v.ptr, d_cu_q.ptr, d_cu_k.ptr, total_q, c.hq, c.hkv, c.causal,
                                         scale, o.ptr, l.ptr);
     else
@@ -285,10 +288,16 @@ std::vector<Case> cases() {
     // A sequence without keys, one without queries.
     cs.push_back({"EmptySequences" + m, {130, 0, 3}, {0, 40, 200}, 128, 4, 2, causal});
     cs.push_back({"SharpQx4" + m, {1000, 129}, {}, 128, 4, 2, causal, true, 4.f});
+    // Head dim 256 (the sm90 kernel only): 64-key tiles, O in 128 registers a thread.
+    for (int len : {1, 129, 1000})
+      cs.push_back({"D256Gqa4" + m + "L" + std::to_string(len), {len}, {}, 256, 8, 2, causal, len != 129});
+    cs.push_back({"D256Packed" + m, {1, 200, 777, 3000, 5}, {}, 256, 4, 4, causal});
+    cs.push_back({"D256OwnKeys" + m, {64, 300, 1}, {500, 129, 1000}, 256, 6, 2, causal});
   }
   cs.push_back({"D64Scale02Causal", {333, 64}, {400, 64}, 64, 2, 1, true, true, 1.f, 0.2f});
   // The sm80 kernel (mma.sync, 64-row tiles of 64 keys) on every bf16 case: the same tolerances.
   for (size_t i = 0, n = cs.size(); i < n; ++i) {
+    if (cs[i].d == 256) continue;  // the sm80 kernel takes 64 and 128 (BadInputThrowsBeforeLaunch)
     Case k = cs[i];
     k.name = "Sm80" + k.name;
     k.mainloop = "sm80";
@@ -365,6 +374,7 @@ TEST(PrefillAttention, TailSplitsMatchReference) {
       {"ThreeWarpgroupsD64Gqa", {4429}, {}, 64, 24, 4, false},    // 192-row items
       {"CausalPackedGqa7", {1, 200, 777, 1500, 3000, 5}, {}, 128, 14, 2, true},
       {"OwnKeysD64Causal", {64, 300, 1}, {500, 129, 1000}, 64, 6, 2, true, false},  // rows that see no key, no lse
+      {"D256Gqa2", {2500}, {}, 256, 16, 8, false},
   };
   for (const Case& base : cases) {
     SCOPED_TRACE(base.name);
@@ -427,6 +437,9 @@ TEST(PrefillAttention, BadInputThrowsBeforeLaunch) {
     PrefillAttentionShape m = s;
     m.mainloop = "sm100";
     EXPECT_THROW(PrefillAttention(m, {0, 128}), InvalidArgument);
+    m.mainloop = "sm80";
+    m.head_dim = 256;
+    EXPECT_THROW(PrefillAttention(m, {0, 128}), InvalidArgument);  // 256 is the sm90 kernel's
   }
 
   TW_REQUIRE_SM90A("prefill attention");

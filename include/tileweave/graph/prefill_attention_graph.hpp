@@ -17,7 +17,7 @@ namespace tw {
 
 struct PrefillAttentionShape {
   int num_q_heads = 24, num_kv_heads = 24;  // num_q_heads a multiple of num_kv_heads (GQA)
-  int head_dim = 128;                       // 64 or 128
+  int head_dim = 128;                       // 64, 128 or 256 (256: the sm90 kernel, bf16)
   bool causal = false;                      // key j visible to query i iff j <= i + (len_k - len_q)
   float scale = 0.f;                        // softmax scale; 0: 1/sqrt(head_dim)
   // FP8 (e4m3) Q, K and V, fp32 accumulation; head_dim 128. The op quantizes the bf16 inputs itself:
@@ -43,7 +43,8 @@ constexpr int kPrefillFp8KeyBlock = 64;
 constexpr int kPrefillFp8TileKeys = 192;
 // Keys per K/V tile for the shape: 160 at d = 128 without the causal mask (fewer iterations, each
 // with its fixed cost: +1.5-3% over 128 at L 4097-14034 on the H200, 2026-11-24; 176 spilled and
-// ran no faster), 128 otherwise (the causal mask wastes more of a wider tile on the diagonal).
+// ran no faster), 64 at d = 256 (what shared memory holds beside a 64 KiB Q), 128 otherwise (the
+// causal mask wastes more of a wider tile on the diagonal).
 int prefill_block_n(const PrefillAttentionShape& s);
 // Query rows per item for the shape on a GPU of `sms` SMs: at d = 64, 192 (three consumer
 // warpgroups, each softmax under the other two's GEMMs: 1.18x the throughput of two, measured)

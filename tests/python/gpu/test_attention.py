@@ -108,7 +108,7 @@ def test_batch_of_equal_lengths(d, causal, group, batch, length):
 
 
 @needs_sm90a
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("group", [1, 3])
 def test_packed_ragged_lengths(d, causal, group):
@@ -243,7 +243,7 @@ def _misaligned(shape):
     (lambda q, k, v: ops.attention(q, k[..., :32].contiguous(), v, cu_seqlens=[0, 3, 10]),
      "k must have shape (*, *, 64)"),
     (lambda q, k, v: ops.attention(q[..., :32].contiguous(), k[..., :32].contiguous(), v[..., :32].contiguous()),
-     "q's head dim D (its last dimension) must be 64 or 128, got 32"),
+     "q's head dim D (its last dimension) must be 64, 128 or 256, got 32"),
     (lambda q, k, v: ops.attention(q[:, :3].contiguous(), k, v, cu_seqlens=[0, 3, 10]),
      "q's heads (Hq = 3) must be a positive multiple of k's (Hkv = 2)"),
     (lambda q, k, v: ops.attention(q, k, v, cu_seqlens=[0, 3, 9]), "cu_seqlens ends at 9, but q has 10 rows"),

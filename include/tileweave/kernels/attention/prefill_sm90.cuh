@@ -72,7 +72,7 @@ __device__ __forceinline__ uint32_t pack_e4m3(float a, float b, float c, float d
 
 template <int kD, int kBN_ = 128, int kWGs_ = 2, bool kFp8_ = false>
 struct PrefillConfig {
-  static_assert(kD == 64 || kD == 128, "head_dim 64 or 128");
+  static_assert(kD == 64 || kD == 128 || kD == 256, "head_dim 64, 128 or 256");
   static_assert(!kFp8_ || (kD == 128 && kBN_ % 64 == 0 && kBN_ % kPrefillFp8KeyBlock == 0),
                 "fp8: head_dim 128, key tiles of whole 64-key V^T chunks and K scale blocks");
   static constexpr bool kFp8 = kFp8_;
@@ -99,17 +99,20 @@ struct PrefillConfig {
   // without: 718 -> 756 TFLOP/s at H 24 L 8704, causal 662 -> 685 (H200, one call, 2026-11-25): the
   // softmax is as long as the GEMMs there, and a warpgroup ready to issue waited for its turn.
   static constexpr bool kTurns = !kFp8;
-  // d = 128: Q 32 KiB + 2 x (K + V): 160 KiB at 128 keys, 192 at 160; d = 64: 16 + 4 x 32 KiB.
+  // d = 128: Q 32 KiB + 2 x (K + V): 160 KiB at 128 keys, 192 at 160; d = 64: 16 + 4 x 32 KiB;
+  // d = 256: Q 64 KiB + 2 x (32 + 32) at 64 keys.
   // Three stages at d = 128 (225 KiB) measured 2-3% slower than two (H200, L 4608-14034).
   // fp8: 24 KiB a tile at 192 keys, Q 16 KiB: 3 stages 160 KiB.
-  static constexpr int kStages = kFp8 ? 3 : kD == 128 ? 2 : 4;
+  static constexpr int kStages = kFp8 ? 3 : kD >= 128 ? 2 : 4;
   static constexpr int kQBytes = kBM * kD * kElem;
   static constexpr int kTileBytes = kBN * kD * kElem;  // one K or one V tile (the bytes TMA brings)
   static constexpr int kVSlotBytes = kFp8 ? kVChunks * kVChunkBytes : kTileBytes;  // a V slot, with the ones
   static constexpr int kThreads = 128 * (kWGs + 1);
   // setmaxnreg budgets (x 128 threads: producer + consumers <= 64K). 176 keys per tile spilled
   // even at 232 and ran no faster than 160.
-  static constexpr int kProducerRegs = kWGs == 2 ? 56 : 32, kConsumerRegs = kWGs == 2 ? 224 : 160;
+  // d = 256: O alone is 128 registers a consumer thread; 232 of them (the producer's 40 suffice).
+  static constexpr int kProducerRegs = kWGs == 3 ? 32 : kD == 256 ? 40 : 56;
+  static constexpr int kConsumerRegs = kWGs == 3 ? 160 : kD == 256 ? 232 : 224;
   static constexpr int kConsumerWarps = 4 * kWGs;
   static constexpr int kSmemBytes = kQBytes + kStages * (kTileBytes + kVSlotBytes) + 256 + 1024;  // + barriers, slack
   static_assert((2 + 4 * kStages) * 8 + 64 <= 256, "barriers and the item slot (a PrefillItem) fit their 256 B");
