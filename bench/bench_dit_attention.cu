@@ -258,8 +258,25 @@ int main(int argc, char** argv) {
           max_ref = std::max(max_ref, std::fabs(y));
         }
         const double quant_us = time_op([&](cudaStream_t st) { op.quantize(t, st); });
-        const double us = time_op([&](cudaStream_t st) { op.run_quantized(t, st); });
+        double us = time_op([&](cudaStream_t st) { op.run_quantized(t, st); });
         const double both_us = time_op([&](cudaStream_t st) { op.run(t, st); });
+        if (run_whole) {  // the tail's A/B at e4m3: the same op with every item whole, rounds interleaved
+          tw::PrefillAttentionShape s8w = s8;
+          s8w.split_tail = false;
+          const tw::PrefillAttention op_w(s8w, cu);
+          op_w.quantize(t, nullptr);
+          std::vector<double> split_us{us}, whole_us;
+          for (int r = 0; r < ab_rounds; ++r) {
+            whole_us.push_back(time_op([&](cudaStream_t st) { op_w.run_quantized(t, st); }));
+            if (r + 1 < ab_rounds) split_us.push_back(time_op([&](cudaStream_t st) { op.run_quantized(t, st); }));
+          }
+          std::sort(split_us.begin(), split_us.end());
+          std::sort(whole_us.begin(), whole_us.end());
+          us = split_us[split_us.size() / 2];
+          row.update({{"whole_us", whole_us[whole_us.size() / 2]}, {"split_gain", whole_us[whole_us.size() / 2] / us},
+                      {"split_items", op.work().groups}, {"work_items", op.work().items},
+                      {"planned_gain", op.work().makespan_whole / op.work().makespan}});
+        }
         row.update({{"flops", op.flops()},
                     {"us", us},
                     {"tflops", op.flops() / us * 1e-6},

@@ -129,8 +129,8 @@ double simulate_draws(const std::vector<double>& costs, int sms) {
   return end;
 }
 
-double piece_cost(const PrefillPiece& p) {
-  return p.kv_tiles + kPrefillPieceCost + (p.group >= 0 ? kPrefillSplitCost : 0.0);
+double piece_cost(const PrefillPiece& p, const PrefillPieceCosts& c) {
+  return p.kv_tiles + c.piece + (p.group >= 0 ? c.split : 0.0);
 }
 
 // The work with items [whole, items) as the tail, cut one of two ways: parts_per_item = 0, their key
@@ -138,7 +138,8 @@ double piece_cost(const PrefillPiece& p) {
 // more items: for a tail that is a fraction of a round); parts_per_item = k, each item in k ranges, a
 // unit each (pieces that start and end with an item's: for tails of few items). Its simulated end
 // in `makespan`.
-PrefillWork tail_work(const std::vector<PrefillTile>& tiles, int heads, int sms, int64_t whole, int parts_per_item) {
+PrefillWork tail_work(const std::vector<PrefillTile>& tiles, int heads, int sms, int64_t whole, int parts_per_item,
+                      const PrefillPieceCosts& pc) {
   PrefillWork w;
   const int64_t n_tiles = int64_t(tiles.size());
   w.items = n_tiles * heads;
@@ -191,11 +192,11 @@ PrefillWork tail_work(const std::vector<PrefillTile>& tiles, int heads, int sms,
     }
   }
   std::vector<double> costs;
-  for (int64_t i = 0; i < whole; ++i) costs.push_back(double(kv(i)) + kPrefillPieceCost);
+  for (int64_t i = 0; i < whole; ++i) costs.push_back(double(kv(i)) + pc.piece);
   w.unit_offsets.push_back(0);
   for (const auto& pieces : per_unit) {
     double c = 0.0;
-    for (const PrefillPiece& p : pieces) c += piece_cost(p), w.pieces.push_back(p);
+    for (const PrefillPiece& p : pieces) c += piece_cost(p, pc), w.pieces.push_back(p);
     costs.push_back(c);
     w.unit_offsets.push_back(int(w.pieces.size()));
   }
@@ -205,13 +206,15 @@ PrefillWork tail_work(const std::vector<PrefillTile>& tiles, int heads, int sms,
 
 }  // namespace
 
-PrefillWork plan_prefill_work(const std::vector<PrefillTile>& tiles, int heads, int sms, bool split) {
+PrefillWork plan_prefill_work(const std::vector<PrefillTile>& tiles, int heads, int sms, bool split,
+                              const PrefillPieceCosts& pc) {
   if (heads < 1 || sms < 1) bad("plan_prefill_work needs heads >= 1 and sms >= 1");
+  if (!(pc.piece >= 0) || !(pc.split >= 0)) bad("plan_prefill_work needs piece costs >= 0");
   PrefillWork best;
   best.items = best.whole = int64_t(tiles.size()) * heads;
   std::vector<double> costs;
   for (int64_t i = 0; i < best.items; ++i)
-    costs.push_back(tiles[size_t(i % int64_t(tiles.size()))].kv_tiles + kPrefillPieceCost);
+    costs.push_back(tiles[size_t(i % int64_t(tiles.size()))].kv_tiles + pc.piece);
   best.makespan = best.makespan_whole = simulate_draws(costs, sms);
   if (!split || best.items == 0) return best;
   const double whole_end = best.makespan;
@@ -220,7 +223,7 @@ PrefillWork plan_prefill_work(const std::vector<PrefillTile>& tiles, int heads, 
     const int64_t tail = rest + int64_t(t) * sms;
     if (tail == 0 || tail > best.items) continue;
     for (int parts = 0; parts <= kPrefillMaxParts; parts += parts == 0 ? 2 : 1) {
-      PrefillWork w = tail_work(tiles, heads, sms, best.items - tail, parts);
+      PrefillWork w = tail_work(tiles, heads, sms, best.items - tail, parts, pc);
       w.makespan_whole = whole_end;
       if (w.makespan <= 0.98 * whole_end && w.makespan < best.makespan) best = std::move(w);
     }

@@ -66,6 +66,12 @@ PrefillTimeModel prefill_time_model(const PrefillAttentionShape& s) {
   return m;
 }
 
+PrefillPieceCosts prefill_piece_costs(const PrefillAttentionShape& s, int block_n) {
+  const PrefillTimeModel m = prefill_time_model(s);
+  const double tile_us = m.us_per_key_row * std::max(block_n, 1);
+  return {std::max(m.us_per_item, 2.0) / tile_us, 3.4 / tile_us};
+}
+
 double predict_prefill_us(const PrefillAttentionShape& s, const std::vector<int>& cu_q, const std::vector<int>& cu_k_in,
                           int sms, const PrefillTimeModel& m) {
   validate_prefill_attention(s, cu_q, cu_k_in);
@@ -76,8 +82,9 @@ double predict_prefill_us(const PrefillAttentionShape& s, const std::vector<int>
   if (tiles.empty()) return 0.0;
   // The kernel's draws (plan_prefill_work): the whole items head by head, the plan's tiles (longest
   // first) within a head, then the tail's units, each the sum of its pieces (a split piece also pays
-  // its partial's round trip and merge share, kPrefillSplitCost key tiles).
-  const PrefillWork w = plan_prefill_work(tiles, s.num_q_heads, sms, s.split_tail && !s.fp8);
+  // its partial's round trip and merge share).
+  const PrefillPieceCosts pc = prefill_piece_costs(s, block_n);
+  const PrefillWork w = plan_prefill_work(tiles, s.num_q_heads, sms, s.split_tail && s.mainloop != "sm80", pc);
   const double tile_us = m.us_per_key_row * block_n;
   std::vector<double> draws;
   for (int64_t i = 0; i < w.whole; ++i) draws.push_back(m.us_per_item + tile_us * tiles[size_t(i % int64_t(tiles.size()))].kv_tiles);
@@ -85,7 +92,7 @@ double predict_prefill_us(const PrefillAttentionShape& s, const std::vector<int>
     double c = 0;
     for (int k = w.unit_offsets[size_t(u)]; k < w.unit_offsets[size_t(u) + 1]; ++k) {
       const PrefillPiece& p = w.pieces[size_t(k)];
-      c += m.us_per_item + tile_us * p.kv_tiles + (p.group >= 0 ? kPrefillSplitCost * tile_us : 0.0);
+      c += m.us_per_item + tile_us * p.kv_tiles + (p.group >= 0 ? pc.split * tile_us : 0.0);
     }
     draws.push_back(c);
   }

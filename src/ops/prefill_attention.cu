@@ -10,6 +10,7 @@
 #include "tileweave/kernels/attention/prefill_fp8_quant.cuh"
 #include "tileweave/kernels/attention/prefill_sm80.cuh"
 #include "tileweave/kernels/attention/prefill_sm90.cuh"
+#include "tileweave/model/prefill_traffic.hpp"  // prefill_piece_costs
 #include "tileweave/ops/prefill_attention.hpp"
 #include "tileweave/util/cuda_check.hpp"
 
@@ -85,8 +86,9 @@ PrefillAttention::PrefillAttention(const PrefillAttentionShape& shape, std::vect
   if (int64_t(tiles_.size()) * shape_.num_q_heads > INT32_MAX)
     bad(std::to_string(tiles_.size()) + " query tiles x " + std::to_string(shape_.num_q_heads) +
         " heads is more work items than the kernel counts (2^31 - 1)");
-  // The tail's key-range splits: the sm90 bf16 kernel (the fp8 one keeps its row sums in O).
-  work_ = plan_prefill_work(tiles_, shape_.num_q_heads, sms_, shape_.split_tail && !sm80_ && !shape_.fp8);
+  // The tail's key-range splits: the sm90 kernel (bf16 and fp8).
+  work_ = plan_prefill_work(tiles_, shape_.num_q_heads, sms_, shape_.split_tail && !sm80_,
+                            prefill_piece_costs(shape_, block_n_));
 
   std::vector<int> flat;
   flat.reserve(tiles_.size() * 3);
@@ -105,8 +107,9 @@ PrefillAttention::PrefillAttention(const PrefillAttentionShape& shape, std::vect
     for (const PrefillPiece& q : work_.pieces)
       pieces.insert(pieces.end(), {q.item, q.kv_first, q.kv_tiles, q.group, q.slot, q.first_slot, q.parts});
     static_assert(kernels::kPieceInts == 7, "PrefillPiece's fields, as the kernel reads them");
-    // A partial: per consumer warpgroup, 128 threads x (D / 8 float4s of O + one of the rows' m and l).
-    const size_t wgs = size_t(block_m_ / 64), vec = size_t(shape_.head_dim) / 8 + 1;
+    // A partial: per consumer warpgroup, 128 threads x (O's float4s + one of the rows' m and l); O is
+    // D / 2 accumulators a thread, fp8 8 columns more (its row sums: PrefillConfig::kVRows).
+    const size_t wgs = size_t(block_m_ / 64), vec = size_t(shape_.head_dim + (shape_.fp8 ? 8 : 0)) / 8 + 1;
     alloc(&d_units_, work_.unit_offsets.size());
     alloc(&d_pieces_, pieces.size());
     alloc(&d_split_ws_, size_t(work_.slots) * wgs * 128 * vec * 4);

@@ -405,6 +405,68 @@ TEST(PrefillAttention, TailSplitsMatchReference) {
   }
 }
 
+// Shapes drawn from a seed, none of them named elsewhere: 1..32 query heads, groups 1..8 (odd ones
+// too), head dim 64 / 128 / 256, both masks, 1..4 packed sequences of log-uniform lengths 1..6000,
+// keys of their own now and then; the reference's work capped. Whatever tail the planner takes for
+// the shape runs (the small ones mostly split). TW_SHAPE_SEED picks the grid: the default is the
+// same every run, any other one a grid no test names.
+TEST(PrefillAttention, RandomShapeGrid) {
+  TW_REQUIRE_SM90A("prefill attention");
+  const uint64_t shape_seed = tw::test::shape_seed();
+  SCOPED_TRACE("TW_SHAPE_SEED=" + std::to_string(shape_seed));
+  std::mt19937_64 shapes(shape_seed ^ 0x9F3D);
+  const uint64_t seed = tw::test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (TW_TEST_SEED reruns it)");
+  std::mt19937_64 rng(seed);
+  static const int kDims[] = {64, 128, 256};
+  auto length = [&](int cap) {
+    return std::max(1, int(std::exp2(std::uniform_real_distribution<double>(0.0, std::log2(double(cap)))(shapes))));
+  };
+  for (int i = 0; i < 12; ++i) {
+    Case c;
+    c.d = kDims[shapes() % std::size(kDims)];
+    const int group = 1 + int(shapes() % 8);
+    c.hkv = 1 + int(shapes() % 4);
+    c.hq = group * c.hkv;
+    c.causal = shapes() % 2 == 1;
+    c.lse = shapes() % 4 != 0;
+    const int batch = 1 + int(shapes() % 4);
+    const bool own_keys = shapes() % 3 == 0;
+    double work = 0;
+    for (int b = 0; b < batch; ++b) {
+      c.lens_q.push_back(length(6000));
+      if (own_keys) c.lens_k.push_back(length(6000));
+      work += double(c.lens_q.back()) * (own_keys ? c.lens_k.back() : c.lens_q.back());
+    }
+    // The reference: one warp per (row, head) over its keys; keep it to a few seconds.
+    while (work * c.hq * c.d > 2e11 && c.lens_q[0] > 1) {
+      c.lens_q[0] /= 2;
+      if (own_keys) c.lens_k[0] = std::max(1, c.lens_k[0] / 2);
+      work = 0;
+      for (int b = 0; b < batch; ++b) work += double(c.lens_q[b]) * (own_keys ? c.lens_k[b] : c.lens_q[b]);
+    }
+    c.name = "shape " + std::to_string(i);
+    std::string lens;
+    for (int b = 0; b < batch; ++b)
+      lens += (b ? "," : "") + std::to_string(c.lens_q[b]) + (own_keys ? "/" + std::to_string(c.lens_k[b]) : "");
+    SCOPED_TRACE(c.name + ": " + std::to_string(c.hq) + "/" + std::to_string(c.hkv) + " heads, d " + std::to_string(c.d) +
+                 (c.causal ? ", causal" : "") + ", lengths " + lens + (c.lse ? "" : ", no lse"));
+    const PrefillData data(c, rng);
+    const PrefillAttention op(data.shape, data.cu_q, data.op_cu_k());
+    DeviceBuffer<bf16> out(size_t(data.total_q) * c.hq * c.d);
+    DeviceBuffer<float> lse(size_t(c.hq) * data.total_q);
+    out.poison();
+    lse.poison();
+    op.run(data.tensors(out.ptr, c.lse ? lse.ptr : nullptr), nullptr);
+    TW_CUDA_CHECK(cudaDeviceSynchronize());
+    std::printf("[   info   ] %s: %d/%d heads d %d%s, lengths %s: %lld items, %d tail units, %d split\n", c.name.c_str(),
+                c.hq, c.hkv, c.d, c.causal ? " causal" : "", lens.c_str(), (long long)op.work().items, op.work().units(),
+                op.work().groups);
+    const std::vector<float> l = c.lse ? lse.download() : std::vector<float>{};
+    data.check(out.download(), c.lse ? &l : nullptr);
+  }
+}
+
 TEST(PrefillAttention, CudaGraphMatchesStream) {
   TW_REQUIRE_SM90A("prefill attention");
   check_graph_matches_stream({"Graph", {1, 200, 777, 130}, {}, 64, 8, 2, true});

@@ -162,9 +162,9 @@ void run_plan_prefill(const PlanOptions& o) {
   const PrefillTraffic& k = runs.front().second;
   const int64_t rounds = (k.items + gpu.sms - 1) / gpu.sms;
   const double us = predict_prefill_us(s, cu, {}, gpu.sms, prefill_time_model(s));
-  // How the kernel deals the items (the sm90 bf16 kernel's tail split over key ranges).
+  // How the kernel deals the items (the sm90 kernel's tail split over key ranges).
   const PrefillWork work = plan_prefill_work(plan_prefill_tiles(s, cu, {}, k.block_n, k.block_m), s.num_q_heads, gpu.sms,
-                                             s.split_tail && !s.fp8);
+                                             s.split_tail && s.mainloop != "sm80", prefill_piece_costs(s, k.block_n));
   const double peak_tflops = gpu.gemm_tflops * (s.fp8 ? 2 : 1);  // e4m3 runs at twice the bf16 rate
   const double compute_us = flops / (peak_tflops * 1e6);
   if (o.json_out) {

@@ -27,7 +27,7 @@ struct PrefillAttentionShape {
   // The kernel: "sm90" (wgmma + TMA, warp-specialised; Hopper), "sm80" (mma.sync + cp.async; Ampere,
   // Ada, and Hopper too; bf16 only), or "auto" (sm90 on an sm_90 GPU, else sm80).
   std::string mainloop = "auto";
-  // sm90, bf16: the last round of items split over key ranges where the planner says it ends sooner
+  // sm90: the last round of items split over key ranges where the planner says it ends sooner
   // (plan_prefill_work); false: every item whole.
   bool split_tail = true;
 };
@@ -106,14 +106,19 @@ struct PrefillWork {
 };
 // The planner's cost of a piece, in key tiles: its tiles plus a fixed cost per piece (Q, the first S
 // GEMM alone, the epilogue) and, for a part of a split item, its partial's stores, count and the
-// merge's round trips.
-constexpr double kPrefillPieceCost = 1.0, kPrefillSplitCost = 1.5;
+// merge's round trips. The op takes them from its configuration's time model
+// (model/prefill_traffic.hpp, prefill_piece_costs: fp8's fixed cost is ~6 of its key tiles); these
+// are bf16 d = 128's, rounded.
+struct PrefillPieceCosts {
+  double piece = 1.0, split = 1.5;
+};
 constexpr int kPrefillMaxParts = 8;  // key ranges an item is cut into at most, when each is a unit
 // Chooses the tail from the plan, the heads and the SMs: the draws are simulated in order, each to
 // the block free first, for no tail and for tails of the last (items mod sms) + t * sms items,
 // t = 0, 1, 2, each cut as a stream-K tail or into 2 .. kPrefillMaxParts ranges an item; a tail is
 // taken where it ends at least 2% sooner. split = false: no tail.
-PrefillWork plan_prefill_work(const std::vector<PrefillTile>& tiles, int heads, int sms, bool split = true);
+PrefillWork plan_prefill_work(const std::vector<PrefillTile>& tiles, int heads, int sms, bool split = true,
+                              const PrefillPieceCosts& costs = {});
 
 // The tensors of TileGraph::add_prefill_attention: q, k, v each a column range of a tensor (columns
 // q_col .. q_col + Hq*D of q, and so on; one tensor with three offsets is a fused QKV projection's

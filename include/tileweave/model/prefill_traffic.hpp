@@ -57,6 +57,11 @@ struct PrefillTimeModel {
   double us_per_key_row = 0, us_per_item = 0, launch_us = 3.0;
 };
 PrefillTimeModel prefill_time_model(const PrefillAttentionShape& s);  // the H200 fit for the configuration
+// The costs plan_prefill_work weighs a tail with, in the configuration's key tiles (block_n keys at
+// us_per_key_row): a piece's fixed cost, the fit's us_per_item but at least 2 us (Q's load and the
+// epilogue are never free; the d = 64 fit reads 0), and a split piece's partial and merge, 3.4 us
+// (1.5 key tiles at bf16 d = 128, where the tail's A/B runs put it, 2026-11-29).
+PrefillPieceCosts prefill_piece_costs(const PrefillAttentionShape& s, int block_n);
 double predict_prefill_us(const PrefillAttentionShape& s, const std::vector<int>& cu_seqlens_q,
                           const std::vector<int>& cu_seqlens_k, int sms, const PrefillTimeModel& m);
 

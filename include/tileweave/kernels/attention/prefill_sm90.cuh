@@ -590,9 +590,8 @@ __device__ __forceinline__ void prefill_attend_item(const PrefillSmem<C>& sm, co
   float l_rows[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) l_rows[h] = kFp8 ? o[kD / 2 + 2 * h] : quad_sum(st.l[h]);
-  if constexpr (!kFp8) {
-    if (it.split >= 0 && !merge_split_piece<C>(p, it, cw, tid, o, st.m, l_rows)) return;
-  }
+  // (fp8: O's row-sum columns merge with the rest, and l_rows with them.)
+  if (it.split >= 0 && !merge_split_piece<C>(p, it, cw, tid, o, st.m, l_rows)) return;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = r0 + 8 * h;
