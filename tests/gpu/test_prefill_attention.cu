@@ -248,6 +248,19 @@ struct PrefillData {
   }
 };
 
+// One launch of `op` on the case's inputs into poisoned outputs (lse when the case asks), then check().
+void run_and_check(const PrefillData& data, const PrefillAttention& op) {
+  const Case& c = data.c;
+  DeviceBuffer<bf16> out(size_t(data.total_q) * c.hq * c.d);
+  DeviceBuffer<float> lse(size_t(c.hq) * data.total_q);
+  out.poison();
+  lse.poison();
+  op.run(data.tensors(out.ptr, c.lse ? lse.ptr : nullptr), nullptr);
+  TW_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> l = c.lse ? lse.download() : std::vector<float>{};
+  data.check(out.download(), c.lse ? &l : nullptr);
+}
+
 class PrefillAttentionTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(PrefillAttentionTest, MatchesReference) {
@@ -263,14 +276,7 @@ TEST_P(PrefillAttentionTest, MatchesReference) {
   const PrefillData data(c, rng);
   const PrefillAttention op(data.shape, data.cu_q, data.op_cu_k());
   EXPECT_EQ(op.total_k(), data.total_k);
-  DeviceBuffer<bf16> out(size_t(data.total_q) * c.hq * c.d);
-  DeviceBuffer<float> lse(size_t(c.hq) * data.total_q);
-  out.poison();
-  lse.poison();
-  op.run(data.tensors(out.ptr, c.lse ? lse.ptr : nullptr), nullptr);
-  TW_CUDA_CHECK(cudaDeviceSynchronize());
-  const std::vector<float> l = c.lse ? lse.download() : std::vector<float>{};
-  data.check(out.download(), c.lse ? &l : nullptr);
+  run_and_check(data, op);
 }
 
 std::vector<Case> cases() {
@@ -453,17 +459,10 @@ TEST(PrefillAttention, RandomShapeGrid) {
                  (c.causal ? ", causal" : "") + ", lengths " + lens + (c.lse ? "" : ", no lse"));
     const PrefillData data(c, rng);
     const PrefillAttention op(data.shape, data.cu_q, data.op_cu_k());
-    DeviceBuffer<bf16> out(size_t(data.total_q) * c.hq * c.d);
-    DeviceBuffer<float> lse(size_t(c.hq) * data.total_q);
-    out.poison();
-    lse.poison();
-    op.run(data.tensors(out.ptr, c.lse ? lse.ptr : nullptr), nullptr);
-    TW_CUDA_CHECK(cudaDeviceSynchronize());
     std::printf("[   info   ] %s: %d/%d heads d %d%s, lengths %s: %lld items, %d tail units, %d split\n", c.name.c_str(),
                 c.hq, c.hkv, c.d, c.causal ? " causal" : "", lens.c_str(), (long long)op.work().items, op.work().units(),
                 op.work().groups);
-    const std::vector<float> l = c.lse ? lse.download() : std::vector<float>{};
-    data.check(out.download(), c.lse ? &l : nullptr);
+    run_and_check(data, op);
   }
 }
 
