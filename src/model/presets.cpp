@@ -16,15 +16,20 @@ std::string join(const std::vector<std::string>& v) {
 // The partitioned L2's parameters (a probe's JSON, given as --gpu FILE.json, overrides them): two
 // halves with far copies (the A100/H100 whitepapers: "each L2 partition localizes and caches data
 // for memory accesses from SMs in the GPCs directly connected to the partition"), 128-byte lines
-// of four sectors, 16 ways; tiles drifting by 15% per K-step on SMs 2% apart in speed (bench/l2_probe
-// on the H200: chunk times within an SM spread 8.8%, SM means 1.2%); weights read with the
+// of four sectors, 16 ways; tiles drifting by 15% per K-step (bench/l2_probe on the H200: chunk times
+// within an SM spread 8.8%) on SMs 0.9% apart in speed (uniform; the GEMM tile timelines recorded on
+// the H200, bench/results/h200/timelines: a tile's duration over the others' started with it spreads
+// 0.34-0.72% between SMs, median 0.5%, the same SMs slow in every wave -- the probe's 1.2% between
+// SMs' stream rates is twice what the kernels' own tiles show); weights read with the
 // evict-first policy the tile bodies give them, replaced as the victims of choice: they never push
 // the other lines out and live in the ways those leave (L2EvictFirst::Room, 2026-11-28; the earlier
 // model, weights pushing other lines out with 0.7 of their bytes, fitted to issue 17's grid, is
-// "evict_first": "push" and keeps its weight_push); a K-step's L2 hits take 0.55 of the time of its
-// DRAM bytes (hit_time: the sm90 tile's machine balance gives ~0.46 -- a 256x128x64 step computes in
-// 0.67 us and reads its 48 KiB from DRAM in 1.39 us at 1/132 of 4.68 TB/s; 0.55 is the best of a
-// sweep on the plain-GEMM half of the grid, the FFN half held out: docs/model.md); the lines touched
+// "evict_first": "push" and keeps its weight_push); a K-step's L2 hits take 0.75 of the time of its
+// DRAM bytes (hit_time: a tile that hits catches up with the one that fetched, but less than its bytes
+// say -- the step is near the tile's machine balance, 0.67 us of compute against 0.46 us for the
+// 16 KiB of weights it fetches at 1/132 of 4.68 TB/s, and the recorded timelines show followers no
+// closer at their end than at their start; 0.75 is the middle of the plain-GEMM half's plateau, 0.6 to
+// 0.9 with the skew above, the FFN half held out: docs/model.md, 2026-11-29); the lines touched
 // since a line's last use fall into its set at random only up to 3 a set, the rest evenly (set_fringe:
 // a set hash spreads the whole tensors that a long reuse distance covers over every set alike, so a
 // re-read over the capacity thrashes; the plain-GEMM half of the grid is flat from 1.5 to 5, 3 is its
@@ -36,11 +41,11 @@ L2Params hopper_l2() {
   p.line_bytes = 128;
   p.ways = 16;
   p.step_jitter = 0.153;
-  p.sm_skew = 0.021;
+  p.sm_skew = 0.009;
   p.evict_first_weights = true;
   p.weight_push = 0.7;  // used with L2EvictFirst::Push only
   p.evict_first = L2EvictFirst::Room;
-  p.hit_time = 0.55;
+  p.hit_time = 0.75;
   p.set_fringe = 3;
   return p;
 }

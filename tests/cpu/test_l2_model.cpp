@@ -398,12 +398,15 @@ TEST(L2Model, HitTimeKeepsTilesThatShareOperandsTogether) {
   }
 }
 
-// The Hopper presets replace weights in the room the others leave, hits at 0.55 of a DRAM byte; a
+// The Hopper presets replace weights in the room the others leave, hits at 0.75 of a DRAM byte; a
 // preset JSON switches back to the push model (its weight_push kept) or sets another hit time.
 TEST(L2Model, PresetsCarryTheEvictFirstModel) {
   const GpuPreset h = gpu_preset("h200");
   EXPECT_EQ(h.l2.evict_first, L2EvictFirst::Room);
-  EXPECT_EQ(h.l2.hit_time, 0.55);
+  EXPECT_EQ(h.l2.hit_time, 0.75);
+  // SMs 0.9% apart (the kernels' own tile timelines), steps drifting by the probe's 15%.
+  EXPECT_EQ(h.l2.sm_skew, 0.009);
+  EXPECT_EQ(h.l2.step_jitter, 0.153);
   EXPECT_EQ(h.l2.weight_push, 0.7);
   const GpuPreset j = gpu_preset_from_json(R"({"l2": {"evict_first": "push", "hit_time": 1, "seed": 7}})", "test");
   EXPECT_EQ(j.l2.evict_first, L2EvictFirst::Push);
