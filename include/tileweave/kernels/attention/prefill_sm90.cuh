@@ -1,7 +1,10 @@
 // Prefill attention tile body for sm_90a (ops/prefill_attention.hpp is the op;
 // docs/prefill_attention.md the design). Persistent blocks, one per SM, each taking (query tile,
-// query head) items; 128 x (1 + kWGs) threads:
-//   warpgroup 0: one thread streams Q once, then K and V tiles of kBN keys (128 or 160) through TMA
+// query head) items, or a unit of the last round's items split over key ranges (PrefillParams'
+// tail: its pieces one after another, a split item's last piece merging its partials);
+// 128 x (1 + kWGs) threads:
+//   warpgroup 0: one thread streams Q once, then K and V tiles of kBN keys (64 at d = 256, 128 or
+//     160 at d = 128, 128 at d = 64) through TMA
 //     into rings of kStages stages each (K and V on barriers of their own: S = QK^T starts before
 //     V lands, and a K slot is refilled as soon as its S GEMM is done);
 //   warpgroups 1 .. kWGs (2, or 3 at d = 64): 64 query rows each. Per key tile j: S_j = Q K_j^T
