@@ -182,6 +182,10 @@ expect_error "--tile and --split-k do not apply to --dit" sim --dit 24x4608 --ti
 # the other: at H 24, L 14034 the kernel's (head by head) reads K/V once, query tile by tile many times.
 expect_ok "items of 128 query rows x 1 head, K/V tiles of 160 keys; 2640 items" plan prefill --heads 24/24 --len 14034
 grep -qE "heads .* 1.00x .*\(the kernel.s\)" "$tmp/out" || fail "plan prefill: the kernel's order should read the minimum"
+grep -q "every item whole (a split tail would not end sooner)" "$tmp/out" || fail "plan prefill: L 14034 fills 20 rounds"
+# The last round split over key ranges (plan_prefill_work): 864 items, the last 72 a stream-K tail.
+expect_ok "the last 72 items as a tail of 132 units (72 split over key ranges" plan prefill --heads 24/24 --len 4608
+expect_ok "K/V tiles of 64 keys" plan prefill --heads 16/8 --dim 256 --len 3000
 expect_ok "K/V tiles of 192 keys" plan prefill --heads 24/24 --lens 4096,1000,3 --causal --fp8
 expect_json plan prefill --heads 16/4 --len 4097 --json
 python3 -c "import json,sys; d=json.load(open(sys.argv[1])); o=d['orders']; assert o[0]['kernel'] and o[0]['order'] == 'heads' and d['plan']['block_n'] == 160 and d['predicted_us'] > 0, d" "$tmp/out" ||
