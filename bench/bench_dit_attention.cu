@@ -129,7 +129,8 @@ int main(int argc, char** argv) {
     else if (d == "bf16_whole")
       run_whole = true;
     else {
-      std::fprintf(stderr, "bench_dit_attention: --dtypes: '%s' is not bf16, bf16_whole, fp8 or bf16_sm80\n", d.c_str());
+      std::fprintf(stderr, "bench_dit_attention: --dtypes: '%s' is not bf16, bf16_whole, fp8 or bf16_sm80\n",
+                   d.c_str());
       return 2;
     }
   }

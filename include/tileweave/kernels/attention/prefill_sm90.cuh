@@ -322,8 +322,8 @@ __device__ __forceinline__ void prefill_load_item(const PrefillSmem<C>& sm, cons
          kFp8 ? kv_head : row, C::kVChunks, C::kVChunkBytes, C::kVChunkElems);
   };
   for (int j = 0; j < it.n_kv; ++j) {
-    load(sk, C::kTileBytes, &map_k, k_full, k_empty, k_it++, 0, kv_head, it.k_row + (it.kv_first + j) * kBN, C::kChunks,
-         kBN * 128, C::kChunkElems);
+    load(sk, C::kTileBytes, &map_k, k_full, k_empty, k_it++, 0, kv_head, it.k_row + (it.kv_first + j) * kBN,
+         C::kChunks, kBN * 128, C::kChunkElems);
     if (j > 0) load_v(j - 1);
   }
   load_v(it.n_kv - 1);
@@ -346,7 +346,8 @@ __device__ __forceinline__ bool merge_split_piece(const PrefillParams& p, const 
   };
   float4* const mine = part(slot);
 #pragma unroll
-  for (int i = 0; i < C::kOAcc / 4; ++i) __stcg(mine + 128 * i, make_float4(o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]));
+  for (int i = 0; i < C::kOAcc / 4; ++i)
+    __stcg(mine + 128 * i, make_float4(o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]));
   __stcg(mine + 128 * (kVec - 1), make_float4(m[0], m[1], l[0], l[1]));
   // The warp's stores, then lane 0's release (cumulative over them through the warp barrier); the
   // last piece's acquire, then the barrier, orders the warp's loads of the others' partials after it.
