@@ -220,8 +220,7 @@ int main(int argc, char** argv) {
           std::vector<double> us;
           for (const json& x : runs) us.push_back(x["us"].get<double>());
           row["us_rounds"] = us;
-          std::sort(us.begin(), us.end());
-          row["us"] = us[us.size() / 2];
+          row["us"] = median_of(us);
           row["tflops"] = row["flops"].get<double>() / row["us"].get<double>() * 1e-6;
         }
         rows.push_back(std::move(row));
@@ -271,10 +270,9 @@ int main(int argc, char** argv) {
             whole_us.push_back(time_op([&](cudaStream_t st) { op_w.run_quantized(t, st); }));
             if (r + 1 < ab_rounds) split_us.push_back(time_op([&](cudaStream_t st) { op.run_quantized(t, st); }));
           }
-          std::sort(split_us.begin(), split_us.end());
-          std::sort(whole_us.begin(), whole_us.end());
-          us = split_us[split_us.size() / 2];
-          row.update({{"whole_us", whole_us[whole_us.size() / 2]}, {"split_gain", whole_us[whole_us.size() / 2] / us},
+          us = median_of(split_us);
+          const double whole = median_of(whole_us);
+          row.update({{"whole_us", whole}, {"split_gain", whole / us},
                       {"split_items", op.work().groups}, {"work_items", op.work().items},
                       {"planned_gain", op.work().makespan_whole / op.work().makespan}});
         }

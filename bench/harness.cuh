@@ -149,6 +149,12 @@ inline double time_us_seq(const std::function<void(int, cudaStream_t)>& make, in
 // Timed one after another instead, the form that follows the peer read up to 16% slower than the
 // same configuration timed later, on compute-bound shapes (M >= 512; H200, bench_sweep seed 16,
 // 2026-11-27): position, not configuration. Rounds spread that over every form.
+// The median of `v` (the upper one of an even count); v not empty.
+inline double median_of(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
 inline std::vector<double> interleaved_us(const std::vector<const SeqTimer*>& forms, int rounds = 3, int warmup = 2,
                                           int reps = 7) {
   const size_t n = forms.size();
@@ -160,10 +166,7 @@ inline std::vector<double> interleaved_us(const std::vector<const SeqTimer*>& fo
     }
   std::vector<double> out(n, 0.0);
   for (size_t f = 0; f < n; ++f)
-    if (!t[f].empty()) {
-      std::nth_element(t[f].begin(), t[f].begin() + t[f].size() / 2, t[f].end());
-      out[f] = t[f][t[f].size() / 2];
-    }
+    if (!t[f].empty()) out[f] = median_of(t[f]);
   return out;
 }
 

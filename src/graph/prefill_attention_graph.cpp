@@ -114,21 +114,6 @@ std::vector<PrefillTile> plan_prefill_tiles(const PrefillAttentionShape& s, cons
 
 namespace {
 
-// When the last of `costs`, dealt in order each to the block free first, ends (the kernel's counter:
-// a block draws again as its consumers take up the item before).
-double simulate_draws(const std::vector<double>& costs, int sms) {
-  std::priority_queue<double, std::vector<double>, std::greater<double>> free;
-  for (int i = 0; i < sms; ++i) free.push(0.0);
-  double end = 0.0;
-  for (double c : costs) {
-    const double t = free.top() + c;
-    free.pop();
-    free.push(t);
-    end = std::max(end, t);
-  }
-  return end;
-}
-
 double piece_cost(const PrefillPiece& p, const PrefillPieceCosts& c) {
   return p.kv_tiles + c.piece + (p.group >= 0 ? c.split : 0.0);
 }
@@ -138,8 +123,9 @@ double piece_cost(const PrefillPiece& p, const PrefillPieceCosts& c) {
 // more items: for a tail that is a fraction of a round); parts_per_item = k, each item in k ranges, a
 // unit each (pieces that start and end with an item's: for tails of few items). Its simulated end
 // in `makespan`.
+// item_costs: every item's cost whole (the draws before the tail).
 PrefillWork tail_work(const std::vector<PrefillTile>& tiles, int heads, int sms, int64_t whole, int parts_per_item,
-                      const PrefillPieceCosts& pc) {
+                      const PrefillPieceCosts& pc, const std::vector<double>& item_costs) {
   PrefillWork w;
   const int64_t n_tiles = int64_t(tiles.size());
   w.items = n_tiles * heads;
@@ -191,8 +177,7 @@ PrefillWork tail_work(const std::vector<PrefillTile>& tiles, int heads, int sms,
       pos += n;
     }
   }
-  std::vector<double> costs;
-  for (int64_t i = 0; i < whole; ++i) costs.push_back(double(kv(i)) + pc.piece);
+  std::vector<double> costs(item_costs.begin(), item_costs.begin() + whole);
   w.unit_offsets.push_back(0);
   for (const auto& pieces : per_unit) {
     double c = 0.0;
@@ -200,11 +185,24 @@ PrefillWork tail_work(const std::vector<PrefillTile>& tiles, int heads, int sms,
     costs.push_back(c);
     w.unit_offsets.push_back(int(w.pieces.size()));
   }
-  w.makespan = simulate_draws(costs, sms);
+  w.makespan = prefill_draws_end(costs, sms);
   return w;
 }
 
 }  // namespace
+
+double prefill_draws_end(const std::vector<double>& costs, int sms) {
+  std::priority_queue<double, std::vector<double>, std::greater<double>> free;
+  for (int i = 0; i < sms; ++i) free.push(0.0);
+  double end = 0.0;
+  for (double c : costs) {
+    const double t = free.top() + c;
+    free.pop();
+    free.push(t);
+    end = std::max(end, t);
+  }
+  return end;
+}
 
 PrefillWork plan_prefill_work(const std::vector<PrefillTile>& tiles, int heads, int sms, bool split,
                               const PrefillPieceCosts& pc) {
@@ -215,7 +213,7 @@ PrefillWork plan_prefill_work(const std::vector<PrefillTile>& tiles, int heads, 
   std::vector<double> costs;
   for (int64_t i = 0; i < best.items; ++i)
     costs.push_back(tiles[size_t(i % int64_t(tiles.size()))].kv_tiles + pc.piece);
-  best.makespan = best.makespan_whole = simulate_draws(costs, sms);
+  best.makespan = best.makespan_whole = prefill_draws_end(costs, sms);
   if (!split || best.items == 0) return best;
   const double whole_end = best.makespan;
   const int64_t rest = best.items % sms;
@@ -223,7 +221,7 @@ PrefillWork plan_prefill_work(const std::vector<PrefillTile>& tiles, int heads, 
     const int64_t tail = rest + int64_t(t) * sms;
     if (tail == 0 || tail > best.items) continue;
     for (int parts = 0; parts <= kPrefillMaxParts; parts += parts == 0 ? 2 : 1) {
-      PrefillWork w = tail_work(tiles, heads, sms, best.items - tail, parts, pc);
+      PrefillWork w = tail_work(tiles, heads, sms, best.items - tail, parts, pc, costs);
       w.makespan_whole = whole_end;
       if (w.makespan <= 0.98 * whole_end && w.makespan < best.makespan) best = std::move(w);
     }

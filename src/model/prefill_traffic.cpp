@@ -96,16 +96,7 @@ double predict_prefill_us(const PrefillAttentionShape& s, const std::vector<int>
     }
     draws.push_back(c);
   }
-  std::priority_queue<double, std::vector<double>, std::greater<double>> free;
-  for (int i = 0; i < std::min<int64_t>(sms, int64_t(draws.size())); ++i) free.push(0.0);
-  double end = 0;
-  for (double c : draws) {
-    const double done = free.top() + c;
-    free.pop();
-    end = std::max(end, done);
-    free.push(done);
-  }
-  return end + m.launch_us;
+  return prefill_draws_end(draws, sms) + m.launch_us;
 }
 
 PrefillTraffic predict_prefill_traffic(const PrefillAttentionShape& s, const std::vector<int>& cu_q,

@@ -107,9 +107,7 @@ PrefillAttention::PrefillAttention(const PrefillAttentionShape& shape, std::vect
     for (const PrefillPiece& q : work_.pieces)
       pieces.insert(pieces.end(), {q.item, q.kv_first, q.kv_tiles, q.group, q.slot, q.first_slot, q.parts});
     static_assert(kernels::kPieceInts == 7, "PrefillPiece's fields, as the kernel reads them");
-    // A partial: per consumer warpgroup, 128 threads x (O's float4s + one of the rows' m and l); O is
-    // D / 2 accumulators a thread, fp8 8 columns more (its row sums: PrefillConfig::kVRows).
-    const size_t wgs = size_t(block_m_ / 64), vec = size_t(shape_.head_dim + (shape_.fp8 ? 8 : 0)) / 8 + 1;
+    const size_t wgs = size_t(block_m_ / 64), vec = size_t(kernels::prefill_partial_vec4(shape_.head_dim, shape_.fp8));
     alloc(&d_units_, work_.unit_offsets.size());
     alloc(&d_pieces_, pieces.size());
     alloc(&d_split_ws_, size_t(work_.slots) * wgs * 128 * vec * 4);

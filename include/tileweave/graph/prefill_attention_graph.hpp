@@ -119,6 +119,10 @@ constexpr int kPrefillMaxParts = 8;  // key ranges an item is cut into at most, 
 // taken where it ends at least 2% sooner. split = false: no tail.
 PrefillWork plan_prefill_work(const std::vector<PrefillTile>& tiles, int heads, int sms, bool split = true,
                               const PrefillPieceCosts& costs = {});
+// When the last of `costs` ends, dealt in order each to the first of `sms` blocks to be free (the
+// kernel's counter: a block draws again as it finishes). plan_prefill_work's simulation, and the time
+// model's (model/prefill_traffic.hpp) in microseconds.
+double prefill_draws_end(const std::vector<double>& costs, int sms);
 
 // The tensors of TileGraph::add_prefill_attention: q, k, v each a column range of a tensor (columns
 // q_col .. q_col + Hq*D of q, and so on; one tensor with three offsets is a fused QKV projection's

@@ -219,6 +219,12 @@ struct PrefillItem {
 // A piece in the params' unit_pieces: item, kv_first, kv_tiles, group, slot, first_slot, parts
 // (graph/prefill_attention_graph.hpp's PrefillPiece).
 constexpr int kPieceInts = 7;
+// A split piece's partial, per consumer thread, in float4s: O's accumulators (D / 2 a thread; fp8 8
+// columns more, its row sums: PrefillConfig::kVRows), then one of the rows' m and l. The op sizes
+// split_ws with it (x 128 threads x the consumer warpgroups x the slots).
+__host__ __device__ constexpr int prefill_partial_vec4(int head_dim, bool fp8) {
+  return (fp8 ? head_dim + 8 : head_dim) / 8 + 1;
+}
 // Item w: query tile w % num_tiles of head w / num_tiles (PrefillParams::tiles).
 template <bool kFp8>
 __device__ __forceinline__ PrefillItem prefill_item(const PrefillParams& p, int w) {
@@ -338,7 +344,8 @@ template <class C>
 __device__ __forceinline__ bool merge_split_piece(const PrefillParams& p, const PrefillItem& it, int cw, int tid,
                                                   float (&o)[C::kOAcc], float (&m)[2], float (&l)[2]) {
   using prefill_detail::ex2;
-  constexpr int kVec = C::kOAcc / 4 + 1;  // o's float4s, then {m0, m1, l0, l1}; thread-minor: coalesced
+  constexpr int kVec = prefill_partial_vec4(C::kHeadDim, C::kFp8);  // thread-minor: coalesced
+  static_assert(kVec == C::kOAcc / 4 + 1, "o's float4s, then {m0, m1, l0, l1}");
   const int* const piece = p.unit_pieces + kPieceInts * it.split;
   const int group = piece[3], slot = piece[4], first_slot = piece[5], parts = piece[6];
   auto part = [&](int s) {
